@@ -1,0 +1,156 @@
+//! The problem types of the contract: one variant per slug, with its HTTP status
+//! and title. The server turns these into RFC 9457 `application/problem+json`.
+
+/// Base of every problem `type` URI; the slug is its last segment.
+pub const PROBLEM_BASE: &str = "https://keyhold.dev/problems/";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Problem {
+    Unauthenticated,
+    IdempotencyKeyMissing,
+    IdempotencyKeyInvalid,
+    PayloadTooLarge,
+    UnsupportedMediaType,
+    InvalidRequest,
+    FingerprintMismatch,
+    IdempotencyKeyReused,
+    RequestInProgress,
+    ClientOrderIdConflict,
+    StaleOwnerToken,
+    NotFound,
+    MethodNotAllowed,
+    Conflict,
+    RateLimited,
+    StoreUnavailable,
+    OwnerUnreachable,
+    TenantMoving,
+}
+
+impl Problem {
+    pub const ALL: [Problem; 18] = [
+        Problem::Unauthenticated,
+        Problem::IdempotencyKeyMissing,
+        Problem::IdempotencyKeyInvalid,
+        Problem::PayloadTooLarge,
+        Problem::UnsupportedMediaType,
+        Problem::InvalidRequest,
+        Problem::FingerprintMismatch,
+        Problem::IdempotencyKeyReused,
+        Problem::RequestInProgress,
+        Problem::ClientOrderIdConflict,
+        Problem::StaleOwnerToken,
+        Problem::NotFound,
+        Problem::MethodNotAllowed,
+        Problem::Conflict,
+        Problem::RateLimited,
+        Problem::StoreUnavailable,
+        Problem::OwnerUnreachable,
+        Problem::TenantMoving,
+    ];
+
+    pub fn status(self) -> u16 {
+        match self {
+            Problem::Unauthenticated => 401,
+            Problem::IdempotencyKeyMissing
+            | Problem::IdempotencyKeyInvalid
+            | Problem::InvalidRequest
+            | Problem::FingerprintMismatch => 400,
+            Problem::NotFound => 404,
+            Problem::MethodNotAllowed => 405,
+            Problem::RequestInProgress
+            | Problem::ClientOrderIdConflict
+            | Problem::StaleOwnerToken
+            | Problem::Conflict => 409,
+            Problem::PayloadTooLarge => 413,
+            Problem::UnsupportedMediaType => 415,
+            Problem::IdempotencyKeyReused => 422,
+            Problem::RateLimited => 429,
+            Problem::StoreUnavailable | Problem::OwnerUnreachable | Problem::TenantMoving => 503,
+        }
+    }
+
+    pub fn slug(self) -> &'static str {
+        match self {
+            Problem::Unauthenticated => "unauthenticated",
+            Problem::IdempotencyKeyMissing => "idempotency-key-missing",
+            Problem::IdempotencyKeyInvalid => "idempotency-key-invalid",
+            Problem::PayloadTooLarge => "payload-too-large",
+            Problem::UnsupportedMediaType => "unsupported-media-type",
+            Problem::InvalidRequest => "invalid-request",
+            Problem::FingerprintMismatch => "fingerprint-mismatch",
+            Problem::IdempotencyKeyReused => "idempotency-key-reused",
+            Problem::RequestInProgress => "request-in-progress",
+            Problem::ClientOrderIdConflict => "client-order-id-conflict",
+            Problem::StaleOwnerToken => "stale-owner-token",
+            Problem::NotFound => "not-found",
+            Problem::MethodNotAllowed => "method-not-allowed",
+            Problem::Conflict => "conflict",
+            Problem::RateLimited => "rate-limited",
+            Problem::StoreUnavailable => "store-unavailable",
+            Problem::OwnerUnreachable => "owner-unreachable",
+            Problem::TenantMoving => "tenant-moving",
+        }
+    }
+
+    pub fn title(self) -> &'static str {
+        match self {
+            Problem::Unauthenticated => "Missing or unknown bearer token",
+            Problem::IdempotencyKeyMissing => "The Idempotency-Key header is required",
+            Problem::IdempotencyKeyInvalid => "The Idempotency-Key header is invalid",
+            Problem::PayloadTooLarge => "The request body is too large",
+            Problem::UnsupportedMediaType => "The request body must be application/json",
+            Problem::InvalidRequest => "The request is invalid",
+            Problem::FingerprintMismatch => {
+                "The Idempotency-Fingerprint header does not match the request"
+            }
+            Problem::IdempotencyKeyReused => {
+                "The idempotency key was already used with a different request"
+            }
+            Problem::RequestInProgress => "A request with this idempotency key is in progress",
+            Problem::ClientOrderIdConflict => {
+                "The client_order_id already belongs to a different order"
+            }
+            Problem::StaleOwnerToken => "The owner token no longer owns this key",
+            Problem::NotFound => "Not found",
+            Problem::MethodNotAllowed => "Method not allowed",
+            Problem::Conflict => "The resource already exists",
+            Problem::RateLimited => "Too many requests",
+            Problem::StoreUnavailable => "The store could not confirm the request",
+            Problem::OwnerUnreachable => "The tenant's home region cannot be reached",
+            Problem::TenantMoving => "The tenant is moving to another region",
+        }
+    }
+
+    /// Whether a client may send the same request again later and expect success.
+    pub fn is_retryable(self) -> bool {
+        matches!(
+            self,
+            Problem::RequestInProgress
+                | Problem::RateLimited
+                | Problem::StoreUnavailable
+                | Problem::OwnerUnreachable
+                | Problem::TenantMoving
+        )
+    }
+
+    pub fn type_uri(self) -> String {
+        format!("{PROBLEM_BASE}{}", self.slug())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    #[test]
+    fn slugs_are_unique_and_retryables_are_409_429_503() {
+        let slugs: HashSet<_> = Problem::ALL.iter().map(|p| p.slug()).collect();
+        assert_eq!(slugs.len(), Problem::ALL.len());
+        for p in Problem::ALL {
+            if p.is_retryable() {
+                assert!(matches!(p.status(), 409 | 429 | 503), "{p:?}");
+            }
+        }
+    }
+}

@@ -1,0 +1,52 @@
+//! The on-disk value format: a format version byte, the number of the commit batch
+//! that wrote the value, then the bincode-2 (serde, standard config) payload.
+//!
+//! The batch number lets readers outside the apply thread tell whether what they
+//! read is durable yet (see `Store::wait_durable`). The version byte lets a later
+//! release read values written by this one.
+
+use crate::Error;
+use serde::{de::DeserializeOwned, Serialize};
+
+pub const FORMAT_VERSION: u8 = 1;
+const HEADER_BYTES: usize = 9;
+
+fn config() -> bincode::config::Configuration {
+    bincode::config::standard()
+}
+
+pub fn encode<T: Serialize>(batch: u64, value: &T) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64);
+    out.push(FORMAT_VERSION);
+    out.extend_from_slice(&batch.to_be_bytes());
+    // Encoding our own plain data types into a Vec cannot fail.
+    let payload = bincode::serde::encode_to_vec(value, config()).expect("value encodes");
+    out.extend_from_slice(&payload);
+    out
+}
+
+/// Returns the value and the batch that wrote it.
+pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<(T, u64), Error> {
+    if bytes.len() < HEADER_BYTES || bytes[0] != FORMAT_VERSION {
+        return Err(Error::Corrupt(format!(
+            "value of {} bytes with format byte {:?}",
+            bytes.len(),
+            bytes.first()
+        )));
+    }
+    let batch = u64::from_be_bytes(bytes[1..HEADER_BYTES].try_into().expect("8 bytes"));
+    let (value, _) = bincode::serde::decode_from_slice(&bytes[HEADER_BYTES..], config())
+        .map_err(|e| Error::Corrupt(e.to_string()))?;
+    Ok((value, batch))
+}
+
+/// Commands travel (and will be logged by Raft) in the same encoding.
+pub fn encode_plain<T: Serialize>(value: &T) -> Vec<u8> {
+    bincode::serde::encode_to_vec(value, config()).expect("value encodes")
+}
+
+pub fn decode_plain<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
+    bincode::serde::decode_from_slice(bytes, config())
+        .map(|(v, _)| v)
+        .map_err(|e| Error::Corrupt(e.to_string()))
+}

@@ -1,0 +1,153 @@
+//! Commands: every mutation of the region state as a serializable value.
+//!
+//! A command carries everything its effect depends on, including `now`, the new
+//! order's id and the owner token's nonce, so applying the same command sequence to
+//! an empty store gives the same state on any machine. That is what lets the apply
+//! loop sit behind a Raft log later without touching the decision logic.
+
+use keyhold_core::{
+    Order, Outcome, OwnerToken, Record, RecordState, Scope, StoredResponse, TenantId, UnixMillis,
+};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Command {
+    CreateOrder {
+        scope: Scope,
+        fingerprint: String,
+        /// Built by the caller with a fresh id and `created_at = now`; used only if
+        /// the decision is to create.
+        order: Order,
+        now: UnixMillis,
+        response_ttl_ms: u64,
+        marker_ttl_ms: u64,
+    },
+    Claim {
+        scope: Scope,
+        fingerprint: String,
+        lease_ms: u64,
+        nonce: u64,
+        now: UnixMillis,
+        response_ttl_ms: u64,
+    },
+    Complete {
+        scope: Scope,
+        token: OwnerToken,
+        outcome: Outcome,
+        response: Option<StoredResponse>,
+        resource_id: Option<String>,
+        now: UnixMillis,
+        response_ttl_ms: u64,
+    },
+    Heartbeat {
+        scope: Scope,
+        token: OwnerToken,
+        lease_ms: u64,
+        now: UnixMillis,
+    },
+    /// Creates a tenant unless one with the same id exists.
+    CreateTenant { tenant: TenantEntry },
+    /// Physically deletes up to `entries_max` entries whose expiry passed.
+    Sweep { now: UnixMillis, entries_max: u32 },
+}
+
+impl Command {
+    /// The wire and log form of a command (bincode 2, standard config).
+    pub fn encode(&self) -> Vec<u8> {
+        crate::codec::encode_plain(self)
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Command, crate::Error> {
+        crate::codec::decode_plain(bytes)
+    }
+}
+
+/// A tenant as the region store knows it. The bearer token itself is never
+/// stored, only its SHA-256.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantEntry {
+    pub id: TenantId,
+    pub home_region: String,
+    /// Lowercase hex SHA-256 of the bearer token.
+    pub token_sha256: String,
+    pub created_at: UnixMillis,
+    pub requests_per_second: u32,
+    pub new_keys_per_second: u32,
+}
+
+/// One `order.created` event, written in the same atomic batch as its order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutboxEvent {
+    pub seq: u64,
+    pub event_id: String,
+    pub kind: String,
+    pub tenant: TenantId,
+    pub order_id: String,
+    pub occurred_at: UnixMillis,
+    /// The order body as JSON.
+    pub payload: Vec<u8>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum OrderOutcome {
+    Created { response: StoredResponse },
+    Replayed { response: StoredResponse },
+    KeyReused,
+    InProgress { retry_after_ms: u64 },
+    MarkerHit { order: Box<Order> },
+    MarkerConflict,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum ClaimOutcome {
+    Acquired {
+        token: OwnerToken,
+        lease_expires_at: UnixMillis,
+        recovery: bool,
+    },
+    Replay {
+        record: Record,
+    },
+    InProgress {
+        retry_after_ms: u64,
+    },
+    KeyReused,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum CompleteOutcome {
+    Completed {
+        state: RecordState,
+    },
+    /// The same owner completed already (its first answer was lost).
+    AlreadyCompleted {
+        state: RecordState,
+    },
+    Stale,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum HeartbeatOutcome {
+    Extended { lease_expires_at: UnixMillis },
+    Stale,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SweepOutcome {
+    pub records: u64,
+    pub markers: u64,
+    /// Index entries whose target had been rewritten with a later expiry.
+    pub stale_index: u64,
+}
+
+/// What applying a command produced; one variant per command.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Applied {
+    Order(OrderOutcome),
+    Claim(ClaimOutcome),
+    Complete(CompleteOutcome),
+    Heartbeat(HeartbeatOutcome),
+    /// Whether the tenant was created (false: the id was taken).
+    TenantCreated(bool),
+    Sweep(SweepOutcome),
+}

@@ -1,0 +1,92 @@
+//! The key layout of the region tree. One sled tree holds everything, each kind
+//! of entry under its own one-byte prefix, so that one `apply_batch` writes a
+//! command's order, record, marker, outbox event and index entries atomically.
+
+use keyhold_core::{Scope, TenantId, UnixMillis};
+
+pub const RECORD: u8 = b'r';
+pub const ORDER: u8 = b'o';
+pub const MARKER: u8 = b'm';
+/// `(tenant, client_order_id) -> order_id`, kept as long as the order.
+pub const ORDER_INDEX: u8 = b'i';
+pub const OUTBOX: u8 = b'x';
+/// `expires_at (big-endian) ++ kind ++ primary key -> ()`: the sweeper walks it in
+/// time order.
+pub const EXPIRY: u8 = b'e';
+pub const TENANT: u8 = b't';
+/// Meta entries live under `s`.
+pub const META_BATCH: &[u8] = b"sbatch";
+pub const META_OUTBOX_SEQ: &[u8] = b"soutbox_seq";
+
+fn prefixed(prefix: u8, parts: &[&[u8]]) -> Vec<u8> {
+    let len = 1 + parts.iter().map(|p| p.len() + 1).sum::<usize>();
+    let mut out = Vec::with_capacity(len);
+    out.push(prefix);
+    for (i, part) in parts.iter().enumerate() {
+        if i > 0 {
+            out.push(0);
+        }
+        out.extend_from_slice(part);
+    }
+    out
+}
+
+pub fn record(scope: &Scope) -> Vec<u8> {
+    prefixed(RECORD, &[&scope.storage_key()])
+}
+
+pub fn order(order_id: &str) -> Vec<u8> {
+    prefixed(ORDER, &[order_id.as_bytes()])
+}
+
+pub fn marker(tenant: &TenantId, client_order_id: &str) -> Vec<u8> {
+    prefixed(
+        MARKER,
+        &[tenant.as_str().as_bytes(), client_order_id.as_bytes()],
+    )
+}
+
+pub fn order_index(tenant: &TenantId, client_order_id: &str) -> Vec<u8> {
+    prefixed(
+        ORDER_INDEX,
+        &[tenant.as_str().as_bytes(), client_order_id.as_bytes()],
+    )
+}
+
+pub fn outbox(seq: u64) -> Vec<u8> {
+    prefixed(OUTBOX, &[&seq.to_be_bytes()])
+}
+
+pub fn tenant(id: &TenantId) -> Vec<u8> {
+    prefixed(TENANT, &[id.as_str().as_bytes()])
+}
+
+/// An expiry index entry pointing at `primary` (a full key from this module).
+pub fn expiry(at: UnixMillis, primary: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(9 + primary.len());
+    out.push(EXPIRY);
+    out.extend_from_slice(&at.0.to_be_bytes());
+    out.extend_from_slice(primary);
+    out
+}
+
+/// Splits an expiry index key into its instant and the primary key it points at.
+pub fn parse_expiry(key: &[u8]) -> Option<(UnixMillis, &[u8])> {
+    let rest = key.strip_prefix(&[EXPIRY])?;
+    let (at, primary) = rest.split_at_checked(8)?;
+    Some((UnixMillis(u64::from_be_bytes(at.try_into().ok()?)), primary))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expiry_keys_sort_by_time_and_parse_back() {
+        let a = expiry(UnixMillis(5), b"rX");
+        let b = expiry(UnixMillis(300), b"rA");
+        assert!(a < b);
+        assert_eq!(parse_expiry(&b), Some((UnixMillis(300), &b"rA"[..])));
+        assert_eq!(parse_expiry(b"x"), None);
+    }
+}

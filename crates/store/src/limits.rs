@@ -1,0 +1,17 @@
+//! Limits of the region store, units last, in one place.
+
+/// Commands waiting for the apply thread. A full queue answers 503
+/// `store-unavailable` at once instead of letting latency grow without bound.
+pub const QUEUE_COMMANDS_MAX: usize = 8192;
+/// Commands applied under one fsync. Large enough that 64 concurrent clients
+/// always share a flush; small enough that one batch's apply stays short.
+pub const BATCH_COMMANDS_MAX: usize = 1024;
+/// Expired entries one sweep command deletes, so a sweep never holds the apply
+/// thread long enough to delay writers noticeably.
+pub const SWEEP_ENTRIES_MAX: usize = 256;
+/// How long a reader waits for the batch that wrote what it read to become
+/// durable before reporting the store unavailable.
+pub const READ_DURABLE_WAIT_MS: u64 = 5_000;
+
+const _: () = assert!(BATCH_COMMANDS_MAX <= QUEUE_COMMANDS_MAX);
+const _: () = assert!(SWEEP_ENTRIES_MAX <= BATCH_COMMANDS_MAX);

@@ -1,0 +1,350 @@
+//! The region state machine: applies one command to the sled tree atomically.
+//!
+//! Only the apply thread calls `apply`, one command at a time, so a decision read
+//! and the writes that follow from it can never interleave with another command's.
+//! Each command's writes go into one `sled::Batch`, which sled applies atomically:
+//! an order is never visible without its record, marker and outbox event.
+
+use crate::codec::{decode, encode};
+use crate::command::{
+    Applied, ClaimOutcome, Command, CompleteOutcome, HeartbeatOutcome, OrderOutcome, OutboxEvent,
+    SweepOutcome, TenantEntry,
+};
+use crate::keys;
+use crate::Error;
+use keyhold_core::{
+    check_owner, decide_claim, decide_order, ClaimDecision, Marker, Order, OrderDecision,
+    OwnerCheck, OwnerToken, Record, RecordState, Scope, StoredResponse, UnixMillis,
+};
+use serde::de::DeserializeOwned;
+
+pub struct Machine {
+    tree: sled::Tree,
+}
+
+/// The writes of one command, plus the batch number stamped on every value.
+struct Writes {
+    batch: sled::Batch,
+    number: u64,
+}
+
+impl Writes {
+    fn put<T: serde::Serialize>(&mut self, key: Vec<u8>, value: &T) {
+        self.batch.insert(key, encode(self.number, value));
+    }
+    fn put_expiry(&mut self, at: UnixMillis, primary: &[u8]) {
+        self.batch.insert(keys::expiry(at, primary), &[][..]);
+    }
+}
+
+impl Machine {
+    pub fn new(tree: sled::Tree) -> Machine {
+        Machine { tree }
+    }
+
+    pub fn tree(&self) -> &sled::Tree {
+        &self.tree
+    }
+
+    pub fn get<T: DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>, Error> {
+        match self.tree.get(key)? {
+            None => Ok(None),
+            Some(bytes) => Ok(Some(decode::<T>(&bytes)?.0)),
+        }
+    }
+
+    pub fn apply(&self, command: &Command, batch_number: u64) -> Result<Applied, Error> {
+        let mut w = Writes {
+            batch: sled::Batch::default(),
+            number: batch_number,
+        };
+        let applied = match command {
+            Command::CreateOrder {
+                scope,
+                fingerprint,
+                order,
+                now,
+                response_ttl_ms,
+                marker_ttl_ms,
+            } => Applied::Order(self.create_order(
+                &mut w,
+                scope,
+                fingerprint,
+                order,
+                *now,
+                *response_ttl_ms,
+                *marker_ttl_ms,
+            )?),
+            Command::Claim {
+                scope,
+                fingerprint,
+                lease_ms,
+                nonce,
+                now,
+                response_ttl_ms,
+            } => Applied::Claim(self.claim(
+                &mut w,
+                scope,
+                fingerprint,
+                *lease_ms,
+                *nonce,
+                *now,
+                *response_ttl_ms,
+            )?),
+            Command::Complete {
+                scope,
+                token,
+                outcome,
+                response,
+                resource_id,
+                now,
+                response_ttl_ms,
+            } => {
+                let key = keys::record(scope);
+                let record: Option<Record> = self.get(&key)?;
+                Applied::Complete(match check_owner(record.as_ref(), *token, *now) {
+                    Err(_) => CompleteOutcome::Stale,
+                    Ok(OwnerCheck::AlreadyCompleted) => CompleteOutcome::AlreadyCompleted {
+                        state: record.expect("checked").state,
+                    },
+                    Ok(OwnerCheck::Owner) => {
+                        let mut record = record.expect("checked");
+                        record.state = outcome.state();
+                        record.response = response.clone();
+                        record.resource_id = resource_id.clone();
+                        record.lease_expires_at = *now;
+                        record.expires_at = now.plus_ms(*response_ttl_ms);
+                        w.put_expiry(record.expires_at, &key);
+                        w.put(key, &record);
+                        CompleteOutcome::Completed {
+                            state: record.state,
+                        }
+                    }
+                })
+            }
+            Command::Heartbeat {
+                scope,
+                token,
+                lease_ms,
+                now,
+            } => {
+                let key = keys::record(scope);
+                let record: Option<Record> = self.get(&key)?;
+                Applied::Heartbeat(match check_owner(record.as_ref(), *token, *now) {
+                    Ok(OwnerCheck::Owner) => {
+                        let mut record = record.expect("checked");
+                        record.lease_expires_at = now.plus_ms(*lease_ms);
+                        if record.expires_at < record.lease_expires_at {
+                            record.expires_at = record.lease_expires_at;
+                            w.put_expiry(record.expires_at, &key);
+                        }
+                        let lease_expires_at = record.lease_expires_at;
+                        w.put(key, &record);
+                        HeartbeatOutcome::Extended { lease_expires_at }
+                    }
+                    // Extending a lease on finished work would be meaningless.
+                    Ok(OwnerCheck::AlreadyCompleted) | Err(_) => HeartbeatOutcome::Stale,
+                })
+            }
+            Command::CreateTenant { tenant } => {
+                let key = keys::tenant(&tenant.id);
+                let exists = self.tree.contains_key(&key)?;
+                if !exists {
+                    w.put(key, tenant);
+                }
+                Applied::TenantCreated(!exists)
+            }
+            Command::Sweep { now, entries_max } => {
+                Applied::Sweep(self.sweep(&mut w, *now, *entries_max as usize)?)
+            }
+        };
+        self.tree.apply_batch(w.batch)?;
+        Ok(applied)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn create_order(
+        &self,
+        w: &mut Writes,
+        scope: &Scope,
+        fingerprint: &str,
+        order: &Order,
+        now: UnixMillis,
+        response_ttl_ms: u64,
+        marker_ttl_ms: u64,
+    ) -> Result<OrderOutcome, Error> {
+        let record_key = keys::record(scope);
+        let record: Option<Record> = self.get(&record_key)?;
+        let marker_key = keys::marker(&order.tenant, &order.request.client_order_id);
+        let marker: Option<Marker> = self.get(&marker_key)?;
+        match decide_order(record.as_ref(), marker.as_ref(), fingerprint, now) {
+            OrderDecision::Replay => {
+                let response = record.and_then(|r| r.response).ok_or_else(|| {
+                    Error::Corrupt("completed order record without a response".into())
+                })?;
+                Ok(OrderOutcome::Replayed { response })
+            }
+            OrderDecision::KeyReused => Ok(OrderOutcome::KeyReused),
+            OrderDecision::InProgress { retry_after_ms } => {
+                Ok(OrderOutcome::InProgress { retry_after_ms })
+            }
+            OrderDecision::MarkerConflict => Ok(OrderOutcome::MarkerConflict),
+            OrderDecision::MarkerHit { order_id } => {
+                let order: Order = self.get(&keys::order(&order_id))?.ok_or_else(|| {
+                    Error::Corrupt(format!("marker points at missing order {order_id}"))
+                })?;
+                Ok(OrderOutcome::MarkerHit {
+                    order: Box::new(order),
+                })
+            }
+            OrderDecision::Create => {
+                let response = StoredResponse {
+                    status: 201,
+                    headers: vec![("location".to_owned(), order.location())],
+                    body: order.body_json(),
+                };
+                let generation = record.as_ref().map_or(1, |r| r.generation + 1);
+                let record = Record {
+                    fingerprint: fingerprint.to_owned(),
+                    state: RecordState::Succeeded,
+                    generation,
+                    nonce: 0,
+                    lease_expires_at: now,
+                    response: Some(response.clone()),
+                    resource_id: Some(order.order_id.clone()),
+                    created_at: now,
+                    expires_at: now.plus_ms(response_ttl_ms),
+                };
+                let marker = Marker {
+                    order_id: order.order_id.clone(),
+                    fingerprint: fingerprint.to_owned(),
+                    expires_at: now.plus_ms(marker_ttl_ms),
+                };
+                let seq = self.get::<u64>(keys::META_OUTBOX_SEQ)?.unwrap_or(0) + 1;
+                let event = OutboxEvent {
+                    seq,
+                    event_id: format!("evt_{}", order.order_id),
+                    kind: "order.created".to_owned(),
+                    tenant: order.tenant.clone(),
+                    order_id: order.order_id.clone(),
+                    occurred_at: now,
+                    payload: response.body.clone(),
+                };
+                w.put_expiry(record.expires_at, &record_key);
+                w.put_expiry(marker.expires_at, &marker_key);
+                w.put(record_key, &record);
+                w.put(marker_key, &marker);
+                w.put(
+                    keys::order_index(&order.tenant, &order.request.client_order_id),
+                    &order.order_id,
+                );
+                w.put(keys::order(&order.order_id), order);
+                w.put(keys::outbox(seq), &event);
+                w.put(keys::META_OUTBOX_SEQ.to_vec(), &seq);
+                Ok(OrderOutcome::Created { response })
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn claim(
+        &self,
+        w: &mut Writes,
+        scope: &Scope,
+        fingerprint: &str,
+        lease_ms: u64,
+        nonce: u64,
+        now: UnixMillis,
+        response_ttl_ms: u64,
+    ) -> Result<ClaimOutcome, Error> {
+        let key = keys::record(scope);
+        let record: Option<Record> = self.get(&key)?;
+        match decide_claim(record.as_ref(), fingerprint, now) {
+            ClaimDecision::Replay => Ok(ClaimOutcome::Replay {
+                record: record.expect("replay implies a record"),
+            }),
+            ClaimDecision::InProgress { retry_after_ms } => {
+                Ok(ClaimOutcome::InProgress { retry_after_ms })
+            }
+            ClaimDecision::KeyReused => Ok(ClaimOutcome::KeyReused),
+            ClaimDecision::Acquire {
+                generation,
+                recovery,
+            } => {
+                let lease_expires_at = now.plus_ms(lease_ms);
+                let record = Record {
+                    fingerprint: fingerprint.to_owned(),
+                    state: RecordState::Processing,
+                    generation,
+                    nonce,
+                    lease_expires_at,
+                    response: None,
+                    resource_id: None,
+                    created_at: now,
+                    expires_at: now.plus_ms(response_ttl_ms).max(lease_expires_at),
+                };
+                w.put_expiry(record.expires_at, &key);
+                let token = OwnerToken::of(&record);
+                w.put(key, &record);
+                Ok(ClaimOutcome::Acquired {
+                    token,
+                    lease_expires_at,
+                    recovery,
+                })
+            }
+        }
+    }
+
+    /// Walks the expiry index in time order and deletes what is due. An index
+    /// entry can be stale (its target was rewritten with a later expiry); then only
+    /// the index entry goes.
+    fn sweep(
+        &self,
+        w: &mut Writes,
+        now: UnixMillis,
+        entries_max: usize,
+    ) -> Result<SweepOutcome, Error> {
+        let mut out = SweepOutcome::default();
+        // A record rewritten several times has several index entries; it is
+        // deleted (and counted) once.
+        let mut deleted = std::collections::HashSet::new();
+        let end = keys::expiry(now, &[]);
+        for item in self.tree.range(vec![keys::EXPIRY]..end).take(entries_max) {
+            let (index_key, _) = item?;
+            let Some((_, primary)) = keys::parse_expiry(&index_key) else {
+                return Err(Error::Corrupt("malformed expiry index key".into()));
+            };
+            if deleted.contains(primary) {
+                out.stale_index += 1;
+                w.batch.remove(index_key);
+                continue;
+            }
+            let due = match primary.first() {
+                Some(&keys::RECORD) => self
+                    .get::<Record>(primary)?
+                    .map(|r| (r.expires_at <= now, &mut out.records)),
+                Some(&keys::MARKER) => self
+                    .get::<Marker>(primary)?
+                    .map(|m| (m.expires_at <= now, &mut out.markers)),
+                _ => return Err(Error::Corrupt("expiry index points at unknown kind".into())),
+            };
+            match due {
+                Some((true, counter)) => {
+                    *counter += 1;
+                    w.batch.remove(primary);
+                    deleted.insert(primary.to_vec());
+                }
+                _ => out.stale_index += 1,
+            }
+            w.batch.remove(index_key);
+        }
+        Ok(out)
+    }
+
+    pub fn tenants(&self) -> Result<Vec<TenantEntry>, Error> {
+        self.tree
+            .scan_prefix([keys::TENANT])
+            .map(|item| Ok(decode::<TenantEntry>(&item?.1)?.0))
+            .collect()
+    }
+}

@@ -1,0 +1,298 @@
+//! Store tests through the public handle: the order outcome table applied by the
+//! real state machine on sled, group commit, restart, and the expiry sweep.
+
+use keyhold_core::scope::Namespace;
+use keyhold_core::{
+    IdempotencyKey, Operation, Order, OrderRequest, OrderStatus, Outcome, OwnerToken, RecordState,
+    Scope, StoredResponse, TenantId, UnixMillis,
+};
+use keyhold_store::{
+    Applied, ClaimOutcome, Command, CompleteOutcome, EntryKind, HeartbeatOutcome, OrderOutcome,
+    Store,
+};
+
+const HOUR_MS: u64 = 3_600_000;
+const T0: UnixMillis = UnixMillis(1_800_000_000_000);
+
+fn scope(namespace: Namespace, key: &str) -> Scope {
+    Scope {
+        namespace,
+        tenant: TenantId::parse("t1").unwrap(),
+        operation: Operation::orders_create(),
+        key: IdempotencyKey::parse(key).unwrap(),
+    }
+}
+
+fn create(
+    key: &str,
+    client_order_id: &str,
+    fingerprint: &str,
+    order_id: &str,
+    now: UnixMillis,
+) -> Command {
+    Command::CreateOrder {
+        scope: scope(Namespace::Orders, key),
+        fingerprint: fingerprint.into(),
+        order: Order {
+            order_id: order_id.into(),
+            tenant: TenantId::parse("t1").unwrap(),
+            request: OrderRequest {
+                client_order_id: client_order_id.into(),
+                cart_id: "cart".into(),
+                amount: 100,
+                currency: "EUR".into(),
+                shipping_address_id: None,
+                items: vec![],
+                quote_id: None,
+                metadata: None,
+            },
+            status: OrderStatus::Confirmed,
+            home_region: "eu".into(),
+            created_at: now,
+        },
+        now,
+        response_ttl_ms: HOUR_MS,
+        marker_ttl_ms: 24 * HOUR_MS,
+    }
+}
+
+async fn order(store: &Store, command: Command) -> OrderOutcome {
+    match store.execute(command).await.unwrap() {
+        Applied::Order(o) => o,
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn order_outcomes_on_sled() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let OrderOutcome::Created { response } =
+        order(&store, create("k1", "c1", "fp1", "ord_1", T0)).await
+    else {
+        panic!("first request creates")
+    };
+    assert_eq!(response.status, 201);
+    // Same scope, same fingerprint: the stored bytes, not a new order.
+    assert_eq!(
+        order(&store, create("k1", "c1", "fp1", "ord_2", T0.plus_ms(5))).await,
+        OrderOutcome::Replayed {
+            response: response.clone()
+        }
+    );
+    assert_eq!(
+        order(&store, create("k1", "c1", "fp2", "ord_3", T0)).await,
+        OrderOutcome::KeyReused
+    );
+    let OrderOutcome::MarkerHit { order: hit } =
+        order(&store, create("k2", "c1", "fp1", "ord_4", T0)).await
+    else {
+        panic!("marker hit")
+    };
+    assert_eq!(hit.order_id, "ord_1");
+    assert_eq!(
+        order(&store, create("k3", "c1", "fp9", "ord_5", T0)).await,
+        OrderOutcome::MarkerConflict
+    );
+    // After the record expired, the same key is decided by the marker.
+    let later = T0.plus_ms(HOUR_MS + 1);
+    assert!(matches!(
+        order(&store, create("k1", "c1", "fp1", "ord_6", later)).await,
+        OrderOutcome::MarkerHit { .. }
+    ));
+    assert_eq!(store.count_prefix(EntryKind::Order), 1);
+    assert_eq!(store.count_prefix(EntryKind::Outbox), 1);
+    let found = store
+        .order_by_client_order_id(&TenantId::parse("t1").unwrap(), "c1")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(found.order_id, "ord_1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_commands_share_flushes_and_create_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let tasks: Vec<_> = (0..64)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                // Half the commands race on one client_order_id.
+                let coid = if i % 2 == 0 {
+                    "shared".to_owned()
+                } else {
+                    format!("c{i}")
+                };
+                order(
+                    &store,
+                    create(&format!("k{i}"), &coid, "fp", &format!("ord_{i}"), T0),
+                )
+                .await
+            })
+        })
+        .collect();
+    let mut created = 0;
+    for t in tasks {
+        if let OrderOutcome::Created { .. } = t.await.unwrap() {
+            created += 1;
+        }
+    }
+    // 32 distinct client_order_ids plus one for the shared one.
+    assert_eq!(created, 33);
+    assert_eq!(store.count_prefix(EntryKind::Order), 33);
+    let stats = store.stats();
+    assert_eq!(stats.commands(), 64);
+    assert!(
+        stats.batches() < stats.commands(),
+        "batches {} for {} commands",
+        stats.batches(),
+        stats.commands()
+    );
+}
+
+#[tokio::test]
+async fn reopen_keeps_state_and_reads_do_not_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open(dir.path()).unwrap();
+        order(&store, create("k1", "c1", "fp1", "ord_1", T0)).await;
+    }
+    // The apply thread stops once the last handle is gone; give it a moment to
+    // release the database before reopening.
+    let store = loop {
+        match Store::open(dir.path()) {
+            Ok(s) => break s,
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+        }
+    };
+    let record = store
+        .record(&scope(Namespace::Orders, "k1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.state, RecordState::Succeeded);
+    assert!(store.order("ord_1").await.unwrap().is_some());
+    // New batches after a restart continue the numbering, so fresh writes are
+    // readable at once.
+    order(&store, create("k2", "c2", "fp2", "ord_2", T0)).await;
+    assert!(store.order("ord_2").await.unwrap().is_some());
+}
+
+#[tokio::test]
+async fn claims_fencing_and_sweep() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let s = scope(Namespace::Claims, "job");
+    let claim = |now: UnixMillis, nonce: u64| Command::Claim {
+        scope: s.clone(),
+        fingerprint: "fp".into(),
+        lease_ms: 1_000,
+        nonce,
+        now,
+        response_ttl_ms: 10_000,
+    };
+    let Applied::Claim(ClaimOutcome::Acquired {
+        token: first,
+        recovery: false,
+        ..
+    }) = store.execute(claim(T0, 1)).await.unwrap()
+    else {
+        panic!("acquire")
+    };
+    assert!(matches!(
+        store.execute(claim(T0.plus_ms(10), 2)).await.unwrap(),
+        Applied::Claim(ClaimOutcome::InProgress {
+            retry_after_ms: 990
+        })
+    ));
+    let Applied::Claim(ClaimOutcome::Acquired {
+        token: second,
+        recovery: true,
+        ..
+    }) = store.execute(claim(T0.plus_ms(1_500), 3)).await.unwrap()
+    else {
+        panic!("takeover after the lease ran out")
+    };
+    assert!(second.generation > first.generation);
+    let complete = |token: OwnerToken, now: UnixMillis| Command::Complete {
+        scope: s.clone(),
+        token,
+        outcome: Outcome::Succeeded,
+        response: Some(StoredResponse {
+            status: 200,
+            headers: vec![],
+            body: b"{\"a\":1}".to_vec(),
+        }),
+        resource_id: Some("r1".into()),
+        now,
+        response_ttl_ms: 10_000,
+    };
+    assert_eq!(
+        store
+            .execute(complete(first, T0.plus_ms(1_600)))
+            .await
+            .unwrap(),
+        Applied::Complete(CompleteOutcome::Stale)
+    );
+    let heartbeat = Command::Heartbeat {
+        scope: s.clone(),
+        token: first,
+        lease_ms: 500,
+        now: T0.plus_ms(1_600),
+    };
+    assert_eq!(
+        store.execute(heartbeat).await.unwrap(),
+        Applied::Heartbeat(HeartbeatOutcome::Stale)
+    );
+    assert_eq!(
+        store
+            .execute(complete(second, T0.plus_ms(1_700)))
+            .await
+            .unwrap(),
+        Applied::Complete(CompleteOutcome::Completed {
+            state: RecordState::Succeeded
+        })
+    );
+    // A retried complete of the same owner is answered, not refused.
+    assert_eq!(
+        store
+            .execute(complete(second, T0.plus_ms(1_800)))
+            .await
+            .unwrap(),
+        Applied::Complete(CompleteOutcome::AlreadyCompleted {
+            state: RecordState::Succeeded
+        })
+    );
+    assert!(matches!(
+        store.execute(claim(T0.plus_ms(2_000), 4)).await.unwrap(),
+        Applied::Claim(ClaimOutcome::Replay { .. })
+    ));
+
+    // Nothing is due yet; then everything is, and the index empties too.
+    let sweep = |now| Command::Sweep {
+        now,
+        entries_max: 100,
+    };
+    let Applied::Sweep(early) = store.execute(sweep(T0.plus_ms(2_000))).await.unwrap() else {
+        panic!()
+    };
+    assert_eq!(early.records, 0);
+    let Applied::Sweep(late) = store.execute(sweep(T0.plus_ms(60_000))).await.unwrap() else {
+        panic!()
+    };
+    assert_eq!(late.records, 1);
+    assert!(
+        late.stale_index >= 1,
+        "rewritten records leave stale index entries: {late:?}"
+    );
+    assert_eq!(store.count_prefix(EntryKind::Record), 0);
+    assert_eq!(store.count_prefix(EntryKind::ExpiryIndex), 0);
+}
+
+#[test]
+fn commands_round_trip_through_their_encoding() {
+    let command = create("k1", "c1", "fp1", "ord_1", T0);
+    assert_eq!(Command::decode(&command.encode()).unwrap(), command);
+    assert!(Command::decode(b"\xff\xff").is_err());
+}
