@@ -1,0 +1,202 @@
+//! Node configuration: the TOML file of `keyhold serve --config FILE`, and the
+//! same struct built in code by `keyhold up` and by tests.
+
+use crate::limits;
+use crate::Error;
+use keyhold_core::Policy;
+use serde::Deserialize;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// This node's region.
+    pub region: String,
+    /// Every region of the cluster (this one included); tenants may only be homed
+    /// in one of these.
+    #[serde(default)]
+    pub regions: Vec<String>,
+    pub data_dir: PathBuf,
+    /// Address `keyhold serve` listens on.
+    #[serde(default = "d_listen")]
+    pub listen: String,
+    /// Bearer token of the admin API.
+    pub admin_token: String,
+    #[serde(default = "d_response_ttl", with = "humantime_serde_compat")]
+    pub response_ttl: Duration,
+    #[serde(default = "d_marker_ttl", with = "humantime_serde_compat")]
+    pub marker_ttl: Duration,
+    #[serde(default = "d_processed_ttl", with = "humantime_serde_compat")]
+    pub processed_ttl: Duration,
+    #[serde(default = "d_inflight_wait", with = "humantime_serde_compat")]
+    pub inflight_wait: Duration,
+    #[serde(default = "d_sweep_interval", with = "humantime_serde_compat")]
+    pub sweep_interval: Duration,
+    #[serde(default = "d_body_bytes_max")]
+    pub body_bytes_max: usize,
+    #[serde(default = "d_requests_per_second")]
+    pub tenant_requests_per_second: u32,
+    #[serde(default = "d_new_keys_per_second")]
+    pub tenant_new_keys_per_second: u32,
+    /// Name of an environment variable holding a secret; when set, records store
+    /// `hmac-sha256:` fingerprints instead of plain ones.
+    #[serde(default)]
+    pub fingerprint_hmac_key_env: Option<String>,
+}
+
+fn d_listen() -> String {
+    "127.0.0.1:8080".to_owned()
+}
+fn d_response_ttl() -> Duration {
+    Duration::from_millis(Policy::default().response_ttl_ms)
+}
+fn d_marker_ttl() -> Duration {
+    Duration::from_millis(Policy::default().marker_ttl_ms)
+}
+fn d_processed_ttl() -> Duration {
+    Duration::from_millis(Policy::default().processed_ttl_ms)
+}
+fn d_inflight_wait() -> Duration {
+    Duration::from_millis(limits::INFLIGHT_WAIT_MS_DEFAULT)
+}
+fn d_sweep_interval() -> Duration {
+    Duration::from_millis(limits::SWEEP_INTERVAL_MS_DEFAULT)
+}
+fn d_body_bytes_max() -> usize {
+    limits::BODY_BYTES_MAX_DEFAULT
+}
+fn d_requests_per_second() -> u32 {
+    limits::TENANT_REQUESTS_PER_SECOND_DEFAULT
+}
+fn d_new_keys_per_second() -> u32 {
+    limits::TENANT_NEW_KEYS_PER_SECOND_DEFAULT
+}
+
+/// Durations are written like `3s`, `500ms`, `48h`, `30d` (contract section 9).
+mod humantime_serde_compat {
+    use serde::{Deserialize, Deserializer};
+    use std::time::Duration;
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let text = String::deserialize(d)?;
+        super::parse_duration(&text).map_err(serde::de::Error::custom)
+    }
+}
+
+/// Parses `3s`, `500ms`, `48h`, `30d` and combinations like `1h30m`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text.trim()).map_err(|e| {
+        format!("invalid duration {text:?} ({e}); write it like 3s, 500ms, 48h or 30d")
+    })
+}
+
+impl Config {
+    /// A config with every default, for `keyhold up` and tests.
+    pub fn new(region: &str, data_dir: PathBuf, admin_token: String) -> Config {
+        Config {
+            region: region.to_owned(),
+            regions: vec![region.to_owned()],
+            data_dir,
+            listen: d_listen(),
+            admin_token,
+            response_ttl: d_response_ttl(),
+            marker_ttl: d_marker_ttl(),
+            processed_ttl: d_processed_ttl(),
+            inflight_wait: d_inflight_wait(),
+            sweep_interval: d_sweep_interval(),
+            body_bytes_max: d_body_bytes_max(),
+            tenant_requests_per_second: d_requests_per_second(),
+            tenant_new_keys_per_second: d_new_keys_per_second(),
+            fingerprint_hmac_key_env: None,
+        }
+    }
+
+    pub fn from_toml(text: &str) -> Result<Config, Error> {
+        let mut config: Config = toml::from_str(text).map_err(|e| Error::Config(e.to_string()))?;
+        if config.regions.is_empty() {
+            config.regions = vec![config.region.clone()];
+        }
+        Ok(config)
+    }
+
+    pub fn policy(&self) -> Policy {
+        Policy {
+            response_ttl_ms: self.response_ttl.as_millis() as u64,
+            marker_ttl_ms: self.marker_ttl.as_millis() as u64,
+            processed_ttl_ms: self.processed_ttl.as_millis() as u64,
+            inflight_wait_ms: self.inflight_wait.as_millis() as u64,
+        }
+    }
+
+    /// Refuses a configuration the node must not run with, naming the rule.
+    pub fn validate(&self) -> Result<(), Error> {
+        self.policy()
+            .validate()
+            .map_err(|e| Error::Config(e.to_string()))?;
+        if !self.regions.contains(&self.region) {
+            return Err(Error::Config(format!(
+                "region {:?} is not among regions {:?}",
+                self.region, self.regions
+            )));
+        }
+        if self.admin_token.len() < 16 {
+            return Err(Error::Config(
+                "admin_token must be at least 16 characters".into(),
+            ));
+        }
+        if self.body_bytes_max == 0 {
+            return Err(Error::Config(
+                "body_bytes_max must be greater than zero".into(),
+            ));
+        }
+        if self.tenant_requests_per_second == 0 || self.tenant_new_keys_per_second == 0 {
+            return Err(Error::Config(
+                "tenant rate limits must be greater than zero".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn toml_with_durations() {
+        let c = Config::from_toml(
+            r#"
+            region = "eu"
+            data_dir = "/tmp/x"
+            admin_token = "0123456789abcdef0123"
+            response_ttl = "2s"
+            marker_ttl = "30d"
+            inflight_wait = "500ms"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.response_ttl, Duration::from_secs(2));
+        assert_eq!(c.marker_ttl, Duration::from_secs(30 * 86_400));
+        assert_eq!(c.inflight_wait, Duration::from_millis(500));
+        assert_eq!(c.regions, vec!["eu".to_string()]);
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn refuses_marker_shorter_than_response() {
+        let mut c = Config::new("eu", "/tmp/x".into(), "0123456789abcdef0123".into());
+        c.marker_ttl = Duration::from_secs(60);
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("marker_ttl"), "{e}");
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_durations_are_errors() {
+        assert!(Config::from_toml("region='a'\ndata_dir='x'\nadmin_token='y'\nbogus=1").is_err());
+        let e = Config::from_toml("region='a'\ndata_dir='x'\nadmin_token='y'\nresponse_ttl='soon'")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("invalid duration"), "{e}");
+    }
+}

@@ -1,0 +1,27 @@
+//! Limits of the node, units last, in one place. Configurable ones have their
+//! defaults here; `Config` may override them.
+
+/// Request bodies above this get 413 `payload-too-large` (contract default 64 KiB).
+pub const BODY_BYTES_MAX_DEFAULT: usize = 64 * 1024;
+/// How long an in-flight duplicate waits for the first attempt (contract: 2 s).
+pub const INFLIGHT_WAIT_MS_DEFAULT: u64 = 2_000;
+/// `Retry-After` on 409 `request-in-progress` and on 503s, in seconds.
+pub const RETRY_AFTER_SECONDS: u64 = 1;
+/// Default per-tenant request rate, and burst, for tenants created without one.
+pub const TENANT_REQUESTS_PER_SECOND_DEFAULT: u32 = 1_000;
+pub const TENANT_NEW_KEYS_PER_SECOND_DEFAULT: u32 = 500;
+/// Demo tenants of `keyhold up` must sustain load tests (contract: >= 20,000/s).
+pub const DEMO_TENANT_REQUESTS_PER_SECOND: u32 = 50_000;
+/// How often the sweeper looks for expired entries, and how many it deletes per
+/// command (each command is one short turn of the apply thread).
+pub const SWEEP_INTERVAL_MS_DEFAULT: u64 = 1_000;
+pub const SWEEP_COMMANDS_PER_ROUND_MAX: usize = 64;
+/// Whole-request timeout: longer than the in-flight wait plus a slow fsync.
+pub const REQUEST_TIMEOUT_MS: u64 = 30_000;
+/// Bytes of a bearer token's random part.
+pub const TOKEN_RANDOM_BYTES: usize = 32;
+/// Header values copied into a claim's stored response.
+pub const CLAIM_RESPONSE_HEADERS_MAX: usize = 32;
+
+const _: () = assert!(INFLIGHT_WAIT_MS_DEFAULT < REQUEST_TIMEOUT_MS);
+const _: () = assert!(DEMO_TENANT_REQUESTS_PER_SECOND >= 20_000);

@@ -1,0 +1,89 @@
+//! Unauthenticated endpoints: health, readiness, metrics, the OpenAPI document,
+//! the idempotency policy and the fingerprint specs.
+
+use super::json_response;
+use crate::node::Node;
+use crate::problem::ApiError;
+use axum::extract::State;
+use axum::http::{header, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use keyhold_core::limits::{KEY_LENGTH_MAX, LEASE_MS_MAX, LEASE_MS_MIN};
+use keyhold_core::Problem;
+use std::sync::Arc;
+
+/// The OpenAPI document, kept in docs/ and compiled in so every node serves the
+/// same text the docs describe.
+const OPENAPI: &str = include_str!("../../../../docs/openapi.json");
+
+pub async fn healthz() -> Response {
+    json_response(200, br#"{"status":"ok"}"#.to_vec())
+}
+
+pub async fn readyz(State(node): State<Arc<Node>>) -> Response {
+    if node.store().is_healthy() {
+        json_response(200, br#"{"status":"ready"}"#.to_vec())
+    } else {
+        ApiError::new(Problem::StoreUnavailable).into_response()
+    }
+}
+
+pub async fn metrics(State(node): State<Arc<Node>>) -> Response {
+    let stats = node.store().stats();
+    metrics::gauge!("keyhold_store_batches").set(stats.batches() as f64);
+    metrics::gauge!("keyhold_store_commands").set(stats.commands() as f64);
+    metrics::gauge!("keyhold_store_size_on_disk_bytes").set(node.store().size_on_disk() as f64);
+    metrics::gauge!("keyhold_tenants").set(node.tenants.len() as f64);
+    metrics::gauge!("keyhold_inflight_scopes").set(node.inflight.len() as f64);
+    let text = crate::metrics::handle().render();
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4"),
+        )],
+        text,
+    )
+        .into_response()
+}
+
+pub async fn openapi() -> Response {
+    json_response(200, OPENAPI.as_bytes().to_vec())
+}
+
+pub async fn policy(State(node): State<Arc<Node>>) -> Response {
+    let p = node.policy();
+    let status_codes: serde_json::Map<String, serde_json::Value> = Problem::ALL
+        .iter()
+        .map(|p| (p.slug().to_owned(), p.status().into()))
+        .collect();
+    let body = serde_json::json!({
+        "response_ttl_seconds": p.response_ttl_ms / 1000,
+        "marker_ttl_seconds": p.marker_ttl_ms / 1000,
+        "processed_ttl_seconds": p.processed_ttl_ms / 1000,
+        "inflight_wait_ms": p.inflight_wait_ms,
+        "key_max_length": KEY_LENGTH_MAX,
+        "body_bytes_max": node.config().body_bytes_max,
+        "lease_ms_min": LEASE_MS_MIN,
+        "lease_ms_max": LEASE_MS_MAX,
+        "replayed_header": "Idempotent-Replayed",
+        "fingerprint_header": "Idempotency-Fingerprint",
+        "status_codes": {
+            "created": 201,
+            "replayed": "status of the first response",
+            "marker_hit": 200,
+            "problems": status_codes,
+        },
+    });
+    json_response(200, serde_json::to_vec(&body).expect("json"))
+}
+
+pub async fn specs(State(node): State<Arc<Node>>) -> Response {
+    let mut out = String::from("{\"data\":[");
+    for (i, spec) in node.specs().iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(&spec.to_json());
+    }
+    out.push_str("]}");
+    json_response(200, out.into_bytes())
+}

@@ -1,0 +1,150 @@
+//! The HTTP surface: the router, layers shared by every route, and the request
+//! helpers (content type, bounded body, strict JSON) every handler uses.
+
+mod admin;
+mod claims;
+mod meta;
+mod orders;
+
+use crate::node::Node;
+use crate::problem::ApiError;
+use axum::body::{Body, Bytes};
+use axum::extract::{MatchedPath, Request};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use keyhold_core::Problem;
+use keyhold_fingerprint::Value;
+use std::sync::Arc;
+use std::time::Instant;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::set_header::SetResponseHeaderLayer;
+use tower_http::trace::TraceLayer;
+
+pub const KEYHOLD_REGION: HeaderName = HeaderName::from_static("keyhold-region");
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+pub const IDEMPOTENCY_FINGERPRINT: HeaderName = HeaderName::from_static("idempotency-fingerprint");
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+pub fn router(node: Arc<Node>) -> Router {
+    let region = HeaderValue::from_str(node.region()).expect("region names are header-safe");
+    Router::new()
+        .route("/v1/orders", post(orders::create).get(orders::find))
+        .route("/v1/orders/{order_id}", get(orders::get_one))
+        .route("/v1/claims", post(claims::claim))
+        .route("/v1/claims/complete", post(claims::complete))
+        .route("/v1/claims/heartbeat", post(claims::heartbeat))
+        .route("/v1/idempotency-policy", get(meta::policy))
+        .route("/v1/fingerprint-specs", get(meta::specs))
+        .route("/admin/v1/tenants", post(admin::create_tenant))
+        .route("/admin/v1/tenants/{tenant_id}", get(admin::get_tenant))
+        .route("/admin/v1/cluster", get(admin::cluster))
+        .route("/healthz", get(meta::healthz))
+        .route("/readyz", get(meta::readyz))
+        .route("/metrics", get(meta::metrics))
+        .route("/openapi.json", get(meta::openapi))
+        .fallback(|| async { ApiError::new(Problem::NotFound) })
+        .method_not_allowed_fallback(|| async { ApiError::new(Problem::MethodNotAllowed) })
+        .layer(middleware::from_fn(record_metrics))
+        .layer(CatchPanicLayer::new())
+        .layer(SetResponseHeaderLayer::overriding(KEYHOLD_REGION, region))
+        .layer(TraceLayer::new_for_http())
+        .with_state(node)
+}
+
+/// Counts requests by route and status and times them. Routes are the matched
+/// templates (`/v1/orders/{order_id}`), never raw paths, so no ids reach labels.
+async fn record_metrics(request: Request, next: Next) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unmatched", |p| p.as_str())
+        .to_owned();
+    let method = request.method().as_str().to_owned();
+    let started = Instant::now();
+    let response = next.run(request).await;
+    let status = response.status().as_u16().to_string();
+    metrics::counter!("keyhold_http_requests_total", "method" => method.clone(), "route" => route.clone(), "status" => status)
+        .increment(1);
+    metrics::histogram!("keyhold_http_request_duration_seconds", "method" => method, "route" => route)
+        .record(started.elapsed().as_secs_f64());
+    response
+}
+
+/// 415 unless the body is declared as JSON (`application/json` or any
+/// `application/*+json`, parameters allowed).
+pub fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
+    let declared = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| {
+            v.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase()
+        });
+    match declared.as_deref() {
+        Some("application/json") => Ok(()),
+        Some(t) if t.starts_with("application/") && t.ends_with("+json") => Ok(()),
+        _ => Err(ApiError::new(Problem::UnsupportedMediaType)
+            .detail("send the body as application/json")),
+    }
+}
+
+/// Reads the whole body, refusing (413) past `limit` bytes without buffering more.
+pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, ApiError> {
+    let too_large = || {
+        ApiError::new(Problem::PayloadTooLarge)
+            .detail(format!("the body must be at most {limit} bytes"))
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    axum::body::to_bytes(body, limit).await.map_err(|e| {
+        let is_limit = std::error::Error::source(&e)
+            .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+        if is_limit {
+            too_large()
+        } else {
+            ApiError::invalid("", format!("could not read the body: {e}"))
+        }
+    })
+}
+
+/// Strict I-JSON: duplicate names, lone surrogates, non-finite numbers and
+/// excessive nesting are 400 `invalid-request`, with the rule and byte offset.
+pub fn parse_json(bytes: &[u8]) -> Result<Value, ApiError> {
+    keyhold_fingerprint::parse(bytes).map_err(|e| ApiError::invalid("", e.to_string()))
+}
+
+/// Content type, size and strictness checks, then the parsed body.
+pub async fn json_body(
+    node: &Node,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(Bytes, Value), ApiError> {
+    require_json(headers)?;
+    let bytes = read_body(headers, body, node.config().body_bytes_max).await?;
+    let value = parse_json(&bytes)?;
+    Ok((bytes, value))
+}
+
+/// A JSON response with the given status.
+pub fn json_response(status: u16, body: Vec<u8>) -> Response {
+    (
+        axum::http::StatusCode::from_u16(status).expect("valid status"),
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        body,
+    )
+        .into_response()
+}

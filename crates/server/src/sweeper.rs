@@ -1,0 +1,49 @@
+//! The expiry sweeper: physically deletes expired records and markers in small
+//! batches, walking the store's expiry index.
+//!
+//! Reads already treat expired entries as absent, so the sweeper only reclaims
+//! space; each sweep command is one short turn of the apply thread, so writers
+//! are never blocked for long.
+
+use crate::limits::SWEEP_COMMANDS_PER_ROUND_MAX;
+use crate::node::{now, Node};
+use keyhold_store::limits::SWEEP_ENTRIES_MAX;
+use keyhold_store::{Applied, Command};
+use std::sync::Arc;
+use tokio::sync::watch;
+
+pub async fn run(node: Arc<Node>, mut stop: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(node.config().sweep_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        for _ in 0..SWEEP_COMMANDS_PER_ROUND_MAX {
+            let command = Command::Sweep {
+                now: now(),
+                entries_max: SWEEP_ENTRIES_MAX as u32,
+            };
+            match node.store().execute(command).await {
+                Ok(Applied::Sweep(out)) => {
+                    metrics::counter!("keyhold_sweeper_deleted_total", "kind" => "record")
+                        .increment(out.records);
+                    metrics::counter!("keyhold_sweeper_deleted_total", "kind" => "marker")
+                        .increment(out.markers);
+                    metrics::counter!("keyhold_sweeper_stale_index_total")
+                        .increment(out.stale_index);
+                    let total = out.records + out.markers + out.stale_index;
+                    if total < SWEEP_ENTRIES_MAX as u64 {
+                        break;
+                    }
+                }
+                Ok(other) => unreachable!("sweep answered {other:?}"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "sweep failed; will retry");
+                    break;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,161 @@
+//! The tenant directory of a node: bearer-token authentication and each tenant's
+//! rate limiters.
+//!
+//! Tokens are never stored, only their SHA-256. A request's token is hashed and
+//! looked up by hash; the final comparison is constant-time, and a lookup by hash
+//! reveals nothing useful about any token through timing.
+
+use crate::limits::TOKEN_RANDOM_BYTES;
+use crate::problem::ApiError;
+use axum::http::{header, HeaderMap};
+use base64::Engine;
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
+use keyhold_core::{Problem, TenantId};
+use keyhold_store::TenantEntry;
+use rand::RngCore;
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::num::NonZeroU32;
+use std::sync::{Arc, RwLock};
+use subtle::ConstantTimeEq;
+
+pub struct Tenant {
+    pub entry: TenantEntry,
+    requests: DefaultDirectRateLimiter,
+    new_keys: DefaultDirectRateLimiter,
+}
+
+impl Tenant {
+    fn new(entry: TenantEntry) -> Tenant {
+        let quota = |per_second: u32| {
+            Quota::per_second(NonZeroU32::new(per_second.max(1)).expect("at least one"))
+        };
+        Tenant {
+            requests: RateLimiter::direct(quota(entry.requests_per_second)),
+            new_keys: RateLimiter::direct(quota(entry.new_keys_per_second)),
+            entry,
+        }
+    }
+
+    pub fn id(&self) -> &TenantId {
+        &self.entry.id
+    }
+
+    pub fn check_request_rate(&self) -> Result<(), ApiError> {
+        check(&self.requests)
+    }
+
+    pub fn check_new_key_rate(&self) -> Result<(), ApiError> {
+        check(&self.new_keys)
+    }
+}
+
+fn check(limiter: &DefaultDirectRateLimiter) -> Result<(), ApiError> {
+    limiter.check().map_err(|not_until| {
+        let wait = not_until.wait_time_from(governor::clock::Clock::now(
+            &governor::clock::DefaultClock::default(),
+        ));
+        ApiError::new(Problem::RateLimited).retry_after_ms(wait.as_millis() as u64)
+    })
+}
+
+#[derive(Default)]
+pub struct Tenants {
+    inner: RwLock<Directory>,
+}
+
+#[derive(Default)]
+struct Directory {
+    by_hash: HashMap<[u8; 32], Arc<Tenant>>,
+    by_id: HashMap<TenantId, Arc<Tenant>>,
+}
+
+pub fn sha256(text: &str) -> [u8; 32] {
+    Sha256::digest(text.as_bytes()).into()
+}
+
+/// A new bearer token: `kh_` and 32 random bytes in unpadded base64url.
+pub fn new_token() -> String {
+    let mut bytes = [0u8; TOKEN_RANDOM_BYTES];
+    rand::thread_rng().fill_bytes(&mut bytes);
+    format!(
+        "kh_{}",
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+    )
+}
+
+/// The bearer token of an `Authorization` header, if well-formed.
+pub fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    (scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty()).then(|| token.trim())
+}
+
+impl Tenants {
+    pub fn insert(&self, entry: TenantEntry) {
+        let Ok(hash) = hex::decode(&entry.token_sha256) else {
+            tracing::error!(tenant = %entry.id, "stored token hash is not hex; tenant skipped");
+            return;
+        };
+        let Ok(hash) = <[u8; 32]>::try_from(hash) else {
+            tracing::error!(tenant = %entry.id, "stored token hash has the wrong length");
+            return;
+        };
+        let tenant = Arc::new(Tenant::new(entry));
+        let mut dir = self.inner.write().expect("tenant directory lock");
+        dir.by_id.insert(tenant.entry.id.clone(), tenant.clone());
+        dir.by_hash.insert(hash, tenant);
+    }
+
+    pub fn get(&self, id: &TenantId) -> Option<Arc<Tenant>> {
+        self.inner
+            .read()
+            .expect("tenant directory lock")
+            .by_id
+            .get(id)
+            .cloned()
+    }
+
+    pub fn len(&self) -> usize {
+        self.inner
+            .read()
+            .expect("tenant directory lock")
+            .by_id
+            .len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Contract section 2: the token is checked on every attempt, before anything
+    /// else; missing or unknown gives 401 `unauthenticated`.
+    pub fn authenticate(&self, headers: &HeaderMap) -> Result<Arc<Tenant>, ApiError> {
+        let unauthenticated = || ApiError::new(Problem::Unauthenticated);
+        let token = bearer(headers).ok_or_else(unauthenticated)?;
+        let hash = sha256(token);
+        let dir = self.inner.read().expect("tenant directory lock");
+        let (stored, tenant) = dir
+            .by_hash
+            .get_key_value(&hash)
+            .ok_or_else(unauthenticated)?;
+        if bool::from(stored.ct_eq(&hash)) {
+            Ok(tenant.clone())
+        } else {
+            Err(unauthenticated())
+        }
+    }
+}
+
+/// Admin authentication: a constant-time comparison of token digests.
+pub fn authenticate_admin(
+    headers: &HeaderMap,
+    admin_token_sha256: &[u8; 32],
+) -> Result<(), ApiError> {
+    let token = bearer(headers).ok_or_else(|| ApiError::new(Problem::Unauthenticated))?;
+    if bool::from(sha256(token).ct_eq(admin_token_sha256)) {
+        Ok(())
+    } else {
+        Err(ApiError::new(Problem::Unauthenticated))
+    }
+}

@@ -1,0 +1,225 @@
+//! `keyhold up`: a whole local cluster in one process, for demos, development and
+//! the acceptance suite.
+//!
+//! One node per region on consecutive loopback ports from the base port, each with
+//! its own store under `DIR/<region>`, a shared admin token and one demo tenant
+//! homed in each region. Secrets (the admin token and the demo tenants' tokens)
+//! are kept in `DIR/up-secrets.json` so that a restart on the same data dir
+//! resumes the same cluster; `DIR/cluster.json` is written when every node is
+//! listening.
+
+use crate::config::Config;
+use crate::limits::DEMO_TENANT_REQUESTS_PER_SECOND;
+use crate::node::{CreateTenantError, Node};
+use crate::tenants::new_token;
+use crate::Error;
+use keyhold_core::TenantId;
+use serde::{Deserialize, Serialize};
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+
+/// Ports `keyhold up` may use: `base_port .. base_port + PORTS_PER_CLUSTER`.
+pub const PORTS_PER_CLUSTER: u16 = 50;
+/// Regions one local cluster may have (one API port each).
+pub const REGIONS_MAX: usize = 8;
+const _: () = assert!(REGIONS_MAX < PORTS_PER_CLUSTER as usize);
+
+#[derive(Debug, Clone)]
+pub struct UpConfig {
+    pub data_dir: PathBuf,
+    pub base_port: u16,
+    pub regions: Vec<String>,
+    pub response_ttl: Option<Duration>,
+    pub marker_ttl: Option<Duration>,
+    pub processed_ttl: Option<Duration>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+struct Secrets {
+    admin_token: String,
+    tenants: Vec<TenantSecret>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TenantSecret {
+    pub tenant_id: String,
+    pub home_region: String,
+    pub token: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ClusterFile {
+    pub admin_token: String,
+    pub regions: Vec<RegionEntry>,
+    /// The fake payment provider's origin; `null` until the downstream relay and
+    /// `keyhold fakepsp` exist.
+    pub psp_url: Option<String>,
+    pub tenants: Vec<TenantSecret>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RegionEntry {
+    pub name: String,
+    pub api_url: String,
+}
+
+fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), Error> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, bytes)?;
+    std::fs::File::open(&tmp)?.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    Ok(())
+}
+
+fn validate_regions(regions: &[String]) -> Result<(), Error> {
+    if regions.is_empty() || regions.len() > REGIONS_MAX {
+        return Err(Error::Config(format!(
+            "--regions needs 1 to {REGIONS_MAX} region names"
+        )));
+    }
+    for (i, r) in regions.iter().enumerate() {
+        let ok = !r.is_empty()
+            && r.len() <= 32
+            && r.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+        if !ok {
+            return Err(Error::Config(format!(
+                "region name {r:?} must be 1 to 32 of [A-Za-z0-9-]"
+            )));
+        }
+        if regions[..i].contains(r) {
+            return Err(Error::Config(format!("region {r:?} is listed twice")));
+        }
+    }
+    Ok(())
+}
+
+/// Runs the cluster until `shutdown` resolves.
+pub async fn run(
+    up: UpConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
+    validate_regions(&up.regions)?;
+    std::fs::create_dir_all(&up.data_dir)?;
+    // A cluster.json from an earlier run must not be mistaken for readiness.
+    match std::fs::remove_file(up.data_dir.join("cluster.json")) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+        _ => {}
+    }
+    let secrets_path = up.data_dir.join("up-secrets.json");
+    let mut secrets: Secrets = match std::fs::read(&secrets_path) {
+        Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
+            Error::Config(format!("{} is not readable: {e}", secrets_path.display()))
+        })?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Secrets {
+            admin_token: new_token(),
+            tenants: Vec::new(),
+        },
+        Err(e) => return Err(e.into()),
+    };
+    write_atomically(
+        &secrets_path,
+        &serde_json::to_vec_pretty(&secrets).expect("json"),
+    )?;
+
+    let mut nodes = Vec::new();
+    let mut region_entries = Vec::new();
+    for (i, region) in up.regions.iter().enumerate() {
+        let mut config = Config::new(
+            region,
+            up.data_dir.join(region),
+            secrets.admin_token.clone(),
+        );
+        config.regions = up.regions.clone();
+        config.listen = format!("127.0.0.1:{}", up.base_port + i as u16);
+        if let Some(d) = up.response_ttl {
+            config.response_ttl = d;
+        }
+        if let Some(d) = up.marker_ttl {
+            config.marker_ttl = d;
+        }
+        if let Some(d) = up.processed_ttl {
+            config.processed_ttl = d;
+        }
+        // Refuse a bad policy before binding anything.
+        config.validate()?;
+        let listener = TcpListener::bind(&config.listen)
+            .await
+            .map_err(|e| Error::Config(format!("cannot listen on {}: {e}", config.listen)))?;
+        let node = Arc::new(Node::open(config)?);
+        region_entries.push(RegionEntry {
+            name: region.clone(),
+            api_url: format!("http://{}", listener.local_addr()?),
+        });
+        nodes.push((node, listener));
+    }
+
+    // One demo tenant homed in each region, created once and kept across restarts.
+    for (node, _) in &nodes {
+        let id = format!("demo-{}", node.region());
+        let tenant_id = TenantId::parse(&id).expect("demo ids are valid");
+        if secrets.tenants.iter().any(|t| t.tenant_id == id) {
+            continue;
+        }
+        let (_, token) = match node
+            .create_tenant(
+                tenant_id,
+                node.region(),
+                DEMO_TENANT_REQUESTS_PER_SECOND,
+                DEMO_TENANT_REQUESTS_PER_SECOND,
+            )
+            .await
+        {
+            Ok(created) => created,
+            Err(CreateTenantError::Store(e)) => return Err(e.into()),
+            Err(e) => {
+                return Err(Error::Config(format!(
+                    "cannot create demo tenant {id}: {e:?}; the data dir's secrets file is \
+                     missing tokens it once had — start from an empty --data-dir"
+                )))
+            }
+        };
+        secrets.tenants.push(TenantSecret {
+            tenant_id: id,
+            home_region: node.region().to_owned(),
+            token,
+        });
+        write_atomically(
+            &secrets_path,
+            &serde_json::to_vec_pretty(&secrets).expect("json"),
+        )?;
+    }
+
+    let (stop_tx, _) = tokio::sync::broadcast::channel::<()>(1);
+    let mut tasks = Vec::new();
+    for (node, listener) in nodes {
+        let mut stop = stop_tx.subscribe();
+        tasks.push(tokio::spawn(crate::serve(node, listener, async move {
+            let _ = stop.recv().await;
+        })));
+    }
+
+    let cluster = ClusterFile {
+        admin_token: secrets.admin_token.clone(),
+        regions: region_entries,
+        psp_url: None,
+        tenants: secrets.tenants.clone(),
+    };
+    write_atomically(
+        &up.data_dir.join("cluster.json"),
+        &serde_json::to_vec_pretty(&cluster).expect("json"),
+    )?;
+    tracing::info!(path = %up.data_dir.join("cluster.json").display(), "cluster ready");
+
+    shutdown.await;
+    let _ = stop_tx.send(());
+    for task in tasks {
+        match task.await {
+            Ok(result) => result?,
+            Err(e) => tracing::error!(error = %e, "node task failed"),
+        }
+    }
+    Ok(())
+}
