@@ -1,0 +1,160 @@
+//! The HTTP surface: `POST /v1/charges`, `GET /v1/charges`, `GET /healthz`.
+//!
+//! Handlers validate, decide the random parts (decline, lost answer), hand the
+//! durable part to the store on a blocking thread, and turn its outcome into
+//! the answer. An answer is lost only after the store has made the charge
+//! durable, which is the failure a payments client must survive.
+
+use crate::charge::{self, Charge, Invalid, Status};
+use crate::connection::LoseAnswer;
+use crate::limits::BODY_BYTES_MAX;
+use crate::store::{Outcome, Store, Stored};
+use crate::Error;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{ConnectInfo, DefaultBodyLimit, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use rand::Rng;
+use std::sync::Arc;
+
+/// Header marking an answer that repeats a stored one.
+pub const REPLAYED_HEADER: &str = "idempotent-replayed";
+
+/// What every handler shares.
+#[derive(Debug)]
+pub struct App {
+    pub store: Store,
+    pub drop_response_rate: f64,
+    pub decline_rate: f64,
+}
+
+pub fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/v1/charges", get(list_charges).post(create_charge))
+        .route("/healthz", get(healthz))
+        .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))
+        .with_state(app)
+}
+
+async fn healthz() -> Response {
+    json(StatusCode::OK, r#"{"status":"ok"}"#.to_owned())
+}
+
+async fn create_charge(
+    State(app): State<Arc<App>>,
+    ConnectInfo(lose): ConnectInfo<LoseAnswer>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let key = match charge::parse_idempotency_key(
+        headers.get("idempotency-key").map(HeaderValue::as_bytes),
+    ) {
+        Ok(key) => key,
+        Err(invalid) => return refuse(StatusCode::BAD_REQUEST, &invalid),
+    };
+    let body = match body {
+        Ok(body) => body,
+        Err(rejection) => {
+            let code = if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                "body_too_large"
+            } else {
+                "invalid_request"
+            };
+            let invalid = Invalid {
+                code,
+                message: rejection.body_text(),
+            };
+            return refuse(rejection.status(), &invalid);
+        }
+    };
+    let request = match charge::parse_request(&body) {
+        Ok(request) => request,
+        Err(invalid) => return refuse(StatusCode::BAD_REQUEST, &invalid),
+    };
+    let fingerprint = charge::fingerprint(&request);
+    let store = app.store.clone();
+    let decline_rate = app.decline_rate;
+    let task_key = key.clone();
+    let outcome = tokio::task::spawn_blocking(move || {
+        store.charge(&task_key, &fingerprint, |_seq| {
+            let status = if rand::thread_rng().gen_bool(decline_rate) {
+                Status::Failed
+            } else {
+                Status::Succeeded
+            };
+            let charge = Charge::new(request, task_key.clone(), status);
+            Ok((status.http_status(), serde_json::to_string(&charge)?))
+        })
+    })
+    .await;
+    let outcome = match outcome {
+        Ok(Ok(outcome)) => outcome,
+        Ok(Err(error)) => return internal(&error),
+        Err(join) => return internal(&Error::Task(join.to_string())),
+    };
+    let (stored, replayed) = match outcome {
+        Outcome::Created(stored) => (stored, false),
+        Outcome::Replayed(stored) => (stored, true),
+        Outcome::KeyReused => {
+            let invalid = Invalid {
+                code: "idempotency_key_reused",
+                message: "this Idempotency-Key was used with a different request body".into(),
+            };
+            return refuse(StatusCode::UNPROCESSABLE_ENTITY, &invalid);
+        }
+    };
+    if rand::thread_rng().gen_bool(app.drop_response_rate) {
+        lose.lose();
+        tracing::info!(idempotency_key = %key, replayed, "charge committed, answer dropped");
+    } else {
+        tracing::debug!(idempotency_key = %key, replayed, status = stored.status, "charge answered");
+    }
+    answer(stored, replayed)
+}
+
+async fn list_charges(State(app): State<Arc<App>>) -> Response {
+    let store = app.store.clone();
+    let all = match tokio::task::spawn_blocking(move || store.list()).await {
+        Ok(Ok(all)) => all,
+        Ok(Err(error)) => return internal(&error),
+        Err(join) => return internal(&Error::Task(join.to_string())),
+    };
+    // The stored bodies are JSON objects the provider wrote itself.
+    let bodies: Vec<&str> = all.iter().map(|stored| stored.body.as_str()).collect();
+    json(
+        StatusCode::OK,
+        format!("{{\"data\":[{}]}}", bodies.join(",")),
+    )
+}
+
+fn answer(stored: Stored, replayed: bool) -> Response {
+    let status = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = json(status, stored.body);
+    if replayed {
+        response
+            .headers_mut()
+            .insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
+    }
+    response
+}
+
+fn refuse(status: StatusCode, invalid: &Invalid) -> Response {
+    let body = serde_json::json!({ "error": invalid.code, "message": invalid.message });
+    json(status, body.to_string())
+}
+
+fn internal(error: &Error) -> Response {
+    tracing::error!(%error, "fake psp failed");
+    let invalid = Invalid {
+        code: "internal",
+        message: error.to_string(),
+    };
+    refuse(StatusCode::INTERNAL_SERVER_ERROR, &invalid)
+}
+
+fn json(status: StatusCode, body: String) -> Response {
+    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
