@@ -1,1 +1,274 @@
-fn main() {}
+//! The `keyhold` binary: parses the command line, sets up tracing, and calls into
+//! the libraries. No logic lives here beyond turning arguments into configs.
+
+mod cmd_fingerprint;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use keyhold_server::up::UpConfig;
+use keyhold_server::{parse_duration, Config};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(
+    name = "keyhold",
+    version,
+    about = "Safe retries for multi-region APIs"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run one node from a TOML config file.
+    Serve {
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Run a whole local cluster in the foreground and write DIR/cluster.json.
+    Up {
+        #[arg(long)]
+        data_dir: PathBuf,
+        #[arg(long)]
+        base_port: u16,
+        /// Comma-separated region names.
+        #[arg(long, default_value = "a,b,c", value_delimiter = ',')]
+        regions: Vec<String>,
+        /// How long responses are replayed, e.g. 48h.
+        #[arg(long, value_parser = duration)]
+        response_ttl: Option<Duration>,
+        /// How long client_order_id markers block duplicates, e.g. 30d.
+        #[arg(long, value_parser = duration)]
+        marker_ttl: Option<Duration>,
+        /// How long consumers remember processed events, e.g. 35d.
+        #[arg(long, value_parser = duration)]
+        processed_ttl: Option<Duration>,
+        /// Probability (0 to 1) that the fake payment provider loses an answer.
+        #[arg(long, default_value_t = 0.0)]
+        psp_drop_response_rate: f64,
+        /// Probability (0 to 1) that the fake payment provider declines a charge.
+        #[arg(long, default_value_t = 0.0)]
+        psp_decline_rate: f64,
+    },
+    /// Run the fake payment provider (honours Idempotency-Key; can lose answers).
+    Fakepsp {
+        /// Address to listen on, e.g. 127.0.0.1:7440.
+        #[arg(long)]
+        listen: String,
+        /// Where charges are stored.
+        #[arg(long, default_value = "./fakepsp-data")]
+        data_dir: PathBuf,
+        /// Probability (0 to 1) that an answer is lost after the charge committed.
+        #[arg(long, default_value_t = 0.0)]
+        drop_response_rate: f64,
+        /// Probability (0 to 1) that a charge is declined.
+        #[arg(long, default_value_t = 0.0)]
+        decline_rate: f64,
+    },
+    /// Send a mix of new, replayed and conflicting orders and report latencies.
+    Loadgen {
+        /// Origin of a node, e.g. http://127.0.0.1:7400.
+        #[arg(long)]
+        target: String,
+        /// A tenant's bearer token.
+        #[arg(long)]
+        token: String,
+        /// Weights of the request kinds.
+        #[arg(long, default_value = "new=90,replay=5,conflict=5")]
+        mix: String,
+        #[arg(long, default_value_t = 16)]
+        concurrency: usize,
+        #[arg(long, value_parser = duration, default_value = "10s")]
+        duration: Duration,
+        /// Requests per second across all clients (open loop); closed loop without.
+        #[arg(long)]
+        rate: Option<f64>,
+        /// Also write the JSON report to this file.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Print the RFC 8785 canonical form of a JSON document.
+    Canonicalize {
+        /// Input file; `-` or nothing reads standard input.
+        file: Option<PathBuf>,
+    },
+    /// Print the request fingerprint of a JSON body under a spec.
+    Fingerprint {
+        /// `orders` (built in) or a spec file.
+        #[arg(long)]
+        spec: String,
+        /// Print the keyed form using the secret in this environment variable.
+        #[arg(long)]
+        hmac_key_env: Option<String>,
+        /// Input file; `-` or nothing reads standard input.
+        file: Option<PathBuf>,
+    },
+}
+
+fn duration(text: &str) -> Result<Duration, String> {
+    parse_duration(text)
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+    tracing::info!("shutting down");
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Canonicalize { file } => cmd_fingerprint::canonicalize(file.as_deref()),
+        Command::Fingerprint {
+            spec,
+            hmac_key_env,
+            file,
+        } => cmd_fingerprint::fingerprint(&spec, file.as_deref(), hmac_key_env.as_deref()),
+        Command::Serve { config } => serve(config),
+        Command::Loadgen {
+            target,
+            token,
+            mix,
+            concurrency,
+            duration,
+            rate,
+            out,
+        } => loadgen(target, token, &mix, concurrency, duration, rate, out),
+        Command::Up {
+            data_dir,
+            base_port,
+            regions,
+            response_ttl,
+            marker_ttl,
+            processed_ttl,
+            psp_drop_response_rate,
+            psp_decline_rate,
+        } => up(UpConfig {
+            data_dir,
+            base_port,
+            regions,
+            response_ttl,
+            marker_ttl,
+            processed_ttl,
+            psp_drop_response_rate,
+            psp_decline_rate,
+        }),
+        Command::Fakepsp {
+            listen,
+            data_dir,
+            drop_response_rate,
+            decline_rate,
+        } => fakepsp(
+            listen,
+            keyhold_fakepsp::PspConfig {
+                data_dir,
+                drop_response_rate,
+                decline_rate,
+            },
+        ),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+fn serve(path: PathBuf) -> anyhow::Result<()> {
+    init_tracing();
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read config {}", path.display()))?;
+    let config = Config::from_toml(&text).with_context(|| format!("in {}", path.display()))?;
+    config.validate()?;
+    runtime()?.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(&config.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", config.listen))?;
+        keyhold_server::run(config, listener, shutdown_signal()).await?;
+        Ok(())
+    })
+}
+
+fn up(config: UpConfig) -> anyhow::Result<()> {
+    init_tracing();
+    runtime()?.block_on(async move {
+        keyhold_server::up::run(config, shutdown_signal()).await?;
+        Ok(())
+    })
+}
+
+fn loadgen(
+    target: String,
+    token: String,
+    mix: &str,
+    concurrency: usize,
+    duration: Duration,
+    rate: Option<f64>,
+    out: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    let load = keyhold_loadgen::Load {
+        target: target.trim_end_matches('/').to_owned(),
+        token,
+        mix: keyhold_loadgen::Mix::parse(mix)?,
+        concurrency,
+        duration,
+        rate,
+    };
+    let report = runtime()?.block_on(keyhold_loadgen::run(load))?;
+    let json = serde_json::to_string_pretty(&report)?;
+    if let Some(path) = out {
+        std::fs::write(&path, &json).with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    println!("{json}");
+    Ok(())
+}
+
+fn fakepsp(listen: String, config: keyhold_fakepsp::PspConfig) -> anyhow::Result<()> {
+    init_tracing();
+    runtime()?.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(&listen)
+            .await
+            .with_context(|| format!("cannot listen on {listen}"))?;
+        keyhold_fakepsp::run(config, listener, shutdown_signal()).await?;
+        Ok(())
+    })
+}

@@ -89,6 +89,35 @@ impl Order {
         serde_json::to_vec(&body).expect("order body serializes")
     }
 
+    /// The `order.created` event payload: the order body plus what downstream
+    /// consumers need (the item lines), so an event is self-contained.
+    pub fn event_json(&self, event_id: &str) -> Vec<u8> {
+        #[derive(Serialize)]
+        struct Event<'a> {
+            event_id: &'a str,
+            #[serde(rename = "type")]
+            kind: &'static str,
+            order: OrderBody<'a>,
+            items: &'a [Item],
+        }
+        let event = Event {
+            event_id,
+            kind: "order.created",
+            order: OrderBody {
+                order_id: &self.order_id,
+                client_order_id: &self.request.client_order_id,
+                cart_id: &self.request.cart_id,
+                amount: self.request.amount,
+                currency: &self.request.currency,
+                status: self.status.as_str(),
+                home_region: &self.home_region,
+                created_at: self.created_at.to_rfc3339(),
+            },
+            items: &self.request.items,
+        };
+        serde_json::to_vec(&event).expect("event serializes")
+    }
+
     pub fn location(&self) -> String {
         format!("/v1/orders/{}", self.order_id)
     }

@@ -39,6 +39,10 @@ pub struct Config {
     pub tenant_requests_per_second: u32,
     #[serde(default = "d_new_keys_per_second")]
     pub tenant_new_keys_per_second: u32,
+    /// Origin of the payment provider the payments consumer charges; without it
+    /// the payments consumer does not run.
+    #[serde(default)]
+    pub psp_url: Option<String>,
     /// Name of an environment variable holding a secret; when set, records store
     /// `hmac-sha256:` fingerprints instead of plain ones.
     #[serde(default)]
@@ -109,6 +113,7 @@ impl Config {
             tenant_requests_per_second: d_requests_per_second(),
             tenant_new_keys_per_second: d_new_keys_per_second(),
             fingerprint_hmac_key_env: None,
+            psp_url: None,
         }
     }
 

@@ -10,6 +10,7 @@
 //! sends `keyhold_store::Command`s and reads through the store's typed getters.
 
 pub mod config;
+mod downstream;
 mod inflight;
 pub mod limits;
 mod metrics;
@@ -57,7 +58,11 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let sweeper = tokio::spawn(sweeper::run(node.clone(), stop_rx));
+    let sweeper = tokio::spawn(sweeper::run(node.clone(), stop_rx.clone()));
+    let relays: Vec<_> = downstream::consumers(&node)
+        .into_iter()
+        .map(|c| tokio::spawn(downstream::run(node.clone(), c, stop_rx.clone())))
+        .collect();
     let app = routes::router(node.clone());
     tracing::info!(
         region = %node.config().region,
@@ -69,6 +74,9 @@ pub async fn serve(
         .await?;
     let _ = stop_tx.send(true);
     let _ = sweeper.await;
+    for relay in relays {
+        let _ = relay.await;
+    }
     tracing::info!("keyhold node stopped");
     Ok(())
 }

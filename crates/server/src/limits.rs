@@ -3,6 +3,10 @@
 
 /// Request bodies above this get 413 `payload-too-large` (contract default 64 KiB).
 pub const BODY_BYTES_MAX_DEFAULT: usize = 64 * 1024;
+/// A refused (413) body is read and discarded up to this many bytes and this
+/// long, so the client gets the answer instead of a connection reset.
+pub const DRAIN_BYTES_MAX: usize = 1024 * 1024;
+pub const DRAIN_MS: u64 = 1_000;
 /// How long an in-flight duplicate waits for the first attempt (contract: 2 s).
 pub const INFLIGHT_WAIT_MS_DEFAULT: u64 = 2_000;
 /// `Retry-After` on 409 `request-in-progress` and on 503s, in seconds.
@@ -25,3 +29,21 @@ pub const CLAIM_RESPONSE_HEADERS_MAX: usize = 32;
 
 const _: () = assert!(INFLIGHT_WAIT_MS_DEFAULT < REQUEST_TIMEOUT_MS);
 const _: () = assert!(DEMO_TENANT_REQUESTS_PER_SECOND >= 20_000);
+
+/// Outbox events one relay round reads, and how many of them are handled at once.
+pub const RELAY_BATCH_EVENTS_MAX: usize = 256;
+pub const RELAY_INFLIGHT_EVENTS_MAX: usize = 32;
+/// How often an idle relay looks at the outbox without being woken.
+pub const RELAY_IDLE_POLL_MS: u64 = 200;
+/// Ceiling of the relay's backoff after a failed round.
+pub const RELAY_BACKOFF_MS_MAX: u64 = 5_000;
+/// One charge request to the payment provider, and how often it is tried per
+/// delivery before the event is left for the next round.
+pub const PSP_REQUEST_TIMEOUT_MS: u64 = 3_000;
+pub const PSP_ATTEMPTS_MAX: u32 = 8;
+pub const PSP_BACKOFF_MS_BASE: u64 = 20;
+pub const PSP_BACKOFF_MS_MAX: u64 = 1_000;
+
+const _: () = assert!(RELAY_INFLIGHT_EVENTS_MAX <= RELAY_BATCH_EVENTS_MAX);
+const _: () = assert!(PSP_BACKOFF_MS_BASE < PSP_BACKOFF_MS_MAX);
+const _: () = assert!(PSP_BACKOFF_MS_MAX <= RELAY_BACKOFF_MS_MAX);

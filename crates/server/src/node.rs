@@ -25,6 +25,10 @@ pub struct Node {
     pub(crate) tenants: Tenants,
     pub(crate) inflight: Inflight,
     admin_token_sha256: [u8; 32],
+    /// Woken when an order is created, so idle relays deliver at once.
+    pub(crate) outbox_notify: tokio::sync::Notify,
+    /// One pooled HTTP client for outgoing calls (the payment provider).
+    http: reqwest::Client,
     hmac_secret: Option<Vec<u8>>,
     orders_spec: Spec,
 }
@@ -76,6 +80,10 @@ impl Node {
             store,
             tenants,
             inflight: Inflight::default(),
+            outbox_notify: tokio::sync::Notify::new(),
+            http: reqwest::Client::builder()
+                .build()
+                .map_err(|e| Error::Config(format!("cannot build the HTTP client: {e}")))?,
             hmac_secret,
             orders_spec: Spec::orders(),
         })
@@ -91,6 +99,10 @@ impl Node {
 
     pub fn store(&self) -> &Store {
         &self.store
+    }
+
+    pub fn http(&self) -> &reqwest::Client {
+        &self.http
     }
 
     pub fn region(&self) -> &str {

@@ -24,6 +24,7 @@ pub async fn run(node: Arc<Node>, mut stop: watch::Receiver<bool>) {
             let command = Command::Sweep {
                 now: now(),
                 entries_max: SWEEP_ENTRIES_MAX as u32,
+                consumers: crate::downstream::consumers(&node),
             };
             match node.store().execute(command).await {
                 Ok(Applied::Sweep(out)) => {
@@ -31,9 +32,19 @@ pub async fn run(node: Arc<Node>, mut stop: watch::Receiver<bool>) {
                         .increment(out.records);
                     metrics::counter!("keyhold_sweeper_deleted_total", "kind" => "marker")
                         .increment(out.markers);
+                    metrics::counter!("keyhold_sweeper_deleted_total", "kind" => "event")
+                        .increment(out.events);
+                    metrics::counter!("keyhold_sweeper_deleted_total", "kind" => "processed")
+                        .increment(out.processed);
+                    metrics::counter!("keyhold_sweeper_deferred_total").increment(out.deferred);
                     metrics::counter!("keyhold_sweeper_stale_index_total")
                         .increment(out.stale_index);
-                    let total = out.records + out.markers + out.stale_index;
+                    let total = out.records
+                        + out.markers
+                        + out.events
+                        + out.processed
+                        + out.deferred
+                        + out.stale_index;
                     if total < SWEEP_ENTRIES_MAX as u64 {
                         break;
                     }

@@ -6,7 +6,8 @@
 //! homed in each region. Secrets (the admin token and the demo tenants' tokens)
 //! are kept in `DIR/up-secrets.json` so that a restart on the same data dir
 //! resumes the same cluster; `DIR/cluster.json` is written when every node is
-//! listening.
+//! listening. A fake payment provider (`keyhold-fakepsp`) runs beside the nodes on
+//! `base_port + PSP_PORT_OFFSET`, and every node's payments consumer charges it.
 
 use crate::config::Config;
 use crate::limits::DEMO_TENANT_REQUESTS_PER_SECOND;
@@ -25,7 +26,10 @@ use tokio::net::TcpListener;
 pub const PORTS_PER_CLUSTER: u16 = 50;
 /// Regions one local cluster may have (one API port each).
 pub const REGIONS_MAX: usize = 8;
-const _: () = assert!(REGIONS_MAX < PORTS_PER_CLUSTER as usize);
+/// The fake payment provider's port, relative to the base port.
+pub const PSP_PORT_OFFSET: u16 = 40;
+const _: () = assert!(REGIONS_MAX < PSP_PORT_OFFSET as usize);
+const _: () = assert!(PSP_PORT_OFFSET < PORTS_PER_CLUSTER);
 
 #[derive(Debug, Clone)]
 pub struct UpConfig {
@@ -35,6 +39,10 @@ pub struct UpConfig {
     pub response_ttl: Option<Duration>,
     pub marker_ttl: Option<Duration>,
     pub processed_ttl: Option<Duration>,
+    /// Probability that the fake provider loses an answer after committing.
+    pub psp_drop_response_rate: f64,
+    /// Probability that the fake provider declines a charge.
+    pub psp_decline_rate: f64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]
@@ -54,9 +62,8 @@ pub struct TenantSecret {
 pub struct ClusterFile {
     pub admin_token: String,
     pub regions: Vec<RegionEntry>,
-    /// The fake payment provider's origin; `null` until the downstream relay and
-    /// `keyhold fakepsp` exist.
-    pub psp_url: Option<String>,
+    /// The fake payment provider's origin.
+    pub psp_url: String,
     pub tenants: Vec<TenantSecret>,
 }
 
@@ -124,6 +131,14 @@ pub async fn run(
         &serde_json::to_vec_pretty(&secrets).expect("json"),
     )?;
 
+    let psp_listener = bind(up.base_port + PSP_PORT_OFFSET).await?;
+    let psp_url = format!("http://{}", psp_listener.local_addr()?);
+    let psp_config = keyhold_fakepsp::PspConfig {
+        data_dir: up.data_dir.join("psp"),
+        drop_response_rate: up.psp_drop_response_rate,
+        decline_rate: up.psp_decline_rate,
+    };
+
     let mut nodes = Vec::new();
     let mut region_entries = Vec::new();
     for (i, region) in up.regions.iter().enumerate() {
@@ -134,6 +149,7 @@ pub async fn run(
         );
         config.regions = up.regions.clone();
         config.listen = format!("127.0.0.1:{}", up.base_port + i as u16);
+        config.psp_url = Some(psp_url.clone());
         if let Some(d) = up.response_ttl {
             config.response_ttl = d;
         }
@@ -145,9 +161,7 @@ pub async fn run(
         }
         // Refuse a bad policy before binding anything.
         config.validate()?;
-        let listener = TcpListener::bind(&config.listen)
-            .await
-            .map_err(|e| Error::Config(format!("cannot listen on {}: {e}", config.listen)))?;
+        let listener = bind(up.base_port + i as u16).await?;
         let node = Arc::new(Node::open(config)?);
         region_entries.push(RegionEntry {
             name: region.clone(),
@@ -193,6 +207,13 @@ pub async fn run(
     }
 
     let (stop_tx, _) = tokio::sync::broadcast::channel::<()>(1);
+    let mut stop = stop_tx.subscribe();
+    let psp = tokio::spawn(async move {
+        keyhold_fakepsp::run(psp_config, psp_listener, async move {
+            let _ = stop.recv().await;
+        })
+        .await
+    });
     let mut tasks = Vec::new();
     for (node, listener) in nodes {
         let mut stop = stop_tx.subscribe();
@@ -204,7 +225,7 @@ pub async fn run(
     let cluster = ClusterFile {
         admin_token: secrets.admin_token.clone(),
         regions: region_entries,
-        psp_url: None,
+        psp_url,
         tenants: secrets.tenants.clone(),
     };
     write_atomically(
@@ -221,5 +242,16 @@ pub async fn run(
             Err(e) => tracing::error!(error = %e, "node task failed"),
         }
     }
+    match psp.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::error!(error = %e, "payment provider failed"),
+        Err(e) => tracing::error!(error = %e, "payment provider task failed"),
+    }
     Ok(())
+}
+
+async fn bind(port: u16) -> Result<TcpListener, Error> {
+    TcpListener::bind(("127.0.0.1", port))
+        .await
+        .map_err(|e| Error::Config(format!("cannot listen on 127.0.0.1:{port}: {e}")))
 }

@@ -6,7 +6,8 @@
 //! loop sit behind a Raft log later without touching the decision logic.
 
 use keyhold_core::{
-    Order, Outcome, OwnerToken, Record, RecordState, Scope, StoredResponse, TenantId, UnixMillis,
+    Item, Order, Outcome, OwnerToken, Record, RecordState, Scope, StoredResponse, TenantId,
+    UnixMillis,
 };
 use serde::{Deserialize, Serialize};
 
@@ -17,10 +18,12 @@ pub enum Command {
         fingerprint: String,
         /// Built by the caller with a fresh id and `created_at = now`; used only if
         /// the decision is to create.
-        order: Order,
+        order: Box<Order>,
         now: UnixMillis,
         response_ttl_ms: u64,
         marker_ttl_ms: u64,
+        /// How long the order's outbox event is kept once delivered.
+        processed_ttl_ms: u64,
     },
     Claim {
         scope: Scope,
@@ -47,8 +50,40 @@ pub enum Command {
     },
     /// Creates a tenant unless one with the same id exists.
     CreateTenant { tenant: TenantEntry },
-    /// Physically deletes up to `entries_max` entries whose expiry passed.
-    Sweep { now: UnixMillis, entries_max: u32 },
+    /// Physically deletes up to `entries_max` entries whose expiry passed. An
+    /// outbox event is deleted only once every consumer in `consumers` is past it.
+    Sweep {
+        now: UnixMillis,
+        entries_max: u32,
+        consumers: Vec<String>,
+    },
+    /// The inventory consumer's effect: reserve the order's item lines, together
+    /// with its processed-message entry, unless the event was processed already.
+    ConsumeInventory {
+        event_id: String,
+        order_id: String,
+        items: Vec<Item>,
+        now: UnixMillis,
+        processed_ttl_ms: u64,
+    },
+    /// The payments consumer's effect: record the charge's result on the order,
+    /// together with its processed-message entry, unless processed already.
+    ConsumePayment {
+        event_id: String,
+        order_id: String,
+        charge_id: String,
+        paid: bool,
+        now: UnixMillis,
+        processed_ttl_ms: u64,
+    },
+    /// A consumer has handled every event up to and including `seq`.
+    AdvanceCursor { consumer: String, seq: u64 },
+    /// Re-publishes kept events from `from_seq` on: every consumer's cursor moves
+    /// back to just before it.
+    ReplayOutbox {
+        from_seq: u64,
+        consumers: Vec<String>,
+    },
 }
 
 impl Command {
@@ -84,8 +119,38 @@ pub struct OutboxEvent {
     pub tenant: TenantId,
     pub order_id: String,
     pub occurred_at: UnixMillis,
-    /// The order body as JSON.
+    /// Kept until then, and after that until every consumer has it.
+    pub expires_at: UnixMillis,
+    /// The event as JSON: the order body plus its item lines.
     pub payload: Vec<u8>,
+}
+
+/// A consumer's memory of one handled event: `(consumer, event_id)`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Processed {
+    pub consumer: String,
+    pub event_id: String,
+    pub at: UnixMillis,
+    pub expires_at: UnixMillis,
+}
+
+/// One stock reservation of the inventory consumer: one per item line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reservation {
+    pub order_id: String,
+    pub line: u32,
+    pub sku: String,
+    pub quantity: u64,
+    pub event_id: String,
+    pub at: UnixMillis,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConsumeOutcome {
+    /// The effect was written now.
+    Applied,
+    /// The event was processed before; nothing was written.
+    Duplicate,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -136,6 +201,10 @@ pub enum HeartbeatOutcome {
 pub struct SweepOutcome {
     pub records: u64,
     pub markers: u64,
+    pub events: u64,
+    pub processed: u64,
+    /// Events past their expiry that a consumer has not had yet: kept.
+    pub deferred: u64,
     /// Index entries whose target had been rewritten with a later expiry.
     pub stale_index: u64,
 }
@@ -150,4 +219,10 @@ pub enum Applied {
     /// Whether the tenant was created (false: the id was taken).
     TenantCreated(bool),
     Sweep(SweepOutcome),
+    Consumed(ConsumeOutcome),
+    CursorAdvanced,
+    /// How many kept events were re-published.
+    Replayed {
+        events: u64,
+    },
 }

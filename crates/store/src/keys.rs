@@ -14,6 +14,10 @@ pub const OUTBOX: u8 = b'x';
 /// time order.
 pub const EXPIRY: u8 = b'e';
 pub const TENANT: u8 = b't';
+/// `consumer ++ 0 ++ event_id -> Processed`.
+pub const PROCESSED: u8 = b'p';
+/// `order_id ++ 0 ++ line (big-endian) -> Reservation`.
+pub const RESERVATION: u8 = b'v';
 /// Meta entries live under `s`.
 pub const META_BATCH: &[u8] = b"sbatch";
 pub const META_OUTBOX_SEQ: &[u8] = b"soutbox_seq";
@@ -55,6 +59,28 @@ pub fn order_index(tenant: &TenantId, client_order_id: &str) -> Vec<u8> {
 
 pub fn outbox(seq: u64) -> Vec<u8> {
     prefixed(OUTBOX, &[&seq.to_be_bytes()])
+}
+
+pub fn processed(consumer: &str, event_id: &str) -> Vec<u8> {
+    prefixed(PROCESSED, &[consumer.as_bytes(), event_id.as_bytes()])
+}
+
+pub fn reservation(order_id: &str, line: u32) -> Vec<u8> {
+    prefixed(RESERVATION, &[order_id.as_bytes(), &line.to_be_bytes()])
+}
+
+/// Prefix of every reservation of one order.
+pub fn reservations_of(order_id: &str) -> Vec<u8> {
+    let mut key = prefixed(RESERVATION, &[order_id.as_bytes()]);
+    key.push(0);
+    key
+}
+
+/// The position of a consumer in the outbox.
+pub fn cursor(consumer: &str) -> Vec<u8> {
+    let mut key = b"scursor:".to_vec();
+    key.extend_from_slice(consumer.as_bytes());
+    key
 }
 
 pub fn tenant(id: &TenantId) -> Vec<u8> {

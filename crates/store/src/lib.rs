@@ -23,12 +23,12 @@ pub mod limits;
 mod machine;
 
 pub use command::{
-    Applied, ClaimOutcome, Command, CompleteOutcome, HeartbeatOutcome, OrderOutcome, OutboxEvent,
-    SweepOutcome, TenantEntry,
+    Applied, ClaimOutcome, Command, CompleteOutcome, ConsumeOutcome, HeartbeatOutcome,
+    OrderOutcome, OutboxEvent, Processed, Reservation, SweepOutcome, TenantEntry,
 };
 pub use commit::CommitStats;
 
-use keyhold_core::{Order, Record, Scope, TenantId};
+use keyhold_core::{Order, Record, Scope, TenantId, UnixMillis};
 use serde::de::DeserializeOwned;
 use std::path::Path;
 use std::sync::Arc;
@@ -183,14 +183,76 @@ impl Store {
         self.inner.machine.tenants()
     }
 
-    /// Entries in the outbox, oldest first, starting after `after_seq`.
-    pub fn outbox_after(&self, after_seq: u64, max: usize) -> Result<Vec<OutboxEvent>, Error> {
-        self.inner
+    /// Durable events in the outbox, oldest first, starting after `after_seq`.
+    /// Waits for the flush of the newest one it returns, so nothing downstream
+    /// ever acts on an order a crash could still take back.
+    pub async fn outbox_after(
+        &self,
+        after_seq: u64,
+        max: usize,
+    ) -> Result<Vec<OutboxEvent>, Error> {
+        let mut events = Vec::new();
+        let mut newest_batch = 0;
+        for item in self
+            .inner
             .machine_tree()
             .range(keys::outbox(after_seq + 1)..keys::outbox(u64::MAX))
             .take(max)
-            .map(|item| Ok(codec::decode::<OutboxEvent>(&item?.1)?.0))
-            .collect()
+        {
+            let (event, batch) = codec::decode::<OutboxEvent>(&item?.1)?;
+            newest_batch = newest_batch.max(batch);
+            events.push(event);
+        }
+        self.wait_durable(newest_batch).await?;
+        Ok(events)
+    }
+
+    /// The sequence number of the first kept event that occurred after `since`
+    /// (or of the first kept event), and `None` when there is none.
+    pub fn first_outbox_seq_after(&self, since: Option<UnixMillis>) -> Result<Option<u64>, Error> {
+        for item in self.inner.machine_tree().scan_prefix([keys::OUTBOX]) {
+            let (event, _) = codec::decode::<OutboxEvent>(&item?.1)?;
+            if since.is_none_or(|s| event.occurred_at > s) {
+                return Ok(Some(event.seq));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Where a consumer stands in the outbox: every event up to this is handled.
+    pub async fn cursor(&self, consumer: &str) -> Result<u64, Error> {
+        Ok(self
+            .read::<u64>(&keys::cursor(consumer))
+            .await?
+            .unwrap_or(0))
+    }
+
+    /// The newest event in the outbox (0 when empty).
+    pub fn outbox_head(&self) -> Result<u64, Error> {
+        Ok(self
+            .inner
+            .machine
+            .get::<u64>(keys::META_OUTBOX_SEQ)?
+            .unwrap_or(0))
+    }
+
+    pub async fn is_processed(&self, consumer: &str, event_id: &str) -> Result<bool, Error> {
+        Ok(self
+            .read::<Processed>(&keys::processed(consumer, event_id))
+            .await?
+            .is_some())
+    }
+
+    /// The inventory consumer's reservations for one order, by line.
+    pub async fn reservations(&self, order_id: &str) -> Result<Vec<Reservation>, Error> {
+        let list = self.inner.machine.reservations(order_id)?;
+        // Reservations are written with their processed entry; waiting for that
+        // entry's batch covers them all.
+        if let Some(first) = list.first() {
+            self.read::<Processed>(&keys::processed("inventory", &first.event_id))
+                .await?;
+        }
+        Ok(list)
     }
 
     /// Counts entries per kind, for tests and diagnostics.
@@ -216,6 +278,8 @@ pub enum EntryKind {
     Outbox,
     ExpiryIndex,
     Tenant,
+    Processed,
+    Reservation,
 }
 
 impl EntryKind {
@@ -227,6 +291,8 @@ impl EntryKind {
             EntryKind::Outbox => keys::OUTBOX,
             EntryKind::ExpiryIndex => keys::EXPIRY,
             EntryKind::Tenant => keys::TENANT,
+            EntryKind::Processed => keys::PROCESSED,
+            EntryKind::Reservation => keys::RESERVATION,
         }
     }
 }

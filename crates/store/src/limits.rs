@@ -9,6 +9,9 @@ pub const BATCH_COMMANDS_MAX: usize = 1024;
 /// Expired entries one sweep command deletes, so a sweep never holds the apply
 /// thread long enough to delay writers noticeably.
 pub const SWEEP_ENTRIES_MAX: usize = 256;
+/// An outbox event past its expiry that some consumer has not had yet is looked
+/// at again this much later.
+pub const SWEEP_DEFER_MS: u64 = 3_600_000;
 /// How long a reader waits for the batch that wrote what it read to become
 /// durable before reporting the store unavailable.
 pub const READ_DURABLE_WAIT_MS: u64 = 5_000;

@@ -7,14 +7,15 @@
 
 use crate::codec::{decode, encode};
 use crate::command::{
-    Applied, ClaimOutcome, Command, CompleteOutcome, HeartbeatOutcome, OrderOutcome, OutboxEvent,
-    SweepOutcome, TenantEntry,
+    Applied, ClaimOutcome, Command, CompleteOutcome, ConsumeOutcome, HeartbeatOutcome,
+    OrderOutcome, OutboxEvent, Processed, Reservation, SweepOutcome, TenantEntry,
 };
 use crate::keys;
+use crate::limits::SWEEP_DEFER_MS;
 use crate::Error;
 use keyhold_core::{
     check_owner, decide_claim, decide_order, ClaimDecision, Marker, Order, OrderDecision,
-    OwnerCheck, OwnerToken, Record, RecordState, Scope, StoredResponse, UnixMillis,
+    OrderStatus, OwnerCheck, OwnerToken, Record, RecordState, Scope, StoredResponse, UnixMillis,
 };
 use serde::de::DeserializeOwned;
 
@@ -66,14 +67,14 @@ impl Machine {
                 now,
                 response_ttl_ms,
                 marker_ttl_ms,
+                processed_ttl_ms,
             } => Applied::Order(self.create_order(
                 &mut w,
                 scope,
                 fingerprint,
                 order,
                 *now,
-                *response_ttl_ms,
-                *marker_ttl_ms,
+                [*response_ttl_ms, *marker_ttl_ms, *processed_ttl_ms],
             )?),
             Command::Claim {
                 scope,
@@ -154,15 +155,118 @@ impl Machine {
                 }
                 Applied::TenantCreated(!exists)
             }
-            Command::Sweep { now, entries_max } => {
-                Applied::Sweep(self.sweep(&mut w, *now, *entries_max as usize)?)
+            Command::Sweep {
+                now,
+                entries_max,
+                consumers,
+            } => Applied::Sweep(self.sweep(&mut w, *now, *entries_max as usize, consumers)?),
+            Command::ConsumeInventory {
+                event_id,
+                order_id,
+                items,
+                now,
+                processed_ttl_ms,
+            } => {
+                let fresh =
+                    self.mark_processed(&mut w, "inventory", event_id, *now, *processed_ttl_ms)?;
+                if fresh {
+                    for (line, item) in items.iter().enumerate() {
+                        let line = line as u32;
+                        let reservation = Reservation {
+                            order_id: order_id.clone(),
+                            line,
+                            sku: item.sku.clone(),
+                            quantity: item.quantity,
+                            event_id: event_id.clone(),
+                            at: *now,
+                        };
+                        w.put(keys::reservation(order_id, line), &reservation);
+                    }
+                }
+                Applied::Consumed(consumed(fresh))
+            }
+            Command::ConsumePayment {
+                event_id,
+                order_id,
+                charge_id: _,
+                paid,
+                now,
+                processed_ttl_ms,
+            } => {
+                let fresh =
+                    self.mark_processed(&mut w, "payments", event_id, *now, *processed_ttl_ms)?;
+                if fresh {
+                    let key = keys::order(order_id);
+                    let mut order: Order = self.get(&key)?.ok_or_else(|| {
+                        Error::Corrupt(format!("payment for missing order {order_id}"))
+                    })?;
+                    order.status = if *paid {
+                        OrderStatus::Paid
+                    } else {
+                        OrderStatus::PaymentFailed
+                    };
+                    w.put(key, &order);
+                }
+                Applied::Consumed(consumed(fresh))
+            }
+            Command::AdvanceCursor { consumer, seq } => {
+                let key = keys::cursor(consumer);
+                let current: u64 = self.get(&key)?.unwrap_or(0);
+                // Cursors only move forward here; a replay moves them back.
+                if *seq > current {
+                    w.put(key, seq);
+                }
+                Applied::CursorAdvanced
+            }
+            Command::ReplayOutbox {
+                from_seq,
+                consumers,
+            } => {
+                let back_to = from_seq.saturating_sub(1);
+                for consumer in consumers {
+                    let key = keys::cursor(consumer);
+                    let current: u64 = self.get(&key)?.unwrap_or(0);
+                    if current > back_to {
+                        w.put(key, &back_to);
+                    }
+                }
+                let events = self
+                    .tree
+                    .range(keys::outbox(*from_seq)..keys::outbox(u64::MAX))
+                    .count() as u64;
+                Applied::Replayed { events }
             }
         };
         self.tree.apply_batch(w.batch)?;
         Ok(applied)
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Writes the processed-message entry of `(consumer, event_id)` unless it
+    /// exists; returns whether it was new (and so whether the effect may happen).
+    fn mark_processed(
+        &self,
+        w: &mut Writes,
+        consumer: &str,
+        event_id: &str,
+        now: UnixMillis,
+        processed_ttl_ms: u64,
+    ) -> Result<bool, Error> {
+        let key = keys::processed(consumer, event_id);
+        if self.tree.contains_key(&key)? {
+            return Ok(false);
+        }
+        let entry = Processed {
+            consumer: consumer.to_owned(),
+            event_id: event_id.to_owned(),
+            at: now,
+            expires_at: now.plus_ms(processed_ttl_ms),
+        };
+        w.put_expiry(entry.expires_at, &key);
+        w.put(key, &entry);
+        Ok(true)
+    }
+
+    /// `ttls_ms` is `[response, marker, processed]`.
     fn create_order(
         &self,
         w: &mut Writes,
@@ -170,9 +274,9 @@ impl Machine {
         fingerprint: &str,
         order: &Order,
         now: UnixMillis,
-        response_ttl_ms: u64,
-        marker_ttl_ms: u64,
+        ttls_ms: [u64; 3],
     ) -> Result<OrderOutcome, Error> {
+        let [response_ttl_ms, marker_ttl_ms, processed_ttl_ms] = ttls_ms;
         let record_key = keys::record(scope);
         let record: Option<Record> = self.get(&record_key)?;
         let marker_key = keys::marker(&order.tenant, &order.request.client_order_id);
@@ -221,15 +325,18 @@ impl Machine {
                     expires_at: now.plus_ms(marker_ttl_ms),
                 };
                 let seq = self.get::<u64>(keys::META_OUTBOX_SEQ)?.unwrap_or(0) + 1;
+                let event_id = format!("evt_{}", order.order_id);
                 let event = OutboxEvent {
                     seq,
-                    event_id: format!("evt_{}", order.order_id),
+                    payload: order.event_json(&event_id),
+                    event_id,
                     kind: "order.created".to_owned(),
                     tenant: order.tenant.clone(),
                     order_id: order.order_id.clone(),
                     occurred_at: now,
-                    payload: response.body.clone(),
+                    expires_at: now.plus_ms(processed_ttl_ms),
                 };
+                w.put_expiry(event.expires_at, &keys::outbox(seq));
                 w.put_expiry(record.expires_at, &record_key);
                 w.put_expiry(marker.expires_at, &marker_key);
                 w.put(record_key, &record);
@@ -303,7 +410,13 @@ impl Machine {
         w: &mut Writes,
         now: UnixMillis,
         entries_max: usize,
+        consumers: &[String],
     ) -> Result<SweepOutcome, Error> {
+        let mut cursors = Vec::with_capacity(consumers.len());
+        for consumer in consumers {
+            cursors.push(self.get::<u64>(&keys::cursor(consumer))?.unwrap_or(0));
+        }
+        let delivered_to_all = |seq: u64| cursors.iter().all(|&c| c >= seq);
         let mut out = SweepOutcome::default();
         // A record rewritten several times has several index entries; it is
         // deleted (and counted) once.
@@ -326,6 +439,19 @@ impl Machine {
                 Some(&keys::MARKER) => self
                     .get::<Marker>(primary)?
                     .map(|m| (m.expires_at <= now, &mut out.markers)),
+                Some(&keys::PROCESSED) => self
+                    .get::<Processed>(primary)?
+                    .map(|p| (p.expires_at <= now, &mut out.processed)),
+                Some(&keys::OUTBOX) => match self.get::<OutboxEvent>(primary)? {
+                    Some(e) if e.expires_at <= now && !delivered_to_all(e.seq) => {
+                        // Never drop an event a consumer has not had: look again later.
+                        out.deferred += 1;
+                        w.put_expiry(now.plus_ms(SWEEP_DEFER_MS), primary);
+                        w.batch.remove(index_key);
+                        continue;
+                    }
+                    other => other.map(|e| (e.expires_at <= now, &mut out.events)),
+                },
                 _ => return Err(Error::Corrupt("expiry index points at unknown kind".into())),
             };
             match due {
@@ -334,11 +460,18 @@ impl Machine {
                     w.batch.remove(primary);
                     deleted.insert(primary.to_vec());
                 }
-                _ => out.stale_index += 1,
+                Some((false, _)) | None => out.stale_index += 1,
             }
             w.batch.remove(index_key);
         }
         Ok(out)
+    }
+
+    pub fn reservations(&self, order_id: &str) -> Result<Vec<Reservation>, Error> {
+        self.tree
+            .scan_prefix(keys::reservations_of(order_id))
+            .map(|item| Ok(decode::<Reservation>(&item?.1)?.0))
+            .collect()
     }
 
     pub fn tenants(&self) -> Result<Vec<TenantEntry>, Error> {
@@ -346,5 +479,13 @@ impl Machine {
             .scan_prefix([keys::TENANT])
             .map(|item| Ok(decode::<TenantEntry>(&item?.1)?.0))
             .collect()
+    }
+}
+
+fn consumed(fresh: bool) -> ConsumeOutcome {
+    if fresh {
+        ConsumeOutcome::Applied
+    } else {
+        ConsumeOutcome::Duplicate
     }
 }

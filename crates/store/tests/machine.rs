@@ -33,7 +33,7 @@ fn create(
     Command::CreateOrder {
         scope: scope(Namespace::Orders, key),
         fingerprint: fingerprint.into(),
-        order: Order {
+        order: Box::new(Order {
             order_id: order_id.into(),
             tenant: TenantId::parse("t1").unwrap(),
             request: OrderRequest {
@@ -49,10 +49,11 @@ fn create(
             status: OrderStatus::Confirmed,
             home_region: "eu".into(),
             created_at: now,
-        },
+        }),
         now,
         response_ttl_ms: HOUR_MS,
         marker_ttl_ms: 24 * HOUR_MS,
+        processed_ttl_ms: 48 * HOUR_MS,
     }
 }
 
@@ -273,6 +274,7 @@ async fn claims_fencing_and_sweep() {
     let sweep = |now| Command::Sweep {
         now,
         entries_max: 100,
+        consumers: vec![],
     };
     let Applied::Sweep(early) = store.execute(sweep(T0.plus_ms(2_000))).await.unwrap() else {
         panic!()
@@ -295,4 +297,111 @@ fn commands_round_trip_through_their_encoding() {
     let command = create("k1", "c1", "fp1", "ord_1", T0);
     assert_eq!(Command::decode(&command.encode()).unwrap(), command);
     assert!(Command::decode(b"\xff\xff").is_err());
+}
+
+#[tokio::test]
+async fn consumers_apply_once_and_replay_rewinds_cursors() {
+    use keyhold_core::Item;
+    use keyhold_store::ConsumeOutcome;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    order(&store, create("k1", "c1", "fp1", "ord_1", T0)).await;
+    let events = store.outbox_after(0, 10).await.unwrap();
+    assert_eq!(events.len(), 1);
+    let event_id = events[0].event_id.clone();
+    let reserve = || Command::ConsumeInventory {
+        event_id: event_id.clone(),
+        order_id: "ord_1".into(),
+        items: vec![
+            Item {
+                sku: "a".into(),
+                quantity: 2,
+            },
+            Item {
+                sku: "b".into(),
+                quantity: 1,
+            },
+        ],
+        now: T0,
+        processed_ttl_ms: HOUR_MS,
+    };
+    assert_eq!(
+        store.execute(reserve()).await.unwrap(),
+        Applied::Consumed(ConsumeOutcome::Applied)
+    );
+    assert_eq!(
+        store.execute(reserve()).await.unwrap(),
+        Applied::Consumed(ConsumeOutcome::Duplicate)
+    );
+    assert_eq!(store.reservations("ord_1").await.unwrap().len(), 2);
+
+    let pay = |paid| Command::ConsumePayment {
+        event_id: event_id.clone(),
+        order_id: "ord_1".into(),
+        charge_id: "ch_1".into(),
+        paid,
+        now: T0,
+        processed_ttl_ms: HOUR_MS,
+    };
+    assert_eq!(
+        store.execute(pay(true)).await.unwrap(),
+        Applied::Consumed(ConsumeOutcome::Applied)
+    );
+    // A second delivery cannot flip the outcome.
+    assert_eq!(
+        store.execute(pay(false)).await.unwrap(),
+        Applied::Consumed(ConsumeOutcome::Duplicate)
+    );
+    assert_eq!(
+        store.order("ord_1").await.unwrap().unwrap().status,
+        OrderStatus::Paid
+    );
+
+    let advance = Command::AdvanceCursor {
+        consumer: "inventory".into(),
+        seq: 1,
+    };
+    store.execute(advance).await.unwrap();
+    assert_eq!(store.cursor("inventory").await.unwrap(), 1);
+    let replay = Command::ReplayOutbox {
+        from_seq: 1,
+        consumers: vec!["inventory".into(), "payments".into()],
+    };
+    assert_eq!(
+        store.execute(replay).await.unwrap(),
+        Applied::Replayed { events: 1 }
+    );
+    assert_eq!(store.cursor("inventory").await.unwrap(), 0);
+
+    // Past its expiry, an event the payments consumer has not acknowledged stays.
+    let late = T0.plus_ms(100 * HOUR_MS);
+    let sweep = Command::Sweep {
+        now: late,
+        entries_max: 100,
+        consumers: vec!["inventory".into(), "payments".into()],
+    };
+    let Applied::Sweep(out) = store.execute(sweep).await.unwrap() else {
+        panic!()
+    };
+    assert_eq!(out.events, 0);
+    assert_eq!(out.deferred, 1);
+    assert_eq!(out.processed, 2);
+    assert_eq!(store.count_prefix(EntryKind::Outbox), 1);
+    for consumer in ["inventory", "payments"] {
+        let advance = Command::AdvanceCursor {
+            consumer: consumer.into(),
+            seq: 1,
+        };
+        store.execute(advance).await.unwrap();
+    }
+    let sweep = Command::Sweep {
+        now: late.plus_ms(2 * HOUR_MS),
+        entries_max: 100,
+        consumers: vec!["inventory".into(), "payments".into()],
+    };
+    let Applied::Sweep(out) = store.execute(sweep).await.unwrap() else {
+        panic!()
+    };
+    assert_eq!(out.events, 1);
+    assert_eq!(store.count_prefix(EntryKind::Outbox), 0);
 }

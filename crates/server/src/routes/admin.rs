@@ -132,3 +132,96 @@ pub async fn cluster(
     });
     Ok(json_response(200, serde_json::to_vec(&body).expect("json")))
 }
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReplayRequest {
+    #[serde(default)]
+    since: Option<String>,
+}
+
+/// `POST /admin/v1/outbox/replay`: re-publishes kept events (all of them, or
+/// those after `since`). Consumers dedupe by `(event_id, consumer)` and the
+/// payment provider by the charge's key, so this causes no second effect.
+pub async fn replay_outbox(
+    State(node): State<Arc<Node>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    authenticate_admin(&headers, node.admin_token_sha256())?;
+    let bytes = super::read_body(&headers, body, node.config().body_bytes_max).await?;
+    let since = if bytes.iter().all(u8::is_ascii_whitespace) {
+        None
+    } else {
+        super::require_json(&headers)?;
+        super::parse_json(&bytes)?;
+        let req: ReplayRequest =
+            serde_json::from_slice(&bytes).map_err(|e| ApiError::invalid("", e.to_string()))?;
+        match req.since {
+            None => None,
+            Some(text) => Some(
+                keyhold_core::UnixMillis::parse_rfc3339(&text)
+                    .ok_or_else(|| ApiError::invalid("/since", "since must be an RFC 3339 time"))?,
+            ),
+        }
+    };
+    let replayed = match node.store().first_outbox_seq_after(since)? {
+        None => 0,
+        Some(from_seq) => {
+            let command = keyhold_store::Command::ReplayOutbox {
+                from_seq,
+                consumers: crate::downstream::consumers(&node),
+            };
+            match node.store().execute(command).await? {
+                keyhold_store::Applied::Replayed { events } => events,
+                other => unreachable!("replay answered {other:?}"),
+            }
+        }
+    };
+    node.outbox_notify.notify_waiters();
+    Ok(json_response(
+        202,
+        serde_json::to_vec(&serde_json::json!({ "replayed": replayed })).expect("json"),
+    ))
+}
+
+#[derive(Deserialize)]
+pub struct ReservationsQuery {
+    order_id: Option<String>,
+}
+
+/// `GET /admin/v1/inventory/reservations?order_id=X`: the inventory consumer's
+/// stock reservations for one order, one per reserved item line.
+pub async fn reservations(
+    State(node): State<Arc<Node>>,
+    headers: HeaderMap,
+    axum::extract::Query(query): axum::extract::Query<ReservationsQuery>,
+) -> Result<Response, ApiError> {
+    authenticate_admin(&headers, node.admin_token_sha256())?;
+    let Some(order_id) = query.order_id.filter(|o| !o.is_empty()) else {
+        return Err(ApiError::invalid(
+            "/order_id",
+            "the order_id query parameter is required",
+        ));
+    };
+    let data: Vec<serde_json::Value> = node
+        .store()
+        .reservations(&order_id)
+        .await?
+        .into_iter()
+        .map(|r| {
+            serde_json::json!({
+                "order_id": r.order_id,
+                "line": r.line,
+                "sku": r.sku,
+                "quantity": r.quantity,
+                "event_id": r.event_id,
+                "reserved_at": r.at.to_rfc3339(),
+            })
+        })
+        .collect();
+    Ok(json_response(
+        200,
+        serde_json::to_vec(&serde_json::json!({ "data": data })).expect("json"),
+    ))
+}

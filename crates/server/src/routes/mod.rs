@@ -41,6 +41,8 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/admin/v1/tenants", post(admin::create_tenant))
         .route("/admin/v1/tenants/{tenant_id}", get(admin::get_tenant))
         .route("/admin/v1/cluster", get(admin::cluster))
+        .route("/admin/v1/outbox/replay", post(admin::replay_outbox))
+        .route("/admin/v1/inventory/reservations", get(admin::reservations))
         .route("/healthz", get(meta::healthz))
         .route("/readyz", get(meta::readyz))
         .route("/metrics", get(meta::metrics))
@@ -95,7 +97,17 @@ pub fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
 }
 
 /// Reads the whole body, refusing (413) past `limit` bytes without buffering more.
-pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, ApiError> {
+///
+/// Before a 413 the rest of the body is read and discarded, up to
+/// `DRAIN_BYTES_MAX` and `DRAIN_MS`: a server that answers and closes while the
+/// client is still sending resets the connection, and the client then sees a
+/// transport error instead of the 413.
+pub async fn read_body(
+    headers: &HeaderMap,
+    mut body: Body,
+    limit: usize,
+) -> Result<Bytes, ApiError> {
+    use http_body_util::BodyExt;
     let too_large = || {
         ApiError::new(Problem::PayloadTooLarge)
             .detail(format!("the body must be at most {limit} bytes"))
@@ -105,17 +117,40 @@ pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
+        drain(body).await;
         return Err(too_large());
     }
-    axum::body::to_bytes(body, limit).await.map_err(|e| {
-        let is_limit = std::error::Error::source(&e)
-            .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
-        if is_limit {
-            too_large()
-        } else {
-            ApiError::invalid("", format!("could not read the body: {e}"))
+    let mut buf = Vec::with_capacity(declared.map_or(0, |n| n as usize));
+    while let Some(frame) = body.frame().await {
+        let frame =
+            frame.map_err(|e| ApiError::invalid("", format!("could not read the body: {e}")))?;
+        if let Ok(data) = frame.into_data() {
+            if buf.len() + data.len() > limit {
+                drain(body).await;
+                return Err(too_large());
+            }
+            buf.extend_from_slice(&data);
         }
-    })
+    }
+    Ok(Bytes::from(buf))
+}
+
+/// Reads and discards what is left of a refused body, bounded in bytes and time.
+async fn drain(mut body: Body) {
+    use http_body_util::BodyExt;
+    let _ = tokio::time::timeout(
+        std::time::Duration::from_millis(crate::limits::DRAIN_MS),
+        async {
+            let mut drained = 0usize;
+            while let Some(Ok(frame)) = body.frame().await {
+                drained += frame.data_ref().map_or(0, |d| d.len());
+                if drained > crate::limits::DRAIN_BYTES_MAX {
+                    break;
+                }
+            }
+        },
+    )
+    .await;
 }
 
 /// Strict I-JSON: duplicate names, lone surrogates, non-finite numbers and

@@ -159,10 +159,11 @@ async fn execute(node: &Node, p: &Prepared) -> Result<Response, ApiError> {
     let command = Command::CreateOrder {
         scope: p.scope.clone(),
         fingerprint: p.fingerprints.stored.clone(),
-        order,
+        order: Box::new(order),
         now: at,
         response_ttl_ms: node.policy().response_ttl_ms,
         marker_ttl_ms: node.policy().marker_ttl_ms,
+        processed_ttl_ms: node.policy().processed_ttl_ms,
     };
     let outcome = match node.store().execute(command).await? {
         Applied::Order(outcome) => outcome,
@@ -171,6 +172,7 @@ async fn execute(node: &Node, p: &Prepared) -> Result<Response, ApiError> {
     Ok(match outcome {
         OrderOutcome::Created { response } => {
             count("new");
+            node.outbox_notify.notify_waiters();
             stored(&response)
         }
         OrderOutcome::Replayed { response } => {

@@ -1,0 +1,322 @@
+//! Downstream effects: the outbox relay and the two consumers (inventory and
+//! payments) that turn each `order.created` event into exactly one effect.
+//!
+//! Delivery is at least once: each consumer has a durable cursor in the outbox,
+//! handles the events after it (a bounded number at a time), and moves the cursor
+//! only past events it finished. A crash anywhere means the events after the
+//! cursor are delivered again. What keeps effects single is that each consumer
+//! writes its processed-message entry `(event_id, consumer)` in the same atomic
+//! command as its effect, and the payments consumer calls the payment provider with
+//! an `Idempotency-Key` derived from the event id, so a charge retried after a lost
+//! answer is the same charge.
+
+use crate::limits::{
+    PSP_ATTEMPTS_MAX, PSP_BACKOFF_MS_BASE, PSP_BACKOFF_MS_MAX, PSP_REQUEST_TIMEOUT_MS,
+    RELAY_BACKOFF_MS_MAX, RELAY_BATCH_EVENTS_MAX, RELAY_IDLE_POLL_MS, RELAY_INFLIGHT_EVENTS_MAX,
+};
+use crate::node::{now, Node};
+use keyhold_core::Item;
+use keyhold_store::{Applied, Command, ConsumeOutcome, OutboxEvent};
+use serde::Deserialize;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{watch, Semaphore};
+
+pub const INVENTORY: &str = "inventory";
+pub const PAYMENTS: &str = "payments";
+
+/// Set to a consumer's name, the process aborts right after that consumer's first
+/// effect is durable and before its cursor moves: the fault tests' way to kill a
+/// consumer between its effect and its acknowledgement.
+pub const FAULT_ENV: &str = "KEYHOLD_FAULT_ABORT_AFTER_EFFECT";
+
+/// The consumers this node runs: inventory always, payments when a payment
+/// provider is configured.
+pub fn consumers(node: &Node) -> Vec<String> {
+    let mut out = vec![INVENTORY.to_owned()];
+    if node.config().psp_url.is_some() {
+        out.push(PAYMENTS.to_owned());
+    }
+    out
+}
+
+/// Why an event was not finished this round; it is delivered again later.
+#[derive(Debug)]
+struct Failure(String);
+
+#[derive(Deserialize)]
+struct EventPayload {
+    order: EventOrder,
+    #[serde(default)]
+    items: Vec<Item>,
+}
+
+#[derive(Deserialize)]
+struct EventOrder {
+    order_id: String,
+    amount: u64,
+    currency: String,
+}
+
+/// Runs one consumer's relay loop until `stop` flips.
+pub async fn run(node: Arc<Node>, consumer: String, mut stop: watch::Receiver<bool>) {
+    let consumer: Arc<str> = consumer.into();
+    let mut failures: u32 = 0;
+    // Highest sequence handed to this consumer since start: anything at or below
+    // it that comes round again is a redelivery.
+    let mut attempted: u64 = 0;
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        let round = relay_round(&node, &consumer, &mut attempted).await;
+        let pause = match round {
+            Ok(0) => {
+                failures = 0;
+                // Idle: wake on a new order or after the poll interval.
+                tokio::select! {
+                    _ = node.outbox_notify.notified() => {}
+                    _ = tokio::time::sleep(Duration::from_millis(RELAY_IDLE_POLL_MS)) => {}
+                    _ = stop.changed() => return,
+                }
+                continue;
+            }
+            Ok(_) => {
+                failures = 0;
+                continue;
+            }
+            Err(e) => {
+                failures = failures.saturating_add(1);
+                tracing::warn!(consumer = %consumer, error = %e.0, "relay round failed; backing off");
+                backoff(failures, RELAY_BACKOFF_MS_MAX)
+            }
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => {}
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+/// Exponential backoff with full jitter: uniform in `[0, min(max, base * 2^n))`.
+fn backoff(attempt: u32, max_ms: u64) -> Duration {
+    let ceiling = PSP_BACKOFF_MS_BASE
+        .saturating_mul(1u64 << attempt.min(20))
+        .min(max_ms)
+        .max(1);
+    Duration::from_millis(rand::random::<u64>() % ceiling)
+}
+
+/// Delivers the next batch after the cursor; returns how many events it finished.
+async fn relay_round(
+    node: &Arc<Node>,
+    consumer: &Arc<str>,
+    attempted: &mut u64,
+) -> Result<usize, Failure> {
+    let store = node.store();
+    let cursor = store
+        .cursor(consumer)
+        .await
+        .map_err(|e| Failure(e.to_string()))?;
+    let events = store
+        .outbox_after(cursor, RELAY_BATCH_EVENTS_MAX)
+        .await
+        .map_err(|e| Failure(e.to_string()))?;
+    let lag = events.first().map_or(0.0, |e| {
+        now().0.saturating_sub(e.occurred_at.0) as f64 / 1000.0
+    });
+    metrics::gauge!("keyhold_outbox_lag_seconds", "consumer" => consumer.to_string()).set(lag);
+    if events.is_empty() {
+        return Ok(0);
+    }
+    for e in &events {
+        let label = if e.seq <= *attempted {
+            "redelivery"
+        } else {
+            "delivery"
+        };
+        metrics::counter!("keyhold_outbox_deliveries_total", "consumer" => consumer.to_string(), "kind" => label)
+            .increment(1);
+    }
+    *attempted = (*attempted).max(events.last().map_or(0, |e| e.seq));
+
+    let limit = Arc::new(Semaphore::new(RELAY_INFLIGHT_EVENTS_MAX));
+    let mut tasks = Vec::with_capacity(events.len());
+    for event in &events {
+        let event = event.clone();
+        let node = node.clone();
+        let consumer = consumer.clone();
+        let permit = limit
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("semaphore is never closed");
+        tasks.push(tokio::spawn(async move {
+            let result = handle(&node, &consumer, &event).await;
+            drop(permit);
+            result
+        }));
+    }
+    // The cursor moves past the longest finished prefix, so an event is never
+    // skipped because a later one finished first.
+    let mut done_to = cursor;
+    let mut first_error = None;
+    for (event, task) in events.iter().zip(tasks) {
+        let result = task
+            .await
+            .unwrap_or_else(|e| Err(Failure(format!("consumer task failed: {e}"))));
+        match result {
+            Ok(()) if first_error.is_none() => done_to = event.seq,
+            Ok(()) => {}
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    if done_to > cursor {
+        let command = Command::AdvanceCursor {
+            consumer: consumer.to_string(),
+            seq: done_to,
+        };
+        store
+            .execute(command)
+            .await
+            .map_err(|e| Failure(e.to_string()))?;
+    }
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(events.len()),
+    }
+}
+
+async fn handle(node: &Node, consumer: &str, event: &OutboxEvent) -> Result<(), Failure> {
+    // A redelivered event whose effect is recorded needs no work at all.
+    let processed = node
+        .store()
+        .is_processed(consumer, &event.event_id)
+        .await
+        .map_err(|e| Failure(e.to_string()))?;
+    if processed {
+        metrics::counter!("keyhold_consumer_duplicates_skipped_total", "consumer" => consumer.to_owned())
+            .increment(1);
+        return Ok(());
+    }
+    let payload: EventPayload = match serde_json::from_slice(&event.payload) {
+        Ok(p) => p,
+        Err(e) => {
+            // Events are written by this program; an unreadable one is a bug, and
+            // retrying would not help. Skip it loudly rather than stall the outbox.
+            tracing::error!(event_id = %event.event_id, error = %e, "unreadable outbox event skipped");
+            metrics::counter!("keyhold_outbox_unreadable_total").increment(1);
+            return Ok(());
+        }
+    };
+    let command = match consumer {
+        INVENTORY => Command::ConsumeInventory {
+            event_id: event.event_id.clone(),
+            order_id: payload.order.order_id.clone(),
+            items: payload.items,
+            now: now(),
+            processed_ttl_ms: node.policy().processed_ttl_ms,
+        },
+        PAYMENTS => {
+            let (charge_id, paid) = charge(node, event, &payload.order).await?;
+            Command::ConsumePayment {
+                event_id: event.event_id.clone(),
+                order_id: payload.order.order_id.clone(),
+                charge_id,
+                paid,
+                now: now(),
+                processed_ttl_ms: node.policy().processed_ttl_ms,
+            }
+        }
+        other => unreachable!("unknown consumer {other}"),
+    };
+    let outcome = match node.store().execute(command).await {
+        Ok(Applied::Consumed(o)) => o,
+        Ok(other) => unreachable!("consume answered {other:?}"),
+        Err(e) => return Err(Failure(e.to_string())),
+    };
+    if outcome == ConsumeOutcome::Duplicate {
+        metrics::counter!("keyhold_consumer_duplicates_skipped_total", "consumer" => consumer.to_owned())
+            .increment(1);
+    } else {
+        metrics::counter!("keyhold_consumer_effects_total", "consumer" => consumer.to_owned())
+            .increment(1);
+        if std::env::var(FAULT_ENV).is_ok_and(|v| v == consumer) {
+            tracing::error!(
+                consumer,
+                "fault injection: aborting after the effect, before the ack"
+            );
+            std::process::abort();
+        }
+    }
+    Ok(())
+}
+
+#[derive(Deserialize)]
+struct Charge {
+    id: String,
+    status: String,
+}
+
+/// Charges the payment provider for the order, retrying lost answers with the
+/// same key. Returns the charge id and whether it succeeded.
+async fn charge(
+    node: &Node,
+    event: &OutboxEvent,
+    order: &EventOrder,
+) -> Result<(String, bool), Failure> {
+    let base = node
+        .config()
+        .psp_url
+        .as_deref()
+        .expect("payments runs only with a provider");
+    let url = format!("{}/v1/charges", base.trim_end_matches('/'));
+    let key = format!("keyhold-pay-{}", event.event_id);
+    let body = serde_json::json!({
+        "order_id": order.order_id,
+        "amount": order.amount,
+        "currency": order.currency,
+    });
+    let mut last_error = String::new();
+    for attempt in 0..PSP_ATTEMPTS_MAX {
+        if attempt > 0 {
+            metrics::counter!("keyhold_psp_retries_total").increment(1);
+            tokio::time::sleep(backoff(attempt, PSP_BACKOFF_MS_MAX)).await;
+        }
+        let sent = node
+            .http()
+            .post(&url)
+            .header("Idempotency-Key", &key)
+            .timeout(Duration::from_millis(PSP_REQUEST_TIMEOUT_MS))
+            .json(&body)
+            .send()
+            .await;
+        let response = match sent {
+            Ok(r) => r,
+            Err(e) => {
+                last_error = format!("request failed: {e}");
+                continue;
+            }
+        };
+        let status = response.status().as_u16();
+        // A dropped answer fails here, after the provider committed: retry with
+        // the same key and the provider returns the same charge.
+        let parsed = match response.bytes().await {
+            Ok(bytes) => serde_json::from_slice::<Charge>(&bytes).ok(),
+            Err(e) => {
+                last_error = format!("answer lost: {e}");
+                continue;
+            }
+        };
+        match (status, parsed) {
+            (200..=299 | 402, Some(c)) => return Ok((c.id, c.status == "succeeded")),
+            (s, _) => last_error = format!("provider answered {s}"),
+        }
+    }
+    Err(Failure(format!(
+        "charge for {} not confirmed after {PSP_ATTEMPTS_MAX} attempts: {last_error}",
+        order.order_id
+    )))
+}
