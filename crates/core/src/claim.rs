@@ -66,16 +66,22 @@ pub fn decide_claim(
     now: UnixMillis,
 ) -> ClaimDecision {
     let Some(record) = existing else {
+        // A scope with no record starts at the clock, not at 1: the sweeper may
+        // have deleted an older record of this scope, and fencing tokens must keep
+        // growing across that (every earlier generation began at or below its own
+        // acquisition time plus its takeovers).
         return ClaimDecision::Acquire {
-            generation: 1,
+            generation: now.0.max(1),
             recovery: false,
         };
     };
     let next = record.generation + 1;
     if !record.is_live(now) {
+        // An expired record reads as absent, except that an attempt abandoned in
+        // PROCESSING still makes the next owner a recovering one.
         return ClaimDecision::Acquire {
             generation: next,
-            recovery: false,
+            recovery: record.state == RecordState::Processing,
         };
     }
     if record.fingerprint != fingerprint {

@@ -24,10 +24,12 @@ pub enum Problem {
     StoreUnavailable,
     OwnerUnreachable,
     TenantMoving,
+    /// A bug: a handler panicked. Kept apart from 503 because retrying will not help.
+    Internal,
 }
 
 impl Problem {
-    pub const ALL: [Problem; 18] = [
+    pub const ALL: [Problem; 19] = [
         Problem::Unauthenticated,
         Problem::IdempotencyKeyMissing,
         Problem::IdempotencyKeyInvalid,
@@ -46,6 +48,7 @@ impl Problem {
         Problem::StoreUnavailable,
         Problem::OwnerUnreachable,
         Problem::TenantMoving,
+        Problem::Internal,
     ];
 
     pub fn status(self) -> u16 {
@@ -66,6 +69,7 @@ impl Problem {
             Problem::IdempotencyKeyReused => 422,
             Problem::RateLimited => 429,
             Problem::StoreUnavailable | Problem::OwnerUnreachable | Problem::TenantMoving => 503,
+            Problem::Internal => 500,
         }
     }
 
@@ -89,6 +93,7 @@ impl Problem {
             Problem::StoreUnavailable => "store-unavailable",
             Problem::OwnerUnreachable => "owner-unreachable",
             Problem::TenantMoving => "tenant-moving",
+            Problem::Internal => "internal-error",
         }
     }
 
@@ -118,6 +123,7 @@ impl Problem {
             Problem::StoreUnavailable => "The store could not confirm the request",
             Problem::OwnerUnreachable => "The tenant's home region cannot be reached",
             Problem::TenantMoving => "The tenant is moving to another region",
+            Problem::Internal => "Internal error",
         }
     }
 

@@ -168,12 +168,21 @@ fn claim_rules() {
     use RecordState::*;
     let rows: Vec<(&str, Option<Record>, &str, ClaimDecision)> = vec![
         (
-            "absent",
+            "absent: generation starts at the clock",
             None,
             FP,
             Acquire {
-                generation: 1,
+                generation: NOW.0,
                 recovery: false,
+            },
+        ),
+        (
+            "expired abandoned attempt still warns",
+            Some(record(Processing, FP, -10, 0)),
+            FP,
+            Acquire {
+                generation: 4,
+                recovery: true,
             },
         ),
         (

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 /// The router of `src/routes/mod.rs`, written out by hand. Update it together with
 /// the router, docs/openapi.json and docs/api.md.
-const ROUTES: [(&str, &str); 15] = [
+const ROUTES: [(&str, &str); 17] = [
     ("POST", "/v1/orders"),
     ("GET", "/v1/orders"),
     ("GET", "/v1/orders/{order_id}"),
@@ -22,6 +22,8 @@ const ROUTES: [(&str, &str); 15] = [
     ("POST", "/admin/v1/tenants"),
     ("GET", "/admin/v1/tenants/{tenant_id}"),
     ("GET", "/admin/v1/cluster"),
+    ("POST", "/admin/v1/outbox/replay"),
+    ("GET", "/admin/v1/inventory/reservations"),
     ("GET", "/healthz"),
     ("GET", "/readyz"),
     ("GET", "/metrics"),

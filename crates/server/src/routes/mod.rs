@@ -50,10 +50,17 @@ pub fn router(node: Arc<Node>) -> Router {
         .fallback(|| async { ApiError::new(Problem::NotFound) })
         .method_not_allowed_fallback(|| async { ApiError::new(Problem::MethodNotAllowed) })
         .layer(middleware::from_fn(record_metrics))
-        .layer(CatchPanicLayer::new())
+        .layer(CatchPanicLayer::custom(panic_response))
         .layer(SetResponseHeaderLayer::overriding(KEYHOLD_REGION, region))
         .layer(TraceLayer::new_for_http())
         .with_state(node)
+}
+
+/// A panicking handler is a bug; the client still gets a problem document, and
+/// the node keeps serving.
+fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    metrics::counter!("keyhold_handler_panics_total").increment(1);
+    ApiError::new(Problem::Internal).into_response()
 }
 
 /// Counts requests by route and status and times them. Routes are the matched
