@@ -370,15 +370,39 @@ mod tests {
         });
         let body = serde_json::json!({});
         assert_eq!(
-            classify(Kind::Replay, 201, true, Some("ord_1".into()), &mut acked, "k".into(), body.clone()),
+            classify(
+                Kind::Replay,
+                201,
+                true,
+                Some("ord_1".into()),
+                &mut acked,
+                "k".into(),
+                body.clone()
+            ),
             "replay"
         );
         assert_eq!(
-            classify(Kind::Replay, 201, true, Some("ord_2".into()), &mut acked, "k".into(), body.clone()),
+            classify(
+                Kind::Replay,
+                201,
+                true,
+                Some("ord_2".into()),
+                &mut acked,
+                "k".into(),
+                body.clone()
+            ),
             "unexpected"
         );
         assert_eq!(
-            classify(Kind::Conflict, 201, false, None, &mut acked, "k".into(), body),
+            classify(
+                Kind::Conflict,
+                201,
+                false,
+                None,
+                &mut acked,
+                "k".into(),
+                body
+            ),
             "unexpected"
         );
     }
