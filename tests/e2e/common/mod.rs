@@ -47,12 +47,17 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{:012x}", random_u64() & 0xffff_ffff_ffff)
 }
 
+/// `keyhold up` puts its fake payment provider at the base port plus this.
+pub const PSP_PORT_OFFSET: u16 = 40;
+
 /// A base port whose first `count` ports (and a margin) bind on 127.0.0.1 now.
 pub fn free_base_port(count: u16) -> u16 {
     for _ in 0..200 {
         let base = 20_000 + (random_u64() % 40_000) as u16;
         let mut held = Vec::new();
-        let ok = (0..count + 2).all(|i| match TcpListener::bind(("127.0.0.1", base + i)) {
+        // The nodes' ports, a margin, and the fake payment provider at base + 40.
+        let mut ports = (0..count + 2).chain([PSP_PORT_OFFSET]);
+        let ok = ports.all(|i| match TcpListener::bind(("127.0.0.1", base + i)) {
             Ok(l) => {
                 held.push(l);
                 true
@@ -130,6 +135,8 @@ pub struct Cluster {
     pub base_port: u16,
     regions: Vec<String>,
     extra: Vec<String>,
+    /// Environment variables set on the next start (fault injection).
+    pub env: Vec<(String, String)>,
     starts: u32,
     pub info: ClusterInfo,
 }
@@ -154,6 +161,7 @@ impl Cluster {
             base_port: 0,
             regions,
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            env: Vec::new(),
             starts: 0,
             info: ClusterInfo {
                 raw: Value::Null,
@@ -213,6 +221,7 @@ impl Cluster {
             .arg("--regions")
             .arg(self.regions.join(","))
             .args(&self.extra)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(stdout)
             .stderr(stderr);
@@ -252,6 +261,22 @@ impl Cluster {
             .find(|&i| text.is_char_boundary(i))
             .unwrap_or(text.len());
         text[start..].to_owned()
+    }
+
+    /// Waits (bounded) for the process to exit by itself; returns its status.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let child = self.child.as_mut().expect("running");
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                self.child = None;
+                return Some(status);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     pub fn pid(&self) -> u32 {
@@ -296,6 +321,7 @@ impl Cluster {
         );
         let same = self.base_port;
         let free = (0..self.regions.len() as u16)
+            .chain([PSP_PORT_OFFSET])
             .all(|i| TcpListener::bind(("127.0.0.1", same + i)).is_ok());
         self.boot(free.then_some(same));
     }
