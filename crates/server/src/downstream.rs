@@ -243,6 +243,10 @@ async fn handle(node: &Node, consumer: &str, event: &OutboxEvent) -> Result<(), 
     } else {
         metrics::counter!("keyhold_consumer_effects_total", "consumer" => consumer.to_owned())
             .increment(1);
+        // From the order's commit to its effect: the relay's end-to-end lag.
+        let lag_ms = now().0.saturating_sub(event.occurred_at.0);
+        metrics::histogram!("keyhold_outbox_delivery_lag_seconds", "consumer" => consumer.to_owned())
+            .record(lag_ms as f64 / 1000.0);
         if std::env::var(FAULT_ENV).is_ok_and(|v| v == consumer) {
             tracing::error!(
                 consumer,
