@@ -25,6 +25,23 @@ pub fn encode<T: Serialize>(batch: u64, value: &T) -> Vec<u8> {
     out
 }
 
+/// A value whose payload is already encoded (an imported entry), under a new stamp.
+pub fn encode_raw(batch: u64, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER_BYTES + payload.len());
+    out.push(FORMAT_VERSION);
+    out.extend_from_slice(&batch.to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// The payload of a stored value, without its header.
+pub fn payload(bytes: &[u8]) -> Result<&[u8], Error> {
+    if bytes.len() < HEADER_BYTES || bytes[0] != FORMAT_VERSION {
+        return Err(Error::Corrupt("value without a valid header".into()));
+    }
+    Ok(&bytes[HEADER_BYTES..])
+}
+
 /// Returns the value and the batch that wrote it.
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<(T, u64), Error> {
     if bytes.len() < HEADER_BYTES || bytes[0] != FORMAT_VERSION {

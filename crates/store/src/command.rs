@@ -84,6 +84,25 @@ pub enum Command {
         from_seq: u64,
         consumers: Vec<String>,
     },
+    /// Stops all execution for a tenant in this region: its tenant is moving away.
+    /// Every command queued before the fence is applied before it, so once the
+    /// fence answers, nothing for the tenant can change here any more.
+    Fence { tenant: TenantId },
+    /// Writes a tenant's entries exported by its previous home, and lifts this
+    /// region's fence for the tenant (it may be moving back).
+    Import {
+        tenant: TenantId,
+        entries: Vec<ExportEntry>,
+    },
+}
+
+/// One stored entry of a tenant, as moved between regions: the key and the
+/// value's payload without the local batch stamp (the importing store stamps
+/// its own).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExportEntry {
+    pub key: Vec<u8>,
+    pub payload: Vec<u8>,
 }
 
 impl Command {
@@ -155,12 +174,22 @@ pub enum ConsumeOutcome {
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum OrderOutcome {
-    Created { response: StoredResponse },
-    Replayed { response: StoredResponse },
+    Created {
+        response: StoredResponse,
+    },
+    Replayed {
+        response: StoredResponse,
+    },
     KeyReused,
-    InProgress { retry_after_ms: u64 },
-    MarkerHit { order: Box<Order> },
+    InProgress {
+        retry_after_ms: u64,
+    },
+    MarkerHit {
+        order: Box<Order>,
+    },
     MarkerConflict,
+    /// The tenant is fenced here (moving away): nothing was executed.
+    Fenced,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -177,6 +206,7 @@ pub enum ClaimOutcome {
         retry_after_ms: u64,
     },
     KeyReused,
+    Fenced,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -189,12 +219,14 @@ pub enum CompleteOutcome {
         state: RecordState,
     },
     Stale,
+    Fenced,
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum HeartbeatOutcome {
     Extended { lease_expires_at: UnixMillis },
     Stale,
+    Fenced,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -224,5 +256,9 @@ pub enum Applied {
     /// How many kept events were re-published.
     Replayed {
         events: u64,
+    },
+    Fenced,
+    Imported {
+        entries: u64,
     },
 }

@@ -76,6 +76,42 @@ pub fn reservations_of(order_id: &str) -> Vec<u8> {
     key
 }
 
+/// Present while a tenant is fenced in this region.
+pub fn fence(tenant: &TenantId) -> Vec<u8> {
+    let mut key = b"sfence:".to_vec();
+    key.extend_from_slice(tenant.as_str().as_bytes());
+    key
+}
+
+/// The tenant part of a record, marker or order-index key (`None` for others).
+pub fn tenant_of(key: &[u8]) -> Option<&[u8]> {
+    let rest = match key.first()? {
+        &RECORD => key.get(2..)?,
+        &MARKER | &ORDER_INDEX => key.get(1..)?,
+        _ => return None,
+    };
+    rest.split(|&b| b == 0).next()
+}
+
+/// Key prefixes of everything a tenant move carries, in key order (orders, which
+/// are keyed by id alone, are found by scanning and filtering).
+pub fn tenant_prefixes(tenant: &TenantId) -> Vec<Vec<u8>> {
+    let t = tenant.as_str().as_bytes();
+    let with = |head: &[u8]| {
+        let mut p = head.to_vec();
+        p.extend_from_slice(t);
+        p.push(0);
+        p
+    };
+    vec![
+        with(&[ORDER_INDEX]),
+        with(&[MARKER]),
+        vec![ORDER],
+        with(&[RECORD, b'c']),
+        with(&[RECORD, b'o']),
+    ]
+}
+
 /// The position of a consumer in the outbox.
 pub fn cursor(consumer: &str) -> Vec<u8> {
     let mut key = b"scursor:".to_vec();

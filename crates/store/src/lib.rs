@@ -23,7 +23,7 @@ pub mod limits;
 mod machine;
 
 pub use command::{
-    Applied, ClaimOutcome, Command, CompleteOutcome, ConsumeOutcome, HeartbeatOutcome,
+    Applied, ClaimOutcome, Command, CompleteOutcome, ConsumeOutcome, ExportEntry, HeartbeatOutcome,
     OrderOutcome, OutboxEvent, Processed, Reservation, SweepOutcome, TenantEntry,
 };
 pub use commit::CommitStats;
@@ -253,6 +253,50 @@ impl Store {
                 .await?;
         }
         Ok(list)
+    }
+
+    /// One page of a tenant's entries for a move: records (orders' and claims'),
+    /// markers, the order index and orders, in key order after `after`. Returns
+    /// the page and the cursor of the next page (`None` when done). Call it only
+    /// after fencing the tenant: a fenced tenant's entries no longer change.
+    pub fn export_tenant(
+        &self,
+        tenant: &TenantId,
+        after: Option<&[u8]>,
+        max: usize,
+    ) -> Result<(Vec<ExportEntry>, Option<Vec<u8>>), Error> {
+        let tree = self.inner.machine_tree();
+        let mut out = Vec::new();
+        for prefix in keys::tenant_prefixes(tenant) {
+            let start = match after {
+                Some(a) if a >= prefix.as_slice() => {
+                    let mut next = a.to_vec();
+                    next.push(0);
+                    next
+                }
+                _ => prefix.clone(),
+            };
+            for item in tree.range(start..) {
+                let (key, value) = item?;
+                if !key.starts_with(&prefix) {
+                    break;
+                }
+                if prefix == [keys::ORDER] {
+                    let (order, _) = codec::decode::<Order>(&value)?;
+                    if &order.tenant != tenant {
+                        continue;
+                    }
+                }
+                out.push(ExportEntry {
+                    key: key.to_vec(),
+                    payload: codec::payload(&value)?.to_vec(),
+                });
+                if out.len() >= max {
+                    return Ok((out, Some(key.to_vec())));
+                }
+            }
+        }
+        Ok((out, None))
     }
 
     /// Counts entries per kind, for tests and diagnostics.

@@ -5,9 +5,9 @@
 //! Each command's writes go into one `sled::Batch`, which sled applies atomically:
 //! an order is never visible without its record, marker and outbox event.
 
-use crate::codec::{decode, encode};
+use crate::codec::{decode, decode_plain, encode, encode_raw};
 use crate::command::{
-    Applied, ClaimOutcome, Command, CompleteOutcome, ConsumeOutcome, HeartbeatOutcome,
+    Applied, ClaimOutcome, Command, CompleteOutcome, ConsumeOutcome, ExportEntry, HeartbeatOutcome,
     OrderOutcome, OutboxEvent, Processed, Reservation, SweepOutcome, TenantEntry,
 };
 use crate::keys;
@@ -15,7 +15,8 @@ use crate::limits::SWEEP_DEFER_MS;
 use crate::Error;
 use keyhold_core::{
     check_owner, decide_claim, decide_order, ClaimDecision, Marker, Order, OrderDecision,
-    OrderStatus, OwnerCheck, OwnerToken, Record, RecordState, Scope, StoredResponse, UnixMillis,
+    OrderStatus, OwnerCheck, OwnerToken, Record, RecordState, Scope, StoredResponse, TenantId,
+    UnixMillis,
 };
 use serde::de::DeserializeOwned;
 
@@ -59,6 +60,9 @@ impl Machine {
             batch: sled::Batch::default(),
             number: batch_number,
         };
+        if let Some(fenced) = self.fenced(command)? {
+            return Ok(fenced);
+        }
         let applied = match command {
             Command::CreateOrder {
                 scope,
@@ -209,6 +213,19 @@ impl Machine {
                 }
                 Applied::Consumed(consumed(fresh))
             }
+            Command::Fence { tenant } => {
+                w.put(keys::fence(tenant), &true);
+                Applied::Fenced
+            }
+            Command::Import { tenant, entries } => {
+                w.batch.remove(keys::fence(tenant));
+                for entry in entries {
+                    self.import(&mut w, tenant, entry)?;
+                }
+                Applied::Imported {
+                    entries: entries.len() as u64,
+                }
+            }
             Command::AdvanceCursor { consumer, seq } => {
                 let key = keys::cursor(consumer);
                 let current: u64 = self.get(&key)?.unwrap_or(0);
@@ -239,6 +256,55 @@ impl Machine {
         };
         self.tree.apply_batch(w.batch)?;
         Ok(applied)
+    }
+
+    /// The answer to a command for a tenant fenced in this region (moving away),
+    /// or `None` when the command may run.
+    fn fenced(&self, command: &Command) -> Result<Option<Applied>, Error> {
+        let scope = match command {
+            Command::CreateOrder { scope, .. }
+            | Command::Claim { scope, .. }
+            | Command::Complete { scope, .. }
+            | Command::Heartbeat { scope, .. } => scope,
+            _ => return Ok(None),
+        };
+        if !self.tree.contains_key(keys::fence(&scope.tenant))? {
+            return Ok(None);
+        }
+        Ok(Some(match command {
+            Command::CreateOrder { .. } => Applied::Order(OrderOutcome::Fenced),
+            Command::Claim { .. } => Applied::Claim(ClaimOutcome::Fenced),
+            Command::Complete { .. } => Applied::Complete(CompleteOutcome::Fenced),
+            _ => Applied::Heartbeat(HeartbeatOutcome::Fenced),
+        }))
+    }
+
+    /// Writes one imported entry under this store's batch stamp, re-creating its
+    /// expiry index entry. Only the kinds a tenant move carries are accepted.
+    fn import(&self, w: &mut Writes, tenant: &TenantId, entry: &ExportEntry) -> Result<(), Error> {
+        let belongs = keys::tenant_of(&entry.key).is_some_and(|t| t == tenant.as_str().as_bytes());
+        let expires_at = match entry.key.first() {
+            Some(&keys::RECORD) => Some(decode_plain::<Record>(&entry.payload)?.expires_at),
+            Some(&keys::MARKER) => Some(decode_plain::<Marker>(&entry.payload)?.expires_at),
+            Some(&keys::ORDER_INDEX) => None,
+            Some(&keys::ORDER) => {
+                let order: Order = decode_plain(&entry.payload)?;
+                if &order.tenant != tenant {
+                    return Err(Error::Corrupt("imported order of another tenant".into()));
+                }
+                None
+            }
+            _ => return Err(Error::Corrupt("import of an unexpected entry kind".into())),
+        };
+        if entry.key.first() != Some(&keys::ORDER) && !belongs {
+            return Err(Error::Corrupt("imported entry of another tenant".into()));
+        }
+        if let Some(at) = expires_at {
+            w.put_expiry(at, &entry.key);
+        }
+        w.batch
+            .insert(entry.key.clone(), encode_raw(w.number, &entry.payload));
+        Ok(())
     }
 
     /// Writes the processed-message entry of `(consumer, event_id)` unless it

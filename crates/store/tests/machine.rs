@@ -405,3 +405,91 @@ async fn consumers_apply_once_and_replay_rewinds_cursors() {
     assert_eq!(out.events, 1);
     assert_eq!(store.count_prefix(EntryKind::Outbox), 0);
 }
+
+#[tokio::test]
+async fn a_fenced_tenant_exports_and_imports_elsewhere() {
+    let from_dir = tempfile::tempdir().unwrap();
+    let to_dir = tempfile::tempdir().unwrap();
+    let from = Store::open(from_dir.path()).unwrap();
+    let to = Store::open(to_dir.path()).unwrap();
+    for i in 0..5 {
+        order(
+            &from,
+            create(
+                &format!("k{i}"),
+                &format!("c{i}"),
+                "fp",
+                &format!("ord_{i}"),
+                T0,
+            ),
+        )
+        .await;
+    }
+    let claim = Command::Claim {
+        scope: scope(Namespace::Claims, "job"),
+        fingerprint: "fp".into(),
+        lease_ms: 1_000,
+        nonce: 7,
+        now: T0,
+        response_ttl_ms: HOUR_MS,
+    };
+    from.execute(claim.clone()).await.unwrap();
+    // Another tenant's order must not travel.
+    let mut other = create("k9", "c9", "fp", "ord_other", T0);
+    if let Command::CreateOrder { scope, order, .. } = &mut other {
+        scope.tenant = TenantId::parse("t2").unwrap();
+        order.tenant = TenantId::parse("t2").unwrap();
+    }
+    order(&from, other).await;
+
+    let tenant = TenantId::parse("t1").unwrap();
+    assert_eq!(
+        from.execute(Command::Fence {
+            tenant: tenant.clone()
+        })
+        .await
+        .unwrap(),
+        Applied::Fenced
+    );
+    assert_eq!(
+        order(&from, create("k7", "c7", "fp", "ord_7", T0)).await,
+        OrderOutcome::Fenced
+    );
+
+    // Export in small pages, as a move does.
+    let mut cursor: Option<Vec<u8>> = None;
+    let mut moved = 0;
+    loop {
+        let (page, next) = from.export_tenant(&tenant, cursor.as_deref(), 3).unwrap();
+        moved += page.len();
+        let command = Command::Import {
+            tenant: tenant.clone(),
+            entries: page,
+        };
+        assert!(matches!(
+            to.execute(command).await.unwrap(),
+            Applied::Imported { .. }
+        ));
+        match next {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    // 5 orders x (record, marker, index, order) + 1 claim record.
+    assert_eq!(moved, 21);
+    assert_eq!(to.count_prefix(EntryKind::Order), 5);
+    // The new home replays and decides exactly as the old one would have.
+    assert!(matches!(
+        order(&to, create("k1", "c1", "fp", "ord_x", T0)).await,
+        OrderOutcome::Replayed { .. }
+    ));
+    assert!(matches!(
+        order(&to, create("k8", "c1", "fp", "ord_y", T0)).await,
+        OrderOutcome::MarkerHit { .. }
+    ));
+    assert!(matches!(
+        to.execute(claim).await.unwrap(),
+        Applied::Claim(ClaimOutcome::InProgress { .. })
+    ));
+    assert!(to.order("ord_other").await.unwrap().is_none());
+}

@@ -164,6 +164,7 @@ pub async fn claim(
             Err(ApiError::new(Problem::RequestInProgress).retry_after_ms(retry_after_ms))
         }
         ClaimOutcome::KeyReused => Err(ApiError::new(Problem::IdempotencyKeyReused)),
+        ClaimOutcome::Fenced => Err(ApiError::new(Problem::TenantMoving)),
     }
 }
 
@@ -264,6 +265,7 @@ pub async fn complete(
             Ok(json(200, serde_json::json!({ "state": state.as_str() })))
         }
         Applied::Complete(CompleteOutcome::Stale) => Err(ApiError::new(Problem::StaleOwnerToken)),
+        Applied::Complete(CompleteOutcome::Fenced) => Err(ApiError::new(Problem::TenantMoving)),
         other => unreachable!("complete answered {other:?}"),
     }
 }
@@ -293,6 +295,7 @@ pub async fn heartbeat(
             }),
         )),
         Applied::Heartbeat(HeartbeatOutcome::Stale) => Err(ApiError::new(Problem::StaleOwnerToken)),
+        Applied::Heartbeat(HeartbeatOutcome::Fenced) => Err(ApiError::new(Problem::TenantMoving)),
         other => unreachable!("heartbeat answered {other:?}"),
     }
 }

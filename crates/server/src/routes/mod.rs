@@ -47,6 +47,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/readyz", get(meta::readyz))
         .route("/metrics", get(meta::metrics))
         .route("/openapi.json", get(meta::openapi))
+        .nest_service(crate::demo::MOUNT, crate::demo::service(&node))
         .fallback(|| async { ApiError::new(Problem::NotFound) })
         .method_not_allowed_fallback(|| async { ApiError::new(Problem::MethodNotAllowed) })
         .layer(middleware::from_fn(record_metrics))

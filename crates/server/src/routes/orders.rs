@@ -187,6 +187,10 @@ async fn execute(node: &Node, p: &Prepared) -> Result<Response, ApiError> {
             count("key_reused");
             return Err(ApiError::new(Problem::IdempotencyKeyReused));
         }
+        OrderOutcome::Fenced => {
+            count("tenant_moving");
+            return Err(ApiError::new(Problem::TenantMoving));
+        }
         OrderOutcome::MarkerConflict => {
             count("marker_conflict");
             return Err(ApiError::new(Problem::ClientOrderIdConflict));
