@@ -1,0 +1,92 @@
+//! `RegistryConfig`: who this replica is, where it keeps its data, and the Raft timing.
+//! Defaults come from `limits.rs`; `raft_config` turns it into openraft's `Config`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::limits::{
+    ELECTION_TIMEOUT_MAX_MS_DEFAULT, ELECTION_TIMEOUT_MIN_MS_DEFAULT,
+    HEARTBEAT_INTERVAL_MS_DEFAULT, INSTALL_SNAPSHOT_TIMEOUT_MS_DEFAULT, SNAPSHOT_CHUNK_BYTES_MAX,
+    SNAPSHOT_LOGS_KEPT_MAX, SNAPSHOT_LOGS_SINCE_LAST_DEFAULT, WRITE_FORWARD_TIMEOUT_MS_DEFAULT,
+    WRITE_TIMEOUT_MS_DEFAULT,
+};
+use crate::types::{NodeId, NodeInfo};
+use crate::Error;
+
+/// Name of the registry's Raft group in RPC paths (`/raft/registry/...`). Other groups
+/// in the same process use other names on the same listener.
+pub const GROUP: &str = "registry";
+
+/// Configuration of one registry replica.
+#[derive(Debug, Clone)]
+pub struct RegistryConfig {
+    /// Unique across the whole cluster, never reused for a wiped node.
+    pub node_id: NodeId,
+    /// This node's region and addresses, as the other members will see them.
+    pub node: NodeInfo,
+    /// Directory of this replica's sled database (created if missing, owned alone).
+    pub data_dir: PathBuf,
+    pub heartbeat_interval_ms: u64,
+    pub election_timeout_min_ms: u64,
+    pub election_timeout_max_ms: u64,
+    pub install_snapshot_timeout_ms: u64,
+    /// Timeout of one write forwarded from a follower to the leader.
+    pub write_forward_timeout_ms: u64,
+    /// Overall bound of one `Registry::write`, retries and forwarding included.
+    pub write_timeout_ms: u64,
+    /// Build a snapshot after this many entries since the last one.
+    pub snapshot_logs_since_last: u64,
+}
+
+impl RegistryConfig {
+    /// A configuration with the default timing of `limits.rs`.
+    pub fn new(node_id: NodeId, node: NodeInfo, data_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            node_id,
+            node,
+            data_dir: data_dir.into(),
+            heartbeat_interval_ms: HEARTBEAT_INTERVAL_MS_DEFAULT,
+            election_timeout_min_ms: ELECTION_TIMEOUT_MIN_MS_DEFAULT,
+            election_timeout_max_ms: ELECTION_TIMEOUT_MAX_MS_DEFAULT,
+            install_snapshot_timeout_ms: INSTALL_SNAPSHOT_TIMEOUT_MS_DEFAULT,
+            write_forward_timeout_ms: WRITE_FORWARD_TIMEOUT_MS_DEFAULT,
+            write_timeout_ms: WRITE_TIMEOUT_MS_DEFAULT,
+            snapshot_logs_since_last: SNAPSHOT_LOGS_SINCE_LAST_DEFAULT,
+        }
+    }
+
+    pub(crate) fn write_forward_timeout(&self) -> Duration {
+        Duration::from_millis(self.write_forward_timeout_ms)
+    }
+
+    pub(crate) fn write_timeout(&self) -> Duration {
+        Duration::from_millis(self.write_timeout_ms)
+    }
+
+    /// The openraft configuration, validated.
+    pub(crate) fn raft_config(&self) -> Result<openraft::Config, Error> {
+        if self.node.raft_addr.is_empty() {
+            return Err(Error::Config("node.raft_addr is empty".to_string()));
+        }
+        if self.write_timeout_ms == 0 || self.write_forward_timeout_ms == 0 {
+            return Err(Error::Config("write timeouts must be positive".to_string()));
+        }
+        if self.snapshot_logs_since_last == 0 {
+            return Err(Error::Config(
+                "snapshot_logs_since_last must be positive".to_string(),
+            ));
+        }
+        let config = openraft::Config {
+            cluster_name: GROUP.to_string(),
+            heartbeat_interval: self.heartbeat_interval_ms,
+            election_timeout_min: self.election_timeout_min_ms,
+            election_timeout_max: self.election_timeout_max_ms,
+            install_snapshot_timeout: self.install_snapshot_timeout_ms,
+            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(self.snapshot_logs_since_last),
+            max_in_snapshot_log_to_keep: SNAPSHOT_LOGS_KEPT_MAX,
+            snapshot_max_chunk_size: SNAPSHOT_CHUNK_BYTES_MAX,
+            ..Default::default()
+        };
+        config.validate().map_err(|e| Error::Config(e.to_string()))
+    }
+}

@@ -1,0 +1,85 @@
+//! Named limits and defaults of the registry: Raft timing sized for inter-region round
+//! trips, the write-forwarding budget, and snapshot thresholds. Units come last in every
+//! name; the relations between them are checked at compile time below.
+
+/// Leader heartbeat period. Regions are tens to a few hundred milliseconds apart, so
+/// openraft's 50 ms default would spend most of the link on heartbeats and fire
+/// spurious elections on one slow round trip. openraft also uses it as the timeout of
+/// every AppendEntries RPC, so it must exceed the slowest inter-region round trip plus
+/// a follower's fsync.
+pub const HEARTBEAT_INTERVAL_MS_DEFAULT: u64 = 250;
+
+/// Lower bound of the randomized election timeout: four missed heartbeats before a
+/// follower campaigns.
+pub const ELECTION_TIMEOUT_MIN_MS_DEFAULT: u64 = 1_000;
+
+/// Upper bound of the randomized election timeout. The 1 s spread makes split votes
+/// between regions rare.
+pub const ELECTION_TIMEOUT_MAX_MS_DEFAULT: u64 = 2_000;
+
+/// Time a follower may spend receiving one snapshot chunk. openraft's 200 ms default is
+/// less than one inter-region round trip for a multi-megabyte chunk.
+pub const INSTALL_SNAPSHOT_TIMEOUT_MS_DEFAULT: u64 = 10_000;
+
+/// Build a snapshot (and allow purging the log behind it) after this many applied
+/// entries. The registry changes slowly, so snapshots are rare.
+pub const SNAPSHOT_LOGS_SINCE_LAST_DEFAULT: u64 = 5_000;
+
+/// Entries kept in the log behind a snapshot, so that a briefly lagging follower
+/// catches up by replication instead of receiving a whole snapshot.
+pub const SNAPSHOT_LOGS_KEPT_MAX: u64 = 1_000;
+
+/// Timeout of one forwarded client write (follower → leader): one inter-region round
+/// trip to the leader plus one to a quorum, with room for a slow fsync.
+pub const WRITE_FORWARD_TIMEOUT_MS_DEFAULT: u64 = 5_000;
+
+/// Overall bound of one `Registry::write`, retries included. A leader cut off from its
+/// quorum would otherwise keep a write waiting for a commit that cannot happen.
+pub const WRITE_TIMEOUT_MS_DEFAULT: u64 = 15_000;
+
+/// Attempts of `Registry::write` before it gives up with `Error::NoLeader`. Each
+/// attempt that finds no usable leader waits up to `WRITE_NO_LEADER_WAIT_MS` for the
+/// metrics to name one.
+pub const WRITE_ATTEMPTS_MAX: u32 = 12;
+
+/// Wait per attempt while no leader is known (or the known one did not answer).
+pub const WRITE_NO_LEADER_WAIT_MS: u64 = 500;
+
+/// Upper bound of one Raft RPC body accepted by the HTTP router (a snapshot chunk is
+/// the largest: `SNAPSHOT_CHUNK_BYTES_MAX` plus its envelope).
+pub const RPC_BODY_BYTES_MAX: usize = 16 * 1024 * 1024;
+
+/// Size of one snapshot chunk sent over HTTP.
+pub const SNAPSHOT_CHUNK_BYTES_MAX: u64 = 4 * 1024 * 1024;
+
+/// Longest tenant id, region name and operation id accepted by the state machine, so a
+/// single bad request cannot bloat every replica.
+pub const NAME_BYTES_MAX: usize = 128;
+
+/// On-disk format version of everything this crate writes to sled (bincode 2,
+/// `config::standard()`); bumped on any incompatible change to a stored type.
+pub const STORAGE_FORMAT_VERSION: u32 = 1;
+
+/// How long `store::open` keeps retrying a directory whose sled lock is still held by a
+/// just-dropped instance in the same process (its flusher thread exits asynchronously).
+pub const STORE_OPEN_LOCK_WAIT_MS: u64 = 3_000;
+
+/// Pause between those retries.
+pub const STORE_OPEN_LOCK_RETRY_MS: u64 = 20;
+
+const _: () = assert!(STORE_OPEN_LOCK_RETRY_MS * 10 <= STORE_OPEN_LOCK_WAIT_MS);
+const _: () = assert!(HEARTBEAT_INTERVAL_MS_DEFAULT * 3 <= ELECTION_TIMEOUT_MIN_MS_DEFAULT);
+const _: () = assert!(ELECTION_TIMEOUT_MIN_MS_DEFAULT < ELECTION_TIMEOUT_MAX_MS_DEFAULT);
+const _: () = assert!(INSTALL_SNAPSHOT_TIMEOUT_MS_DEFAULT >= ELECTION_TIMEOUT_MAX_MS_DEFAULT);
+// A write must outlast one full election (a leader dies, followers time out, a new
+// leader is voted in) before reporting NoLeader.
+const _: () = assert!(
+    WRITE_ATTEMPTS_MAX as u64 * WRITE_NO_LEADER_WAIT_MS >= 2 * ELECTION_TIMEOUT_MAX_MS_DEFAULT
+);
+// The overall bound leaves room for one election plus one forwarded attempt.
+const _: () = assert!(
+    WRITE_TIMEOUT_MS_DEFAULT
+        >= 2 * ELECTION_TIMEOUT_MAX_MS_DEFAULT + WRITE_FORWARD_TIMEOUT_MS_DEFAULT
+);
+const _: () = assert!(SNAPSHOT_CHUNK_BYTES_MAX < RPC_BODY_BYTES_MAX as u64 / 2);
+const _: () = assert!(SNAPSHOT_LOGS_KEPT_MAX < SNAPSHOT_LOGS_SINCE_LAST_DEFAULT);

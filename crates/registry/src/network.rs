@@ -1,0 +1,256 @@
+//! Raft RPC over HTTP. The client side is openraft's `RaftNetworkFactory`: one shared
+//! `reqwest::Client` POSTs bincode bodies to `/raft/{group}/append|vote|snapshot` on the
+//! target's `raft_addr`, bounded by openraft's `RPCOption::hard_ttl()`. The server side
+//! is `raft_router`, an axum router to mount on the Raft listener; it also serves
+//! `/raft/{group}/write`, where followers forward client writes to the leader.
+//!
+//! Routes are registered with the literal group name (`/raft/registry/...`) instead of a
+//! `{group}` parameter, so that a second Raft group in the same process can merge its own
+//! router into the same listener without conflicting paths.
+
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response as HttpResponse};
+use axum::routing::post;
+use axum::Router;
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RemoteError, Timeout, Unreachable,
+};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::{AnyError, RPCTypes};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::codec;
+use crate::config::GROUP;
+use crate::limits::RPC_BODY_BYTES_MAX;
+use crate::state::Request;
+use crate::types::{NodeId, NodeInfo, RaftError, RpcError, TypeConfig};
+use crate::Registry;
+
+const CONTENT_TYPE_BINCODE: &str = "application/octet-stream";
+
+/// Path of an RPC of the registry group, relative to a Raft listener.
+pub(crate) fn rpc_path(rpc: &str) -> String {
+    format!("/raft/{GROUP}/{rpc}")
+}
+
+/// URL of an RPC on the node whose Raft listener is `raft_addr`.
+pub(crate) fn rpc_url(raft_addr: &str, rpc: &str) -> String {
+    format!("http://{raft_addr}{}", rpc_path(rpc))
+}
+
+/// The `RaftNetworkFactory` of the registry: hands out connections that share one
+/// `reqwest::Client` (and so its connection pool).
+#[derive(Debug, Clone)]
+pub struct HttpNetwork {
+    client: reqwest::Client,
+    local_id: NodeId,
+}
+
+impl HttpNetwork {
+    pub(crate) fn new(client: reqwest::Client, local_id: NodeId) -> Self {
+        Self { client, local_id }
+    }
+}
+
+impl RaftNetworkFactory<TypeConfig> for HttpNetwork {
+    type Network = HttpConnection;
+
+    async fn new_client(&mut self, target: NodeId, node: &NodeInfo) -> Self::Network {
+        HttpConnection {
+            client: self.client.clone(),
+            local_id: self.local_id,
+            target,
+            raft_addr: node.raft_addr.clone(),
+        }
+    }
+}
+
+/// A connection to one member; openraft keeps one per replication stream.
+#[derive(Debug)]
+pub struct HttpConnection {
+    client: reqwest::Client,
+    local_id: NodeId,
+    target: NodeId,
+    raft_addr: String,
+}
+
+/// The outcome of one HTTP exchange, before the remote's own result is interpreted.
+pub(crate) enum Exchange {
+    /// Could not connect: the node is down or not listening (openraft backs off).
+    Unreachable(reqwest::Error),
+    /// No answer within the deadline; the request may or may not have taken effect.
+    TimedOut,
+    /// Anything else on the way (reset connection, non-2xx status, bad body).
+    Failed(AnyError),
+}
+
+/// POSTs `body` to `url` and decodes the reply as `Resp`.
+pub(crate) async fn exchange<Req: Serialize, Resp: DeserializeOwned>(
+    client: &reqwest::Client,
+    url: &str,
+    body: &Req,
+    timeout: Duration,
+) -> Result<Resp, Exchange> {
+    let body = codec::encode(body).map_err(|e| Exchange::Failed(AnyError::new(&e)))?;
+    let sent = client
+        .post(url)
+        .timeout(timeout)
+        .header(header::CONTENT_TYPE, CONTENT_TYPE_BINCODE)
+        .body(body)
+        .send()
+        .await;
+    let response = match sent {
+        Ok(response) => response,
+        Err(e) if e.is_connect() => return Err(Exchange::Unreachable(e)),
+        Err(e) if e.is_timeout() => return Err(Exchange::TimedOut),
+        Err(e) => return Err(Exchange::Failed(AnyError::new(&e))),
+    };
+    let status = response.status();
+    let bytes = match response.bytes().await {
+        Ok(bytes) => bytes,
+        Err(e) if e.is_timeout() => return Err(Exchange::TimedOut),
+        Err(e) => return Err(Exchange::Failed(AnyError::new(&e))),
+    };
+    if !status.is_success() {
+        return Err(Exchange::Failed(AnyError::error(format!(
+            "{url}: HTTP {status}: {}",
+            String::from_utf8_lossy(&bytes)
+        ))));
+    }
+    codec::decode(&bytes).map_err(|e| Exchange::Failed(AnyError::new(&e)))
+}
+
+impl HttpConnection {
+    async fn call<Req, Resp, E>(
+        &self,
+        action: RPCTypes,
+        rpc: &str,
+        request: &Req,
+        option: &RPCOption,
+    ) -> Result<Resp, RpcError<E>>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        let url = rpc_url(&self.raft_addr, rpc);
+        let ttl = option.hard_ttl();
+        let reply: Result<Resp, RaftError<E>> =
+            match exchange(&self.client, &url, request, ttl).await {
+                Ok(reply) => reply,
+                Err(Exchange::Unreachable(e)) => {
+                    return Err(RPCError::Unreachable(Unreachable::new(&e)))
+                }
+                Err(Exchange::TimedOut) => {
+                    return Err(RPCError::Timeout(Timeout {
+                        action,
+                        id: self.local_id,
+                        target: self.target,
+                        timeout: ttl,
+                    }))
+                }
+                Err(Exchange::Failed(e)) => return Err(RPCError::Network(NetworkError::new(&e))),
+            };
+        reply.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+    }
+}
+
+impl RaftNetwork<TypeConfig> for HttpConnection {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RpcError> {
+        self.call(RPCTypes::AppendEntries, "append", &rpc, &option)
+            .await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<InstallSnapshotResponse<NodeId>, RpcError<InstallSnapshotError>> {
+        self.call(RPCTypes::InstallSnapshot, "snapshot", &rpc, &option)
+            .await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RpcError> {
+        self.call(RPCTypes::Vote, "vote", &rpc, &option).await
+    }
+}
+
+/// The axum router serving the registry group's Raft RPCs and forwarded writes, to be
+/// mounted (or merged) at the root of the node's Raft listener:
+///
+/// - `POST /raft/registry/append`, `/vote`, `/snapshot`: openraft RPCs.
+/// - `POST /raft/registry/write`: a client write executed on this node (forwarded here
+///   by a follower's `Registry::write`); answers `ForwardToLeader` if this node is no
+///   longer the leader, and never forwards again itself.
+///
+/// Bodies are bincode (`codec`); the reply is always HTTP 200 with the encoded
+/// `Result`, except for undecodable requests (400).
+pub fn raft_router(registry: Registry) -> Router {
+    Router::new()
+        .route(&rpc_path("append"), post(append))
+        .route(&rpc_path("vote"), post(vote))
+        .route(&rpc_path("snapshot"), post(snapshot))
+        .route(&rpc_path("write"), post(write))
+        .layer(DefaultBodyLimit::max(RPC_BODY_BYTES_MAX))
+        .with_state(registry)
+}
+
+fn reply<T: Serialize>(value: &T) -> HttpResponse {
+    match codec::encode(value) {
+        Ok(bytes) => ([(header::CONTENT_TYPE, CONTENT_TYPE_BINCODE)], bytes).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+fn bad_request(e: bincode::error::DecodeError) -> HttpResponse {
+    (StatusCode::BAD_REQUEST, format!("undecodable body: {e}")).into_response()
+}
+
+async fn append(State(registry): State<Registry>, body: Bytes) -> HttpResponse {
+    let request: AppendEntriesRequest<TypeConfig> = match codec::decode(&body) {
+        Ok(request) => request,
+        Err(e) => return bad_request(e),
+    };
+    reply(&registry.raft().append_entries(request).await)
+}
+
+async fn vote(State(registry): State<Registry>, body: Bytes) -> HttpResponse {
+    let request: VoteRequest<NodeId> = match codec::decode(&body) {
+        Ok(request) => request,
+        Err(e) => return bad_request(e),
+    };
+    reply(&registry.raft().vote(request).await)
+}
+
+async fn snapshot(State(registry): State<Registry>, body: Bytes) -> HttpResponse {
+    let request: InstallSnapshotRequest<TypeConfig> = match codec::decode(&body) {
+        Ok(request) => request,
+        Err(e) => return bad_request(e),
+    };
+    reply(&registry.raft().install_snapshot(request).await)
+}
+
+async fn write(State(registry): State<Registry>, body: Bytes) -> HttpResponse {
+    let request: Request = match codec::decode(&body) {
+        Ok(request) => request,
+        Err(e) => return bad_request(e),
+    };
+    reply(&registry.write_here(request).await)
+}

@@ -1,0 +1,859 @@
+//! The registry's replicated state and its deterministic transition function: regions,
+//! member nodes, tenants (home region, epoch, token hash, limits, move state) and
+//! tenant-move operations. `RegistryState::apply` never reads a clock or does I/O;
+//! callers put the time into the `Request`, so every replica computes the same result.
+//!
+//! Every request is safe to apply twice: `Registry::write` retries a forwarded write
+//! whose answer was lost, so a replayed request that already took effect answers as the
+//! first one did instead of failing or bumping an epoch a second time.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::limits::NAME_BYTES_MAX;
+use crate::types::{NodeId, NodeInfo, StoredMembership};
+
+/// A region tenants can live in.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegionRecord {
+    pub name: String,
+    /// Time of the `AddRegion` request that created it, as given by its caller.
+    pub created_at_ms: u64,
+}
+
+/// Whether a tenant is served by its home region or being moved away from it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TenantState {
+    /// The home region executes the tenant's requests.
+    Active,
+    /// Fenced: no region executes the tenant's requests until the move completes or is
+    /// aborted (both bump the epoch).
+    Moving { to: String, operation_id: String },
+}
+
+/// Everything the cluster knows about one tenant.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantRecord {
+    pub tenant_id: String,
+    /// The only region that executes the tenant's requests (while `Active`).
+    pub home_region: String,
+    /// Increases whenever ownership may have changed (move completed or aborted); a
+    /// node receiving a forwarded request with another epoch refuses it.
+    pub epoch: u64,
+    /// Lowercase hex SHA-256 of the tenant's API token; the token itself is never stored.
+    pub token_sha256: String,
+    pub requests_per_second: u32,
+    pub new_keys_per_second: u32,
+    pub state: TenantState,
+    pub created_at_ms: u64,
+}
+
+impl TenantRecord {
+    /// True when the home region may execute requests for this tenant.
+    pub fn is_active(&self) -> bool {
+        matches!(self.state, TenantState::Active)
+    }
+}
+
+/// What an operation does. A single kind today; the enum keeps the wire name in one
+/// place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum OperationKind {
+    #[serde(rename = "tenant-move")]
+    TenantMove,
+}
+
+impl OperationKind {
+    /// The name used in the admin API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OperationKind::TenantMove => "tenant-move",
+        }
+    }
+}
+
+/// Progress of an operation as reported by the admin API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OperationState {
+    Pending,
+    Running,
+    Done,
+    Failed,
+}
+
+impl OperationState {
+    /// The name used in the admin API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OperationState::Pending => "pending",
+            OperationState::Running => "running",
+            OperationState::Done => "done",
+            OperationState::Failed => "failed",
+        }
+    }
+
+    /// Done and failed operations never change again.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, OperationState::Done | OperationState::Failed)
+    }
+}
+
+/// A long-running administrative operation (today: moving a tenant).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Operation {
+    pub operation_id: String,
+    pub kind: OperationKind,
+    pub tenant_id: String,
+    pub from: String,
+    pub to: String,
+    pub state: OperationState,
+    /// Fraction done, 0.0 to 1.0.
+    pub progress: f64,
+    pub error: Option<String>,
+    pub updated_at_ms: u64,
+}
+
+/// The whole replicated state. Snapshots carry exactly this value.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RegistryState {
+    pub regions: BTreeMap<String, RegionRecord>,
+    /// Mirrors the latest applied Raft membership (voters and learners).
+    pub nodes: BTreeMap<NodeId, NodeInfo>,
+    pub tenants: BTreeMap<String, TenantRecord>,
+    pub operations: BTreeMap<String, Operation>,
+}
+
+/// A change to the registry, replicated through the Raft log. Times are inputs, never
+/// read by the state machine.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Request {
+    /// Makes a region available as a home. Adding an existing region is a no-op.
+    AddRegion { name: String, now_ms: u64 },
+    /// Registers a tenant. Fails if the id is taken by a different record or the home
+    /// region is unknown; the record must be `Active`.
+    CreateTenant { record: TenantRecord },
+    /// Fences an active tenant for a move to `to` and opens operation `operation_id`
+    /// (state pending). The epoch does not change: the old home stops executing because
+    /// the tenant is no longer `Active`.
+    BeginMove {
+        tenant_id: String,
+        to: String,
+        operation_id: String,
+        now_ms: u64,
+    },
+    /// Reports progress of a running operation. Only `pending` and `running` are
+    /// accepted here: `done` and `failed` go through `CompleteMove` / `AbortMove` so the
+    /// tenant changes in the same entry.
+    UpdateOperation {
+        operation_id: String,
+        state: OperationState,
+        progress: f64,
+        error: Option<String>,
+        now_ms: u64,
+    },
+    /// Activates the tenant in the new home: `home_region = to`, `epoch + 1`, and the
+    /// operation becomes `done`.
+    CompleteMove {
+        tenant_id: String,
+        operation_id: String,
+        now_ms: u64,
+    },
+    /// Returns the tenant to `Active` in its old home with `epoch + 1` (so any node that
+    /// saw it fenced refreshes), and fails the operation with `error`.
+    AbortMove {
+        tenant_id: String,
+        operation_id: String,
+        error: String,
+        now_ms: u64,
+    },
+}
+
+/// The result of applying one `Request` (or of a blank/membership entry: `Ok`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Response {
+    /// Applied (or already in effect) with nothing further to report.
+    Ok,
+    /// The tenant exists with exactly this record (new, or an identical replay).
+    TenantCreated { record: TenantRecord },
+    /// A move step took effect (or had already); the tenant and operation after it.
+    MoveUpdated {
+        record: TenantRecord,
+        operation: Operation,
+    },
+    /// `UpdateOperation` took effect.
+    OperationUpdated { operation: Operation },
+    /// The request was valid Raft input but refused by the registry's rules; nothing
+    /// changed.
+    Rejected { reason: Rejection },
+}
+
+/// Why the state machine refused a request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum Rejection {
+    #[error("tenant {tenant_id} already exists")]
+    TenantExists { tenant_id: String },
+    #[error("unknown region {region}")]
+    UnknownRegion { region: String },
+    #[error("unknown tenant {tenant_id}")]
+    UnknownTenant { tenant_id: String },
+    #[error("unknown operation {operation_id}")]
+    UnknownOperation { operation_id: String },
+    #[error("operation {operation_id} already exists")]
+    OperationExists { operation_id: String },
+    #[error("tenant {tenant_id} is already moving (operation {operation_id})")]
+    TenantMoving {
+        tenant_id: String,
+        operation_id: String,
+    },
+    #[error("tenant {tenant_id} is not moving under operation {operation_id}")]
+    NotMoving {
+        tenant_id: String,
+        operation_id: String,
+    },
+    #[error("tenant {tenant_id} already lives in {region}")]
+    AlreadyHome { tenant_id: String, region: String },
+    #[error("operation {operation_id} is already {}", state.as_str())]
+    OperationFinished {
+        operation_id: String,
+        state: OperationState,
+    },
+    #[error("invalid request: {reason}")]
+    Invalid { reason: String },
+}
+
+impl Response {
+    fn rejected(reason: Rejection) -> Self {
+        Response::Rejected { reason }
+    }
+
+    /// The rejection, if the request was refused.
+    pub fn rejection(&self) -> Option<&Rejection> {
+        match self {
+            Response::Rejected { reason } => Some(reason),
+            _ => None,
+        }
+    }
+}
+
+/// A key of the state touched by a request; the store rewrites exactly these.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum StateKey {
+    Region(String),
+    Tenant(String),
+    Operation(String),
+}
+
+impl Request {
+    /// Keys this request may change, whether or not it is accepted.
+    pub(crate) fn touched_keys(&self) -> Vec<StateKey> {
+        match self {
+            Request::AddRegion { name, .. } => vec![StateKey::Region(name.clone())],
+            Request::CreateTenant { record } => vec![StateKey::Tenant(record.tenant_id.clone())],
+            Request::UpdateOperation { operation_id, .. } => {
+                vec![StateKey::Operation(operation_id.clone())]
+            }
+            Request::BeginMove {
+                tenant_id,
+                operation_id,
+                ..
+            }
+            | Request::CompleteMove {
+                tenant_id,
+                operation_id,
+                ..
+            }
+            | Request::AbortMove {
+                tenant_id,
+                operation_id,
+                ..
+            } => vec![
+                StateKey::Tenant(tenant_id.clone()),
+                StateKey::Operation(operation_id.clone()),
+            ],
+        }
+    }
+}
+
+impl fmt::Display for Request {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Request::AddRegion { name, .. } => write!(f, "AddRegion({name})"),
+            Request::CreateTenant { record } => write!(
+                f,
+                "CreateTenant({} in {})",
+                record.tenant_id, record.home_region
+            ),
+            Request::BeginMove {
+                tenant_id,
+                to,
+                operation_id,
+                ..
+            } => write!(f, "BeginMove({tenant_id} -> {to}, {operation_id})"),
+            Request::UpdateOperation {
+                operation_id,
+                state,
+                ..
+            } => write!(f, "UpdateOperation({operation_id}, {})", state.as_str()),
+            Request::CompleteMove {
+                tenant_id,
+                operation_id,
+                ..
+            } => write!(f, "CompleteMove({tenant_id}, {operation_id})"),
+            Request::AbortMove {
+                tenant_id,
+                operation_id,
+                ..
+            } => write!(f, "AbortMove({tenant_id}, {operation_id})"),
+        }
+    }
+}
+
+fn check_name(what: &str, name: &str) -> Result<(), Rejection> {
+    if name.is_empty() || name.len() > NAME_BYTES_MAX {
+        return Err(Rejection::Invalid {
+            reason: format!("{what} must be 1 to {NAME_BYTES_MAX} bytes"),
+        });
+    }
+    Ok(())
+}
+
+fn check_sha256_hex(hex: &str) -> Result<(), Rejection> {
+    let valid = hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    if !valid {
+        return Err(Rejection::Invalid {
+            reason: "token_sha256 must be 64 lowercase hex digits".to_string(),
+        });
+    }
+    Ok(())
+}
+
+impl RegistryState {
+    /// Applies one request. Deterministic; a refused request changes nothing.
+    pub fn apply(&mut self, request: &Request) -> Response {
+        let result = match request {
+            Request::AddRegion { name, now_ms } => self.add_region(name, *now_ms),
+            Request::CreateTenant { record } => self.create_tenant(record),
+            Request::BeginMove {
+                tenant_id,
+                to,
+                operation_id,
+                now_ms,
+            } => self.begin_move(tenant_id, to, operation_id, *now_ms),
+            Request::UpdateOperation {
+                operation_id,
+                state,
+                progress,
+                error,
+                now_ms,
+            } => self.update_operation(operation_id, *state, *progress, error, *now_ms),
+            Request::CompleteMove {
+                tenant_id,
+                operation_id,
+                now_ms,
+            } => self.finish_move(tenant_id, operation_id, None, *now_ms),
+            Request::AbortMove {
+                tenant_id,
+                operation_id,
+                error,
+                now_ms,
+            } => self.finish_move(tenant_id, operation_id, Some(error), *now_ms),
+        };
+        result.unwrap_or_else(Response::rejected)
+    }
+
+    /// Replaces the node table with the members (voters and learners) of `membership`.
+    pub fn set_membership(&mut self, membership: &StoredMembership) {
+        self.nodes = membership
+            .nodes()
+            .map(|(id, node)| (*id, node.clone()))
+            .collect();
+    }
+
+    fn add_region(&mut self, name: &str, now_ms: u64) -> Result<Response, Rejection> {
+        check_name("region name", name)?;
+        self.regions
+            .entry(name.to_string())
+            .or_insert_with(|| RegionRecord {
+                name: name.to_string(),
+                created_at_ms: now_ms,
+            });
+        Ok(Response::Ok)
+    }
+
+    fn create_tenant(&mut self, record: &TenantRecord) -> Result<Response, Rejection> {
+        check_name("tenant_id", &record.tenant_id)?;
+        check_sha256_hex(&record.token_sha256)?;
+        if let Some(existing) = self.tenants.get(&record.tenant_id) {
+            // An identical record is a replay of this very request.
+            if existing == record {
+                return Ok(Response::TenantCreated {
+                    record: existing.clone(),
+                });
+            }
+            return Err(Rejection::TenantExists {
+                tenant_id: record.tenant_id.clone(),
+            });
+        }
+        if !self.regions.contains_key(&record.home_region) {
+            return Err(Rejection::UnknownRegion {
+                region: record.home_region.clone(),
+            });
+        }
+        if !record.is_active() {
+            return Err(Rejection::Invalid {
+                reason: "a new tenant must be Active".to_string(),
+            });
+        }
+        self.tenants
+            .insert(record.tenant_id.clone(), record.clone());
+        Ok(Response::TenantCreated {
+            record: record.clone(),
+        })
+    }
+
+    fn begin_move(
+        &mut self,
+        tenant_id: &str,
+        to: &str,
+        operation_id: &str,
+        now_ms: u64,
+    ) -> Result<Response, Rejection> {
+        check_name("operation_id", operation_id)?;
+        let tenant = self
+            .tenants
+            .get(tenant_id)
+            .ok_or_else(|| Rejection::UnknownTenant {
+                tenant_id: tenant_id.to_string(),
+            })?;
+        if let TenantState::Moving {
+            to: moving_to,
+            operation_id: moving_op,
+        } = &tenant.state
+        {
+            if moving_op == operation_id && moving_to == to {
+                return Ok(self.move_response(tenant_id, operation_id));
+            }
+            return Err(Rejection::TenantMoving {
+                tenant_id: tenant_id.to_string(),
+                operation_id: moving_op.clone(),
+            });
+        }
+        if self.operations.contains_key(operation_id) {
+            return Err(Rejection::OperationExists {
+                operation_id: operation_id.to_string(),
+            });
+        }
+        if !self.regions.contains_key(to) {
+            return Err(Rejection::UnknownRegion {
+                region: to.to_string(),
+            });
+        }
+        if tenant.home_region == to {
+            return Err(Rejection::AlreadyHome {
+                tenant_id: tenant_id.to_string(),
+                region: to.to_string(),
+            });
+        }
+        let operation = Operation {
+            operation_id: operation_id.to_string(),
+            kind: OperationKind::TenantMove,
+            tenant_id: tenant_id.to_string(),
+            from: tenant.home_region.clone(),
+            to: to.to_string(),
+            state: OperationState::Pending,
+            progress: 0.0,
+            error: None,
+            updated_at_ms: now_ms,
+        };
+        self.operations.insert(operation_id.to_string(), operation);
+        if let Some(tenant) = self.tenants.get_mut(tenant_id) {
+            tenant.state = TenantState::Moving {
+                to: to.to_string(),
+                operation_id: operation_id.to_string(),
+            };
+        }
+        Ok(self.move_response(tenant_id, operation_id))
+    }
+
+    fn update_operation(
+        &mut self,
+        operation_id: &str,
+        state: OperationState,
+        progress: f64,
+        error: &Option<String>,
+        now_ms: u64,
+    ) -> Result<Response, Rejection> {
+        if state.is_terminal() {
+            return Err(Rejection::Invalid {
+                reason: "done and failed are set by CompleteMove and AbortMove".to_string(),
+            });
+        }
+        if !(0.0..=1.0).contains(&progress) {
+            return Err(Rejection::Invalid {
+                reason: "progress must be within 0.0..=1.0".to_string(),
+            });
+        }
+        let operation =
+            self.operations
+                .get_mut(operation_id)
+                .ok_or_else(|| Rejection::UnknownOperation {
+                    operation_id: operation_id.to_string(),
+                })?;
+        if operation.state.is_terminal() {
+            return Err(Rejection::OperationFinished {
+                operation_id: operation_id.to_string(),
+                state: operation.state,
+            });
+        }
+        operation.state = state;
+        operation.progress = progress;
+        operation.error = error.clone();
+        operation.updated_at_ms = now_ms;
+        Ok(Response::OperationUpdated {
+            operation: operation.clone(),
+        })
+    }
+
+    /// `CompleteMove` when `abort_error` is `None`, `AbortMove` otherwise.
+    fn finish_move(
+        &mut self,
+        tenant_id: &str,
+        operation_id: &str,
+        abort_error: Option<&String>,
+        now_ms: u64,
+    ) -> Result<Response, Rejection> {
+        let operation =
+            self.operations
+                .get(operation_id)
+                .ok_or_else(|| Rejection::UnknownOperation {
+                    operation_id: operation_id.to_string(),
+                })?;
+        let tenant = self
+            .tenants
+            .get(tenant_id)
+            .ok_or_else(|| Rejection::UnknownTenant {
+                tenant_id: tenant_id.to_string(),
+            })?;
+        let not_moving = || Rejection::NotMoving {
+            tenant_id: tenant_id.to_string(),
+            operation_id: operation_id.to_string(),
+        };
+        if operation.tenant_id != tenant_id {
+            return Err(not_moving());
+        }
+        let wanted = if abort_error.is_some() {
+            OperationState::Failed
+        } else {
+            OperationState::Done
+        };
+        if operation.state.is_terminal() {
+            // A replay of the request that finished the operation answers the same;
+            // finishing it the other way is refused.
+            if operation.state == wanted {
+                return Ok(self.move_response(tenant_id, operation_id));
+            }
+            return Err(Rejection::OperationFinished {
+                operation_id: operation_id.to_string(),
+                state: operation.state,
+            });
+        }
+        match &tenant.state {
+            TenantState::Moving {
+                operation_id: moving_op,
+                ..
+            } if moving_op == operation_id => {}
+            _ => return Err(not_moving()),
+        }
+        let new_home = if abort_error.is_some() {
+            operation.from.clone()
+        } else {
+            operation.to.clone()
+        };
+        if let Some(tenant) = self.tenants.get_mut(tenant_id) {
+            tenant.home_region = new_home;
+            tenant.epoch += 1;
+            tenant.state = TenantState::Active;
+        }
+        if let Some(operation) = self.operations.get_mut(operation_id) {
+            operation.state = wanted;
+            if abort_error.is_none() {
+                operation.progress = 1.0;
+            }
+            operation.error = abort_error.cloned();
+            operation.updated_at_ms = now_ms;
+        }
+        Ok(self.move_response(tenant_id, operation_id))
+    }
+
+    fn move_response(&self, tenant_id: &str, operation_id: &str) -> Response {
+        match (
+            self.tenants.get(tenant_id),
+            self.operations.get(operation_id),
+        ) {
+            (Some(record), Some(operation)) => Response::MoveUpdated {
+                record: record.clone(),
+                operation: operation.clone(),
+            },
+            // Callers only build this response after finding both.
+            _ => Response::Ok,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TOKEN: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+
+    fn tenant(id: &str, home: &str) -> TenantRecord {
+        TenantRecord {
+            tenant_id: id.to_string(),
+            home_region: home.to_string(),
+            epoch: 1,
+            token_sha256: TOKEN.to_string(),
+            requests_per_second: 100,
+            new_keys_per_second: 10,
+            state: TenantState::Active,
+            created_at_ms: 5,
+        }
+    }
+
+    fn two_regions() -> RegistryState {
+        let mut state = RegistryState::default();
+        for name in ["eu", "us"] {
+            let response = state.apply(&Request::AddRegion {
+                name: name.to_string(),
+                now_ms: 1,
+            });
+            assert_eq!(response, Response::Ok);
+        }
+        state
+    }
+
+    fn begin(tenant_id: &str, to: &str, op: &str) -> Request {
+        Request::BeginMove {
+            tenant_id: tenant_id.to_string(),
+            to: to.to_string(),
+            operation_id: op.to_string(),
+            now_ms: 10,
+        }
+    }
+
+    fn complete(tenant_id: &str, op: &str) -> Request {
+        Request::CompleteMove {
+            tenant_id: tenant_id.to_string(),
+            operation_id: op.to_string(),
+            now_ms: 20,
+        }
+    }
+
+    fn abort(tenant_id: &str, op: &str) -> Request {
+        Request::AbortMove {
+            tenant_id: tenant_id.to_string(),
+            operation_id: op.to_string(),
+            error: "copy failed".to_string(),
+            now_ms: 20,
+        }
+    }
+
+    #[test]
+    fn add_region_is_idempotent_and_keeps_first_time() {
+        let mut state = two_regions();
+        let response = state.apply(&Request::AddRegion {
+            name: "eu".to_string(),
+            now_ms: 99,
+        });
+        assert_eq!(response, Response::Ok);
+        assert_eq!(state.regions["eu"].created_at_ms, 1);
+    }
+
+    #[test]
+    fn create_tenant_rejects_unknown_region_and_conflicts_but_replays() {
+        let mut state = two_regions();
+        let response = state.apply(&Request::CreateTenant {
+            record: tenant("t1", "ap"),
+        });
+        assert_eq!(
+            response.rejection(),
+            Some(&Rejection::UnknownRegion {
+                region: "ap".to_string()
+            })
+        );
+
+        let record = tenant("t1", "eu");
+        let first = state.apply(&Request::CreateTenant {
+            record: record.clone(),
+        });
+        assert_eq!(
+            first,
+            Response::TenantCreated {
+                record: record.clone()
+            }
+        );
+        let replay = state.apply(&Request::CreateTenant {
+            record: record.clone(),
+        });
+        assert_eq!(replay, first);
+
+        let mut other = record;
+        other.home_region = "us".to_string();
+        let conflict = state.apply(&Request::CreateTenant { record: other });
+        assert_eq!(
+            conflict.rejection(),
+            Some(&Rejection::TenantExists {
+                tenant_id: "t1".to_string()
+            })
+        );
+    }
+
+    #[test]
+    fn create_tenant_validates_token_hash() {
+        let mut state = two_regions();
+        let mut record = tenant("t1", "eu");
+        record.token_sha256 = "ABC".to_string();
+        let response = state.apply(&Request::CreateTenant { record });
+        assert!(matches!(
+            response.rejection(),
+            Some(Rejection::Invalid { .. })
+        ));
+        assert!(state.tenants.is_empty());
+    }
+
+    #[test]
+    fn move_fences_then_completes_with_epoch_bump_once() {
+        let mut state = two_regions();
+        state.apply(&Request::CreateTenant {
+            record: tenant("t1", "eu"),
+        });
+
+        let began = state.apply(&begin("t1", "us", "op1"));
+        let Response::MoveUpdated { record, operation } = began else {
+            panic!("unexpected {began:?}");
+        };
+        assert_eq!(record.epoch, 1);
+        assert_eq!(
+            record.state,
+            TenantState::Moving {
+                to: "us".to_string(),
+                operation_id: "op1".to_string()
+            }
+        );
+        assert_eq!(operation.state, OperationState::Pending);
+        assert_eq!(operation.from, "eu");
+
+        // A second move while the first runs is refused; a replay of the first is not.
+        let second = state.apply(&begin("t1", "us", "op2"));
+        assert!(matches!(
+            second.rejection(),
+            Some(Rejection::TenantMoving { .. })
+        ));
+        assert!(state.apply(&begin("t1", "us", "op1")).rejection().is_none());
+
+        let progress = state.apply(&Request::UpdateOperation {
+            operation_id: "op1".to_string(),
+            state: OperationState::Running,
+            progress: 0.5,
+            error: None,
+            now_ms: 15,
+        });
+        assert!(matches!(progress, Response::OperationUpdated { .. }));
+
+        let done = state.apply(&complete("t1", "op1"));
+        let Response::MoveUpdated { record, operation } = done.clone() else {
+            panic!("unexpected {done:?}");
+        };
+        assert_eq!(record.home_region, "us");
+        assert_eq!(record.epoch, 2);
+        assert!(record.is_active());
+        assert_eq!(operation.state, OperationState::Done);
+        assert_eq!(operation.progress, 1.0);
+
+        // Replaying the completion must not bump the epoch again.
+        assert_eq!(state.apply(&complete("t1", "op1")), done);
+        assert_eq!(state.tenants["t1"].epoch, 2);
+        // Nor may the finished operation be aborted or updated.
+        assert!(matches!(
+            state.apply(&abort("t1", "op1")).rejection(),
+            Some(Rejection::OperationFinished { .. })
+        ));
+    }
+
+    #[test]
+    fn abort_returns_home_with_epoch_bump() {
+        let mut state = two_regions();
+        state.apply(&Request::CreateTenant {
+            record: tenant("t1", "eu"),
+        });
+        state.apply(&begin("t1", "us", "op1"));
+        let aborted = state.apply(&abort("t1", "op1"));
+        let Response::MoveUpdated { record, operation } = aborted else {
+            panic!("unexpected {aborted:?}");
+        };
+        assert_eq!(record.home_region, "eu");
+        assert_eq!(record.epoch, 2);
+        assert!(record.is_active());
+        assert_eq!(operation.state, OperationState::Failed);
+        assert_eq!(operation.error.as_deref(), Some("copy failed"));
+        assert!(state.apply(&abort("t1", "op1")).rejection().is_none());
+        assert_eq!(state.tenants["t1"].epoch, 2);
+    }
+
+    #[test]
+    fn move_preconditions() {
+        let mut state = two_regions();
+        state.apply(&Request::CreateTenant {
+            record: tenant("t1", "eu"),
+        });
+        let cases = [
+            (begin("nope", "us", "op"), "UnknownTenant"),
+            (begin("t1", "ap", "op"), "UnknownRegion"),
+            (begin("t1", "eu", "op"), "AlreadyHome"),
+            (complete("t1", "missing"), "UnknownOperation"),
+        ];
+        for (request, expected) in cases {
+            let response = state.apply(&request);
+            let reason = response.rejection().expect("rejected");
+            assert!(
+                format!("{reason:?}").starts_with(expected),
+                "{request}: {reason:?}"
+            );
+        }
+        // Completing a move of a tenant that is not moving under that operation.
+        state.apply(&Request::CreateTenant {
+            record: tenant("t2", "eu"),
+        });
+        state.apply(&begin("t2", "us", "op2"));
+        assert!(matches!(
+            state.apply(&complete("t1", "op2")).rejection(),
+            Some(Rejection::NotMoving { .. })
+        ));
+        assert!(matches!(
+            state
+                .apply(&Request::UpdateOperation {
+                    operation_id: "op2".to_string(),
+                    state: OperationState::Done,
+                    progress: 1.0,
+                    error: None,
+                    now_ms: 1,
+                })
+                .rejection(),
+            Some(Rejection::Invalid { .. })
+        ));
+    }
+
+    #[test]
+    fn state_round_trips_through_the_storage_codec() {
+        let mut state = two_regions();
+        state.apply(&Request::CreateTenant {
+            record: tenant("t1", "eu"),
+        });
+        state.apply(&begin("t1", "us", "op1"));
+        let bytes = crate::codec::encode(&state).expect("encode");
+        let back: RegistryState = crate::codec::decode(&bytes).expect("decode");
+        assert_eq!(back, state);
+    }
+}

@@ -1,0 +1,421 @@
+//! The registry state machine on sled (openraft's `RaftStateMachine`): applies committed
+//! entries to the in-memory `RegistryState`, writes every changed key together with the
+//! last applied log id and membership in one atomic sled batch, builds and installs
+//! snapshots of the whole state, and publishes the last applied index on a watch channel
+//! so that readers can wait for their replica to catch up.
+//!
+//! Applied state is not flushed per batch: it is always rebuildable from the durable log
+//! (openraft re-applies from `last_applied` on start), and sled persists writes in order,
+//! so the applied state on disk never runs ahead of the durable log.
+
+use std::fmt::Debug;
+use std::io::Cursor;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use openraft::storage::{RaftStateMachine, Snapshot};
+use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder, StorageIOError};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use super::{decode_value, TREE_SNAPSHOT, TREE_STATE};
+use crate::codec;
+use crate::state::{RegistryState, Response, StateKey};
+use crate::types::{
+    Entry, LogId, NodeId, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
+};
+
+const KEY_APPLIED: &[u8] = b"meta/applied";
+const KEY_MEMBERSHIP: &[u8] = b"meta/membership";
+const PREFIX_REGION: &str = "region/";
+const PREFIX_TENANT: &str = "tenant/";
+const PREFIX_OPERATION: &str = "operation/";
+const PREFIX_NODE: &[u8] = b"node/";
+const KEY_SNAPSHOT: &[u8] = b"current";
+
+/// The last snapshot built or installed, kept so that it survives a restart and can be
+/// sent to a lagging follower.
+#[derive(Serialize, Deserialize)]
+struct StoredSnapshot {
+    meta: SnapshotMeta,
+    /// `codec::encode(&RegistryState)`.
+    data: Vec<u8>,
+}
+
+/// What the state machine holds in memory, always equal to what is in the `state` tree.
+#[derive(Debug, Default)]
+struct Applied {
+    state: RegistryState,
+    last_applied: Option<LogId>,
+    membership: StoredMembership,
+}
+
+struct Shared {
+    db: sled::Db,
+    tree: sled::Tree,
+    snapshots: sled::Tree,
+    applied: RwLock<Applied>,
+    /// Last applied log index (0 before the first entry).
+    applied_index: watch::Sender<u64>,
+    /// Makes snapshot ids unique within a process; ids only need to differ, not order.
+    snapshot_seq: AtomicU64,
+}
+
+/// The registry's state machine. Cloning is cheap and shares the same state; the
+/// `Registry` keeps a clone to serve local reads.
+#[derive(Clone)]
+pub struct StateMachineStore {
+    shared: Arc<Shared>,
+}
+
+impl Debug for StateMachineStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StateMachineStore")
+            .field("last_applied", &self.read_applied().last_applied)
+            .finish()
+    }
+}
+
+fn text_key(prefix: &str, id: &str) -> Vec<u8> {
+    let mut key = Vec::with_capacity(prefix.len() + id.len());
+    key.extend_from_slice(prefix.as_bytes());
+    key.extend_from_slice(id.as_bytes());
+    key
+}
+
+fn node_key(id: NodeId) -> Vec<u8> {
+    let mut key = PREFIX_NODE.to_vec();
+    key.extend_from_slice(&id.to_be_bytes());
+    key
+}
+
+type EncodeError = bincode::error::EncodeError;
+
+/// Adds the current value of `key` in `state` to `batch`, or its removal if absent.
+fn stage_key(
+    batch: &mut sled::Batch,
+    state: &RegistryState,
+    key: &StateKey,
+) -> Result<(), EncodeError> {
+    let (db_key, value) = match key {
+        StateKey::Region(name) => (
+            text_key(PREFIX_REGION, name),
+            state.regions.get(name).map(codec::encode).transpose()?,
+        ),
+        StateKey::Tenant(id) => (
+            text_key(PREFIX_TENANT, id),
+            state.tenants.get(id).map(codec::encode).transpose()?,
+        ),
+        StateKey::Operation(id) => (
+            text_key(PREFIX_OPERATION, id),
+            state.operations.get(id).map(codec::encode).transpose()?,
+        ),
+    };
+    match value {
+        Some(value) => batch.insert(db_key, value),
+        None => batch.remove(db_key),
+    }
+    Ok(())
+}
+
+/// Adds every key of `applied` (state, nodes, meta) to `batch`.
+fn stage_all(batch: &mut sled::Batch, applied: &Applied) -> Result<(), EncodeError> {
+    let state = &applied.state;
+    let keys = state
+        .regions
+        .keys()
+        .map(|k| StateKey::Region(k.clone()))
+        .chain(state.tenants.keys().map(|k| StateKey::Tenant(k.clone())))
+        .chain(
+            state
+                .operations
+                .keys()
+                .map(|k| StateKey::Operation(k.clone())),
+        );
+    for key in keys {
+        stage_key(batch, state, &key)?;
+    }
+    stage_nodes_and_meta(batch, applied)
+}
+
+fn stage_nodes_and_meta(batch: &mut sled::Batch, applied: &Applied) -> Result<(), EncodeError> {
+    for (id, node) in &applied.state.nodes {
+        batch.insert(node_key(*id), codec::encode(node)?);
+    }
+    batch.insert(KEY_APPLIED, codec::encode(&applied.last_applied)?);
+    batch.insert(KEY_MEMBERSHIP, codec::encode(&applied.membership)?);
+    Ok(())
+}
+
+/// Rebuilds the in-memory state from the `state` tree.
+fn load(tree: &sled::Tree) -> Result<Applied, crate::Error> {
+    let mut applied = Applied::default();
+    for item in tree.iter() {
+        let (key, value) = item?;
+        let key = key.as_ref();
+        let corrupt = |e: bincode::error::DecodeError| {
+            crate::Error::Storage(format!("state key {}: {e}", String::from_utf8_lossy(key)))
+        };
+        if key == KEY_APPLIED {
+            applied.last_applied = decode_value(&value).map_err(corrupt)?;
+        } else if key == KEY_MEMBERSHIP {
+            applied.membership = decode_value(&value).map_err(corrupt)?;
+        } else if let Some(id) = key.strip_prefix(PREFIX_NODE) {
+            let id: [u8; 8] = id
+                .try_into()
+                .map_err(|_| crate::Error::Storage("node key is not 8 bytes".to_string()))?;
+            let node = decode_value(&value).map_err(corrupt)?;
+            applied.state.nodes.insert(NodeId::from_be_bytes(id), node);
+        } else if let Some(name) = key.strip_prefix(PREFIX_REGION.as_bytes()) {
+            let name = String::from_utf8_lossy(name).into_owned();
+            let record = decode_value(&value).map_err(corrupt)?;
+            applied.state.regions.insert(name, record);
+        } else if let Some(id) = key.strip_prefix(PREFIX_TENANT.as_bytes()) {
+            let id = String::from_utf8_lossy(id).into_owned();
+            let record = decode_value(&value).map_err(corrupt)?;
+            applied.state.tenants.insert(id, record);
+        } else if let Some(id) = key.strip_prefix(PREFIX_OPERATION.as_bytes()) {
+            let id = String::from_utf8_lossy(id).into_owned();
+            let record = decode_value(&value).map_err(corrupt)?;
+            applied.state.operations.insert(id, record);
+        } else {
+            return Err(crate::Error::Storage(format!(
+                "unknown state key {}",
+                String::from_utf8_lossy(key)
+            )));
+        }
+    }
+    Ok(applied)
+}
+
+impl StateMachineStore {
+    pub(crate) fn new(db: &sled::Db) -> Result<Self, crate::Error> {
+        let tree = db.open_tree(TREE_STATE)?;
+        let snapshots = db.open_tree(TREE_SNAPSHOT)?;
+        let applied = load(&tree)?;
+        let index = applied.last_applied.map_or(0, |id| id.index);
+        let (applied_index, _) = watch::channel(index);
+        Ok(Self {
+            shared: Arc::new(Shared {
+                db: db.clone(),
+                tree,
+                snapshots,
+                applied: RwLock::new(applied),
+                applied_index,
+                snapshot_seq: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    // A poisoned lock means a panic while applying; the state itself is still the last
+    // fully applied one because every mutation happens under the write lock in one go.
+    fn read_applied(&self) -> RwLockReadGuard<'_, Applied> {
+        self.shared
+            .applied
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn write_applied(&self) -> RwLockWriteGuard<'_, Applied> {
+        self.shared
+            .applied
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Runs `f` on the current applied state (a consistent view; the lock is held for
+    /// the duration of `f`, so keep it short).
+    pub fn read<R>(&self, f: impl FnOnce(&RegistryState) -> R) -> R {
+        f(&self.read_applied().state)
+    }
+
+    /// Last applied log id.
+    pub fn last_applied(&self) -> Option<LogId> {
+        self.read_applied().last_applied
+    }
+
+    /// A receiver of the last applied log index, updated after every applied batch and
+    /// installed snapshot.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.shared.applied_index.subscribe()
+    }
+
+    /// Makes everything written so far durable (used at shutdown).
+    pub async fn flush(&self) -> Result<(), sled::Error> {
+        self.shared.db.flush_async().await.map(|_| ())
+    }
+
+    fn save_snapshot(&self, snapshot: &StoredSnapshot) -> Result<(), StorageError> {
+        let signature = Some(snapshot.meta.signature());
+        let bytes = codec::encode(snapshot)
+            .map_err(|e| StorageIOError::write_snapshot(signature.clone(), &e))?;
+        self.shared
+            .snapshots
+            .insert(KEY_SNAPSHOT, bytes)
+            .map_err(|e| StorageIOError::write_snapshot(signature, &e))?;
+        Ok(())
+    }
+
+    fn publish(&self, last_applied: Option<LogId>) {
+        let index = last_applied.map_or(0, |id| id.index);
+        self.shared.applied_index.send_replace(index);
+    }
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
+        let (data, meta) = {
+            let applied = self.read_applied();
+            let data = codec::encode(&applied.state)
+                .map_err(|e| StorageIOError::read_state_machine(&e))?;
+            let seq = self.shared.snapshot_seq.fetch_add(1, Ordering::Relaxed);
+            let snapshot_id = match applied.last_applied {
+                Some(id) => format!("{}-{}-{seq}", id.leader_id, id.index),
+                None => format!("--{seq}"),
+            };
+            let meta = SnapshotMeta {
+                last_log_id: applied.last_applied,
+                last_membership: applied.membership.clone(),
+                snapshot_id,
+            };
+            (data, meta)
+        };
+        let stored = StoredSnapshot {
+            meta: meta.clone(),
+            data,
+        };
+        self.save_snapshot(&stored)?;
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(stored.data)),
+        })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachineStore {
+    type SnapshotBuilder = Self;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
+        let applied = self.read_applied();
+        Ok((applied.last_applied, applied.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Response>, StorageError>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut responses = Vec::new();
+        let mut batch = sled::Batch::default();
+        let last_applied = {
+            let mut applied = self.write_applied();
+            let mut touched = Vec::new();
+            let mut membership_changed = false;
+            for entry in entries {
+                applied.last_applied = Some(entry.log_id);
+                let response = match entry.payload {
+                    EntryPayload::Blank => Response::Ok,
+                    EntryPayload::Normal(request) => {
+                        touched.extend(request.touched_keys());
+                        applied.state.apply(&request)
+                    }
+                    EntryPayload::Membership(membership) => {
+                        applied.membership = StoredMembership::new(Some(entry.log_id), membership);
+                        let membership = applied.membership.clone();
+                        applied.state.set_membership(&membership);
+                        membership_changed = true;
+                        Response::Ok
+                    }
+                };
+                responses.push(response);
+            }
+            let write_error = |e: EncodeError| StorageIOError::write_state_machine(&e);
+            for key in &touched {
+                stage_key(&mut batch, &applied.state, key).map_err(write_error)?;
+            }
+            if membership_changed {
+                // Members that left are removed; the current ones are rewritten below.
+                for key in self.shared.tree.scan_prefix(PREFIX_NODE).keys() {
+                    batch.remove(key.map_err(|e| StorageIOError::write_state_machine(&e))?);
+                }
+            }
+            stage_nodes_and_meta(&mut batch, &applied).map_err(write_error)?;
+            applied.last_applied
+        };
+        self.shared
+            .tree
+            .apply_batch(batch)
+            .map_err(|e| StorageIOError::write_state_machine(&e))?;
+        self.publish(last_applied);
+        Ok(responses)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError> {
+        let signature = Some(meta.signature());
+        let data = snapshot.into_inner();
+        let mut state: RegistryState = codec::decode(&data)
+            .map_err(|e| StorageIOError::read_snapshot(signature.clone(), &e))?;
+        // The membership in the meta is authoritative for the node table.
+        state.set_membership(&meta.last_membership);
+        let installed = Applied {
+            state,
+            last_applied: meta.last_log_id,
+            membership: meta.last_membership.clone(),
+        };
+
+        // Replace the whole tree in one atomic batch: delete every old key, write the new.
+        let mut batch = sled::Batch::default();
+        for key in self.shared.tree.iter().keys() {
+            batch.remove(key.map_err(|e| StorageIOError::write_state_machine(&e))?);
+        }
+        stage_all(&mut batch, &installed).map_err(|e| StorageIOError::write_state_machine(&e))?;
+        {
+            let mut applied = self.write_applied();
+            self.shared
+                .tree
+                .apply_batch(batch)
+                .map_err(|e| StorageIOError::write_state_machine(&e))?;
+            *applied = installed;
+        }
+        self.save_snapshot(&StoredSnapshot {
+            meta: meta.clone(),
+            data,
+        })?;
+        // Rare and large: make it durable now rather than rely on log replay, because
+        // openraft may purge the log behind the snapshot right after this returns.
+        self.flush()
+            .await
+            .map_err(|e| StorageIOError::write_snapshot(signature, &e))?;
+        self.publish(meta.last_log_id);
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
+        let Some(bytes) = self
+            .shared
+            .snapshots
+            .get(KEY_SNAPSHOT)
+            .map_err(|e| StorageIOError::read_snapshot(None, &e))?
+        else {
+            return Ok(None);
+        };
+        let stored: StoredSnapshot =
+            decode_value(&bytes).map_err(|e| StorageIOError::read_snapshot(None, &e))?;
+        Ok(Some(Snapshot {
+            meta: stored.meta,
+            snapshot: Box::new(Cursor::new(stored.data)),
+        }))
+    }
+}

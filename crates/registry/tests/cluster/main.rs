@@ -1,0 +1,302 @@
+//! A real registry cluster on 127.0.0.1: three voters (one per region) and a learner,
+//! each with its own sled directory and its own HTTP Raft listener on port 0, using the
+//! default (inter-region) Raft timing. Covers initialization, writes forwarded from a
+//! follower and a learner, replication to every replica, a tenant move with its epoch
+//! bump, the loss of the leader, and its restart from disk.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use keyhold_registry::{
+    raft_router, NodeId, NodeInfo, OperationState, Registry, RegistryConfig, Request, Response,
+    TenantState,
+};
+use tempfile::TempDir;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use common::{add_region, eventually, tenant};
+
+const ELECTION_WAIT: Duration = Duration::from_secs(10);
+const APPLY_WAIT: Duration = Duration::from_secs(5);
+
+/// One running replica and what the test must stop to kill it.
+struct TestNode {
+    registry: Registry,
+    stop_http: Option<oneshot::Sender<()>>,
+    http: JoinHandle<()>,
+    _dir: TempDir,
+}
+
+impl TestNode {
+    /// Binds the Raft listener first (so the address is known), then starts the replica
+    /// and serves its router.
+    async fn start(id: NodeId, region: &str) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        Self::start_at(id, region, "127.0.0.1:0", dir).await
+    }
+
+    /// Starts a replica on `raft_addr` with the data in `dir` (a restart when both are
+    /// those of a stopped replica).
+    async fn start_at(id: NodeId, region: &str, raft_addr: &str, dir: TempDir) -> Self {
+        let listener = tokio::net::TcpListener::bind(raft_addr)
+            .await
+            .expect("bind raft listener");
+        let raft_addr = listener.local_addr().expect("local addr").to_string();
+        let info = NodeInfo::new(region, format!("127.0.0.1:{}", 8000 + id), raft_addr);
+        let registry = Registry::start(RegistryConfig::new(id, info, dir.path()))
+            .await
+            .expect("start registry");
+        let (stop_http, stopped) = oneshot::channel::<()>();
+        let router = raft_router(registry.clone());
+        let http = tokio::spawn(async move {
+            let serve = axum::serve(listener, router).with_graceful_shutdown(async {
+                let _ = stopped.await;
+            });
+            if let Err(e) = serve.await {
+                panic!("raft listener failed: {e}");
+            }
+        });
+        TestNode {
+            registry,
+            stop_http: Some(stop_http),
+            http,
+            _dir: dir,
+        }
+    }
+
+    /// Shuts the replica down and closes its listener, like a crashed process; returns
+    /// its data directory for a restart.
+    async fn kill(mut self) -> TempDir {
+        self.registry.shutdown().await.expect("shutdown");
+        if let Some(stop) = self.stop_http.take() {
+            let _ = stop.send(());
+        }
+        // Keep-alive connections from the other members may hold graceful shutdown open.
+        self.http.abort();
+        let _ = self.http.await;
+        self._dir
+    }
+}
+
+/// The leader all `nodes` agree on, once they do, other than `not` (a dead leader the
+/// survivors still name until their election timeout fires).
+async fn agreed_leader(nodes: &[&TestNode], not: Option<NodeId>) -> Option<NodeId> {
+    let mut leader = None;
+    let agreed = eventually(ELECTION_WAIT, || {
+        let seen: Vec<Option<NodeId>> = nodes.iter().map(|n| n.registry.leader()).collect();
+        leader = seen[0];
+        leader.is_some() && leader != not && seen.iter().all(|l| *l == leader)
+    })
+    .await;
+    agreed.then_some(leader).flatten()
+}
+
+async fn write_ok(registry: &Registry, request: Request) -> (u64, Response) {
+    let written = registry.write(request.clone()).await.expect("write");
+    assert!(
+        written.response.rejection().is_none(),
+        "{request} rejected: {:?}",
+        written.response
+    );
+    (written.log_index, written.response)
+}
+
+async fn all_applied(nodes: &[&TestNode], index: u64) {
+    for node in nodes {
+        node.registry
+            .wait_applied(index, APPLY_WAIT)
+            .await
+            .unwrap_or_else(|e| panic!("node {}: {e}", node.registry.id()));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cluster_replicates_forwards_moves_and_survives_leader_loss() {
+    let started = Instant::now();
+    let regions = ["eu", "us", "ap"];
+    let mut nodes: BTreeMap<NodeId, TestNode> = BTreeMap::new();
+    for (id, region) in (1..=3).zip(regions) {
+        nodes.insert(id, TestNode::start(id, region).await);
+    }
+    let members: BTreeMap<NodeId, NodeInfo> = nodes
+        .iter()
+        .map(|(id, n)| (*id, n.registry.node().clone()))
+        .collect();
+
+    // Initialize on one node; repeating it (here or elsewhere) is harmless.
+    nodes[&1]
+        .registry
+        .initialize(members.clone())
+        .await
+        .expect("initialize");
+    nodes[&1]
+        .registry
+        .initialize(members.clone())
+        .await
+        .expect("initialize again");
+    let all: Vec<&TestNode> = nodes.values().collect();
+    let leader = agreed_leader(&all, None)
+        .await
+        .expect("a leader is elected");
+    let elected = started.elapsed();
+    let follower = *nodes.keys().find(|id| **id != leader).expect("a follower");
+
+    // Regions, then a tenant created through a follower (forwarded to the leader).
+    for region in regions {
+        write_ok(&nodes[&follower].registry, add_region(region)).await;
+    }
+    let (index, response) = write_ok(
+        &nodes[&follower].registry,
+        Request::CreateTenant {
+            record: tenant("t1", "eu"),
+        },
+    )
+    .await;
+    assert_eq!(
+        response,
+        Response::TenantCreated {
+            record: tenant("t1", "eu")
+        }
+    );
+    all_applied(&all, index).await;
+    for node in &all {
+        assert_eq!(node.registry.tenant("t1"), Some(tenant("t1", "eu")));
+        assert_eq!(node.registry.regions().len(), 3);
+        assert_eq!(node.registry.nodes(), members);
+    }
+
+    // A duplicate id with another record is refused, typed.
+    let dup = nodes[&follower]
+        .registry
+        .write(Request::CreateTenant {
+            record: tenant("t1", "us"),
+        })
+        .await
+        .expect("write");
+    assert!(dup.response.rejection().is_some(), "{:?}", dup.response);
+
+    // A learner joins, catches up, and can write through forwarding too.
+    let learner = TestNode::start(4, "eu").await;
+    nodes[&leader]
+        .registry
+        .add_learner(4, learner.registry.node().clone())
+        .await
+        .expect("add learner");
+    learner
+        .registry
+        .wait_applied(index, APPLY_WAIT)
+        .await
+        .expect("learner catches up");
+    assert_eq!(learner.registry.tenant("t1"), Some(tenant("t1", "eu")));
+
+    // Move t1 from eu to us: fenced with the same epoch, then active in us at epoch 2.
+    let (_, begun) = write_ok(
+        &learner.registry,
+        Request::BeginMove {
+            tenant_id: "t1".to_string(),
+            to: "us".to_string(),
+            operation_id: "op-1".to_string(),
+            now_ms: 10,
+        },
+    )
+    .await;
+    let Response::MoveUpdated { record, operation } = begun else {
+        panic!("unexpected {begun:?}");
+    };
+    assert_eq!(record.epoch, 1);
+    assert!(matches!(record.state, TenantState::Moving { .. }));
+    assert_eq!(operation.state, OperationState::Pending);
+    let (index, completed) = write_ok(
+        &nodes[&follower].registry,
+        Request::CompleteMove {
+            tenant_id: "t1".to_string(),
+            operation_id: "op-1".to_string(),
+            now_ms: 20,
+        },
+    )
+    .await;
+    let Response::MoveUpdated { record, operation } = completed else {
+        panic!("unexpected {completed:?}");
+    };
+    assert_eq!((record.home_region.as_str(), record.epoch), ("us", 2));
+    assert_eq!(operation.state, OperationState::Done);
+    all_applied(&all, index).await;
+    learner
+        .registry
+        .wait_applied(index, APPLY_WAIT)
+        .await
+        .expect("learner applies the move");
+    for node in all.iter().chain([&&learner]) {
+        let t1 = node.registry.tenant("t1").expect("t1");
+        assert_eq!((t1.home_region.as_str(), t1.epoch), ("us", 2));
+        assert!(t1.is_active());
+        let op = node.registry.operation("op-1").expect("op-1");
+        assert_eq!(op.state, OperationState::Done);
+    }
+
+    // Kill the leader: the two remaining voters elect a new one, and writes work again.
+    let killed_at = Instant::now();
+    let old_leader = nodes.remove(&leader).expect("leader node");
+    let old_leader_info = old_leader.registry.node().clone();
+    let old_leader_dir = old_leader.kill().await;
+    let survivors: Vec<&TestNode> = nodes.values().collect();
+    let new_leader = agreed_leader(&survivors, Some(leader))
+        .await
+        .expect("a new leader is elected");
+    let failover = killed_at.elapsed();
+    assert_ne!(new_leader, leader);
+    let survivor_follower = *nodes
+        .keys()
+        .find(|id| **id != new_leader)
+        .expect("follower");
+
+    let (index, response) = write_ok(
+        &nodes[&survivor_follower].registry,
+        Request::CreateTenant {
+            record: tenant("t2", "ap"),
+        },
+    )
+    .await;
+    assert!(matches!(response, Response::TenantCreated { .. }));
+    all_applied(&survivors, index).await;
+    learner
+        .registry
+        .wait_applied(index, APPLY_WAIT)
+        .await
+        .expect("learner follows the new leader");
+    for node in survivors.iter().chain([&&learner]) {
+        assert_eq!(node.registry.tenant("t2"), Some(tenant("t2", "ap")));
+    }
+    println!(
+        "first election {elected:?}, failover {failover:?}, total {:?}",
+        started.elapsed()
+    );
+    assert!(failover < ELECTION_WAIT, "failover took {failover:?}");
+
+    // The old leader restarts from its directory on its old address, rejoins as a
+    // follower with its persisted state, and catches up with what it missed.
+    let restarted = TestNode::start_at(
+        leader,
+        &old_leader_info.region,
+        &old_leader_info.raft_addr,
+        old_leader_dir,
+    )
+    .await;
+    restarted
+        .registry
+        .wait_applied(index, ELECTION_WAIT)
+        .await
+        .expect("restarted node catches up");
+    assert_eq!(restarted.registry.tenant("t2"), Some(tenant("t2", "ap")));
+    assert_eq!(restarted.registry.tenant("t1").map(|t| t.epoch), Some(2));
+    nodes.insert(leader, restarted);
+
+    learner.kill().await;
+    for (_, node) in nodes {
+        node.kill().await;
+    }
+}
