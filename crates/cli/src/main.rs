@@ -53,6 +53,9 @@ enum Command {
         /// Probability (0 to 1) that the fake payment provider declines a charge.
         #[arg(long, default_value_t = 0.0)]
         psp_decline_rate: f64,
+        /// Serve this folder (wasm/site, built by wasm/build.sh) at /demo.
+        #[arg(long)]
+        demo_dir: Option<PathBuf>,
     },
     /// Run the fake payment provider (honours Idempotency-Key; can lose answers).
     Fakepsp {
@@ -69,28 +72,9 @@ enum Command {
         #[arg(long, default_value_t = 0.0)]
         decline_rate: f64,
     },
-    /// Send a mix of new, replayed and conflicting orders and report latencies.
-    Loadgen {
-        /// Origin of a node, e.g. http://127.0.0.1:7400.
-        #[arg(long)]
-        target: String,
-        /// A tenant's bearer token.
-        #[arg(long)]
-        token: String,
-        /// Weights of the request kinds.
-        #[arg(long, default_value = "new=90,replay=5,conflict=5")]
-        mix: String,
-        #[arg(long, default_value_t = 16)]
-        concurrency: usize,
-        #[arg(long, value_parser = duration, default_value = "10s")]
-        duration: Duration,
-        /// Requests per second across all clients (open loop); closed loop without.
-        #[arg(long)]
-        rate: Option<f64>,
-        /// Also write the JSON report to this file.
-        #[arg(long)]
-        out: Option<PathBuf>,
-    },
+    /// Send a mix of new, replayed, conflicting and concurrent duplicate orders
+    /// and report latencies.
+    Loadgen(LoadgenArgs),
     /// Print the RFC 8785 canonical form of a JSON document.
     Canonicalize {
         /// Input file; `-` or nothing reads standard input.
@@ -115,7 +99,7 @@ fn duration(text: &str) -> Result<Duration, String> {
 
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -155,15 +139,7 @@ fn main() -> ExitCode {
             file,
         } => cmd_fingerprint::fingerprint(&spec, file.as_deref(), hmac_key_env.as_deref()),
         Command::Serve { config } => serve(config),
-        Command::Loadgen {
-            target,
-            token,
-            mix,
-            concurrency,
-            duration,
-            rate,
-            out,
-        } => loadgen(target, token, &mix, concurrency, duration, rate, out),
+        Command::Loadgen(args) => loadgen(args),
         Command::Up {
             data_dir,
             base_port,
@@ -173,6 +149,7 @@ fn main() -> ExitCode {
             processed_ttl,
             psp_drop_response_rate,
             psp_decline_rate,
+            demo_dir,
         } => up(UpConfig {
             data_dir,
             base_port,
@@ -182,6 +159,7 @@ fn main() -> ExitCode {
             processed_ttl,
             psp_drop_response_rate,
             psp_decline_rate,
+            demo_dir,
         }),
         Command::Fakepsp {
             listen,
@@ -236,29 +214,63 @@ fn up(config: UpConfig) -> anyhow::Result<()> {
     })
 }
 
-fn loadgen(
+#[derive(clap::Args)]
+struct LoadgenArgs {
+    /// Origin of a node, e.g. http://127.0.0.1:7400.
+    #[arg(long)]
     target: String,
+    /// A tenant's bearer token.
+    #[arg(long)]
     token: String,
-    mix: &str,
+    /// Weights of the request kinds: new, replay, conflict, dup (concurrent
+    /// duplicates in groups of 4).
+    #[arg(long, default_value = "new=90,replay=5,conflict=5")]
+    mix: String,
+    #[arg(long, default_value_t = 16)]
     concurrency: usize,
+    #[arg(long, value_parser = duration, default_value = "10s")]
     duration: Duration,
+    /// Requests per second across all clients (open loop); closed loop without.
+    #[arg(long)]
     rate: Option<f64>,
+    /// Also write the JSON report to this file.
+    #[arg(long)]
     out: Option<PathBuf>,
-) -> anyhow::Result<()> {
+    /// No live progress bar on stderr.
+    #[arg(long)]
+    quiet: bool,
+    /// Afterwards, read back every order the run created by client_order_id and
+    /// fail if any is missing or has another order id than acknowledged.
+    #[arg(long)]
+    verify: bool,
+}
+
+fn loadgen(args: LoadgenArgs) -> anyhow::Result<()> {
     let load = keyhold_loadgen::Load {
-        target: target.trim_end_matches('/').to_owned(),
-        token,
-        mix: keyhold_loadgen::Mix::parse(mix)?,
-        concurrency,
-        duration,
-        rate,
+        target: args.target.trim_end_matches('/').to_owned(),
+        token: args.token,
+        mix: keyhold_loadgen::Mix::parse(&args.mix)?,
+        concurrency: args.concurrency,
+        duration: args.duration,
+        rate: args.rate,
+        progress: !args.quiet,
+        verify: args.verify,
     };
     let report = runtime()?.block_on(keyhold_loadgen::run(load))?;
     let json = serde_json::to_string_pretty(&report)?;
-    if let Some(path) = out {
+    if let Some(path) = args.out {
         std::fs::write(&path, &json).with_context(|| format!("cannot write {}", path.display()))?;
     }
     println!("{json}");
+    if let Some(v) = report.verify.filter(|v| !v.is_clean()) {
+        anyhow::bail!(
+            "verify: {} mismatched, {} missing, {} unreadable of {} orders",
+            v.mismatched,
+            v.missing,
+            v.errors,
+            v.checked
+        );
+    }
     Ok(())
 }
 

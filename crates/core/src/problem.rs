@@ -26,10 +26,14 @@ pub enum Problem {
     TenantMoving,
     /// A bug: a handler panicked. Kept apart from 503 because retrying will not help.
     Internal,
+    /// Between nodes only: the receiver is not the tenant's owner at the epoch the
+    /// sender believes. The sender refreshes its registry and places the request
+    /// again; clients never see it.
+    Misdirected,
 }
 
 impl Problem {
-    pub const ALL: [Problem; 19] = [
+    pub const ALL: [Problem; 20] = [
         Problem::Unauthenticated,
         Problem::IdempotencyKeyMissing,
         Problem::IdempotencyKeyInvalid,
@@ -49,6 +53,7 @@ impl Problem {
         Problem::OwnerUnreachable,
         Problem::TenantMoving,
         Problem::Internal,
+        Problem::Misdirected,
     ];
 
     pub fn status(self) -> u16 {
@@ -70,6 +75,7 @@ impl Problem {
             Problem::RateLimited => 429,
             Problem::StoreUnavailable | Problem::OwnerUnreachable | Problem::TenantMoving => 503,
             Problem::Internal => 500,
+            Problem::Misdirected => 421,
         }
     }
 
@@ -94,6 +100,7 @@ impl Problem {
             Problem::OwnerUnreachable => "owner-unreachable",
             Problem::TenantMoving => "tenant-moving",
             Problem::Internal => "internal-error",
+            Problem::Misdirected => "misdirected-request",
         }
     }
 
@@ -124,6 +131,7 @@ impl Problem {
             Problem::OwnerUnreachable => "The tenant's home region cannot be reached",
             Problem::TenantMoving => "The tenant is moving to another region",
             Problem::Internal => "Internal error",
+            Problem::Misdirected => "This node is not the tenant's owner at that epoch",
         }
     }
 

@@ -21,6 +21,16 @@ pub struct Config {
     /// Address `keyhold serve` listens on.
     #[serde(default = "d_listen")]
     pub listen: String,
+    /// This node's id in the registry group; unique in the cluster, never reused.
+    #[serde(default = "d_node_id")]
+    pub node_id: u64,
+    /// Address of this node's Raft listener (registry replication).
+    #[serde(default = "d_raft_listen")]
+    pub raft_listen: String,
+    /// The registry's first voters, this node included. The member with the lowest
+    /// id creates the group. Empty: this node alone (a one-node cluster).
+    #[serde(default)]
+    pub members: Vec<Member>,
     /// Bearer token of the admin API.
     pub admin_token: String,
     #[serde(default = "d_response_ttl", with = "humantime_serde_compat")]
@@ -47,8 +57,28 @@ pub struct Config {
     /// `hmac-sha256:` fingerprints instead of plain ones.
     #[serde(default)]
     pub fingerprint_hmac_key_env: Option<String>,
+    /// Folder of the browser demo (wasm/site, built by wasm/build.sh), served
+    /// at `/demo`; unset, `/demo` is 404.
+    #[serde(default)]
+    pub demo_dir: Option<PathBuf>,
 }
 
+/// One registry voter of the cluster's first membership.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Member {
+    pub id: u64,
+    pub region: String,
+    pub api_addr: String,
+    pub raft_addr: String,
+}
+
+fn d_node_id() -> u64 {
+    1
+}
+fn d_raft_listen() -> String {
+    "127.0.0.1:0".to_owned()
+}
 fn d_listen() -> String {
     "127.0.0.1:8080".to_owned()
 }
@@ -103,6 +133,9 @@ impl Config {
             regions: vec![region.to_owned()],
             data_dir,
             listen: d_listen(),
+            node_id: d_node_id(),
+            raft_listen: d_raft_listen(),
+            members: Vec::new(),
             admin_token,
             response_ttl: d_response_ttl(),
             marker_ttl: d_marker_ttl(),
@@ -114,6 +147,7 @@ impl Config {
             tenant_new_keys_per_second: d_new_keys_per_second(),
             fingerprint_hmac_key_env: None,
             psp_url: None,
+            demo_dir: None,
         }
     }
 
@@ -149,6 +183,24 @@ impl Config {
             return Err(Error::Config(
                 "admin_token must be at least 16 characters".into(),
             ));
+        }
+        if !self.members.is_empty() {
+            if !self.members.iter().any(|m| m.id == self.node_id) {
+                return Err(Error::Config(format!(
+                    "node_id {} is not among members",
+                    self.node_id
+                )));
+            }
+            if let Some(m) = self
+                .members
+                .iter()
+                .find(|m| !self.regions.contains(&m.region))
+            {
+                return Err(Error::Config(format!(
+                    "member {} names region {:?}, which is not among regions",
+                    m.id, m.region
+                )));
+            }
         }
         if self.body_bytes_max == 0 {
             return Err(Error::Config(

@@ -9,7 +9,9 @@
 //! **Architecture Invariant:** the server knows nothing of the storage layout; it
 //! sends `keyhold_store::Command`s and reads through the store's typed getters.
 
+mod cluster;
 pub mod config;
+mod demo;
 mod downstream;
 mod inflight;
 pub mod limits;
@@ -40,24 +42,41 @@ pub enum Error {
 }
 
 /// Runs one node until `shutdown` resolves, then stops accepting connections,
-/// lets in-flight requests finish, stops background tasks and returns.
+/// lets in-flight requests finish, stops background tasks and returns. The Raft
+/// listener is bound from `config.raft_listen`.
 pub async fn run(
     config: Config,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
-    let node = Arc::new(Node::open(config)?);
-    serve(node, listener, shutdown).await
+    let raft_listener = TcpListener::bind(&config.raft_listen)
+        .await
+        .map_err(|e| Error::Config(format!("cannot listen on {}: {e}", config.raft_listen)))?;
+    let node = Node::open(config, listener.local_addr()?, raft_listener.local_addr()?).await?;
+    serve(Arc::new(node), listener, raft_listener, shutdown).await
 }
 
-/// Serves an already opened node (used by `keyhold up`, which creates demo
-/// tenants before serving).
+/// Serves an opened node on its API and Raft listeners: bootstraps the registry
+/// when this node is the first member, keeps the tenant directory in step with
+/// the registry, and runs the sweeper and the outbox relays.
 pub async fn serve(
     node: Arc<Node>,
     listener: TcpListener,
+    raft_listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let raft_app = keyhold_registry::raft_router(node.registry().clone());
+    let mut raft_stop = stop_rx.clone();
+    let raft_server = tokio::spawn(async move {
+        axum::serve(raft_listener, raft_app)
+            .with_graceful_shutdown(async move {
+                let _ = raft_stop.changed().await;
+            })
+            .await
+    });
+    let bootstrap = tokio::spawn(cluster::bootstrap(node.clone()));
+    let directory = tokio::spawn(cluster::follow_registry(node.clone(), stop_rx.clone()));
     let sweeper = tokio::spawn(sweeper::run(node.clone(), stop_rx.clone()));
     let relays: Vec<_> = downstream::consumers(&node)
         .into_iter()
@@ -73,10 +92,16 @@ pub async fn serve(
         .with_graceful_shutdown(shutdown)
         .await?;
     let _ = stop_tx.send(true);
+    bootstrap.abort();
     let _ = sweeper.await;
+    let _ = directory.await;
     for relay in relays {
         let _ = relay.await;
     }
+    if let Err(e) = node.registry().shutdown().await {
+        tracing::warn!(error = %e, "registry shutdown");
+    }
+    let _ = raft_server.await;
     tracing::info!("keyhold node stopped");
     Ok(())
 }

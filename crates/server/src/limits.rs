@@ -47,3 +47,22 @@ pub const PSP_BACKOFF_MS_MAX: u64 = 1_000;
 const _: () = assert!(RELAY_INFLIGHT_EVENTS_MAX <= RELAY_BATCH_EVENTS_MAX);
 const _: () = assert!(PSP_BACKOFF_MS_BASE < PSP_BACKOFF_MS_MAX);
 const _: () = assert!(PSP_BACKOFF_MS_MAX <= RELAY_BACKOFF_MS_MAX);
+
+/// How long a node waits for its registry replica to apply a write it made (or a
+/// later state another node reported) before giving up.
+pub const REGISTRY_READ_WAIT_MS: u64 = 5_000;
+/// How long `keyhold up` and a bootstrapping node wait for the registry to elect a
+/// leader and accept the regions.
+pub const REGISTRY_BOOTSTRAP_WAIT_MS: u64 = 30_000;
+/// One forwarded request to the home region: longer than the home's in-flight
+/// wait plus a slow fsync, shorter than a client's patience.
+pub const FORWARD_TIMEOUT_MS: u64 = 10_000;
+/// Forwarding tries the home once, and once more after a 421 and a registry refresh.
+pub const FORWARD_ATTEMPTS_MAX: u32 = 2;
+/// Entries per page when a tenant's data is copied to its new home.
+pub const MOVE_PAGE_ENTRIES_MAX: usize = 2_000;
+/// How long the old home waits for its relay to deliver the moving tenant's
+/// events before it exports.
+pub const MOVE_DRAIN_WAIT_MS: u64 = 30_000;
+
+const _: () = assert!(INFLIGHT_WAIT_MS_DEFAULT < FORWARD_TIMEOUT_MS);

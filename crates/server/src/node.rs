@@ -3,11 +3,17 @@
 
 use crate::config::Config;
 use crate::inflight::Inflight;
+use crate::limits::REGISTRY_READ_WAIT_MS;
 use crate::tenants::{self, Tenants};
 use crate::Error;
 use keyhold_core::{Policy, TenantId, UnixMillis};
 use keyhold_fingerprint::{Fingerprint, Spec, Value};
-use keyhold_store::{Applied, Command, Store, TenantEntry};
+use keyhold_registry::{
+    NodeId, NodeInfo, Registry, RegistryConfig, Request, Response, TenantRecord, TenantState,
+};
+use keyhold_store::Store;
+use std::net::SocketAddr;
+use std::time::Duration;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// The wall clock, read once per request at the edge and passed down as a value.
@@ -22,6 +28,7 @@ pub struct Node {
     config: Config,
     policy: Policy,
     store: Store,
+    registry: Registry,
     pub(crate) tenants: Tenants,
     pub(crate) inflight: Inflight,
     admin_token_sha256: [u8; 32],
@@ -45,14 +52,28 @@ pub struct Fingerprints {
 pub enum CreateTenantError {
     Exists,
     UnknownRegion,
-    /// Until the cross-region registry exists a node can only home tenants in its
-    /// own region; elsewhere it could not keep "never executed outside home".
-    NotThisRegion,
-    Store(keyhold_store::Error),
+    Registry(keyhold_registry::Error),
+}
+
+/// Where a tenant's requests execute, as this node's registry replica says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Placement {
+    /// This node's region is the tenant's home and the tenant is active.
+    Local,
+    /// The tenant is being moved: nobody executes for it.
+    Moving,
+    /// Another region is home; forward there.
+    Remote { region: String },
 }
 
 impl Node {
-    pub fn open(config: Config) -> Result<Node, Error> {
+    /// Opens the node's region store and starts its registry replica. The API and
+    /// Raft listeners are bound already (their addresses go into the registry).
+    pub async fn open(
+        config: Config,
+        api_addr: SocketAddr,
+        raft_addr: SocketAddr,
+    ) -> Result<Node, Error> {
         config.validate()?;
         let hmac_secret = match &config.fingerprint_hmac_key_env {
             None => None,
@@ -67,10 +88,22 @@ impl Node {
         };
         std::fs::create_dir_all(&config.data_dir)?;
         let store = Store::open(&config.data_dir.join("region"))?;
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .map_err(|e| Error::Config(format!("cannot build the HTTP client: {e}")))?;
+        let info = NodeInfo::new(
+            config.region.clone(),
+            api_addr.to_string(),
+            raft_addr.to_string(),
+        );
+        let registry_config =
+            RegistryConfig::new(config.node_id, info, config.data_dir.join("registry"));
+        let registry = Registry::start_with_client(registry_config, Some(http.clone()))
+            .await
+            .map_err(|e| Error::Config(format!("registry: {e}")))?;
         let tenants = Tenants::default();
-        for entry in store.tenants()? {
-            tenants.insert(entry);
-        }
+        tenants.rebuild(registry.tenants());
         // Install the recorder before any request can record.
         crate::metrics::handle();
         Ok(Node {
@@ -78,15 +111,47 @@ impl Node {
             admin_token_sha256: tenants::sha256(&config.admin_token),
             config,
             store,
+            registry,
             tenants,
             inflight: Inflight::default(),
             outbox_notify: tokio::sync::Notify::new(),
-            http: reqwest::Client::builder()
-                .build()
-                .map_err(|e| Error::Config(format!("cannot build the HTTP client: {e}")))?,
+            http,
             hmac_secret,
             orders_spec: Spec::orders(),
         })
+    }
+
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// Rebuilds the tenant directory from the local registry replica.
+    pub fn refresh_tenants(&self) {
+        self.tenants.rebuild(self.registry.tenants());
+    }
+
+    /// Where this tenant's requests execute, by the local replica.
+    pub fn placement(&self, record: &TenantRecord) -> Placement {
+        if !record.is_active() {
+            return Placement::Moving;
+        }
+        if record.home_region == self.config.region {
+            Placement::Local
+        } else {
+            Placement::Remote {
+                region: record.home_region.clone(),
+            }
+        }
+    }
+
+    /// The API address of the node that owns a region's store: the member of that
+    /// region with the lowest id (one store-owning node per region until the region
+    /// store is replicated).
+    pub fn store_node_of(&self, region: &str) -> Option<(NodeId, NodeInfo)> {
+        self.registry
+            .nodes()
+            .into_iter()
+            .find(|(_, info)| info.region == region)
     }
 
     pub fn config(&self) -> &Config {
@@ -134,46 +199,62 @@ impl Node {
         Fingerprints { plain, stored }
     }
 
-    /// Creates a tenant with a fresh token and returns the token: the only time
-    /// it is ever shown.
+    /// Creates a tenant in the registry with a fresh token and returns the record
+    /// and the token: the only time the token is ever shown. Answers once this
+    /// node's replica has applied the write, so the tenant works here at once.
     pub async fn create_tenant(
         &self,
         id: TenantId,
         home_region: &str,
         requests_per_second: u32,
         new_keys_per_second: u32,
-    ) -> Result<(TenantEntry, String), CreateTenantError> {
-        if !self.config.regions.iter().any(|r| r == home_region) {
-            return Err(CreateTenantError::UnknownRegion);
-        }
-        if home_region != self.config.region {
-            return Err(CreateTenantError::NotThisRegion);
-        }
-        if self.tenants.get(&id).is_some() {
-            return Err(CreateTenantError::Exists);
-        }
+    ) -> Result<(TenantRecord, String), CreateTenantError> {
         let token = tenants::new_token();
-        let entry = TenantEntry {
-            id,
+        let record = TenantRecord {
+            tenant_id: id.as_str().to_owned(),
             home_region: home_region.to_owned(),
+            epoch: 1,
             token_sha256: hex::encode(tenants::sha256(&token)),
-            created_at: now(),
             requests_per_second,
             new_keys_per_second,
+            state: TenantState::Active,
+            created_at_ms: now().0,
         };
-        match self
-            .store
-            .execute(Command::CreateTenant {
-                tenant: entry.clone(),
-            })
+        let written = self
+            .registry
+            .write(Request::CreateTenant { record })
             .await
-        {
-            Ok(Applied::TenantCreated(true)) => {}
-            Ok(Applied::TenantCreated(false)) => return Err(CreateTenantError::Exists),
-            Ok(other) => unreachable!("put tenant answered {other:?}"),
-            Err(e) => return Err(CreateTenantError::Store(e)),
+            .map_err(CreateTenantError::Registry)?;
+        let record = match written.response {
+            Response::TenantCreated { record } => record,
+            Response::Rejected {
+                reason: keyhold_registry::Rejection::TenantExists { .. },
+            } => return Err(CreateTenantError::Exists),
+            Response::Rejected {
+                reason: keyhold_registry::Rejection::UnknownRegion { .. },
+            } => return Err(CreateTenantError::UnknownRegion),
+            other => {
+                return Err(CreateTenantError::Registry(
+                    keyhold_registry::Error::Forward {
+                        leader: 0,
+                        reason: format!("unexpected answer {other:?}"),
+                    },
+                ))
+            }
+        };
+        // A replayed write answers TenantCreated with the first record; only the
+        // write whose token hash matches ours created it.
+        if record.token_sha256 != hex::encode(tenants::sha256(&token)) {
+            return Err(CreateTenantError::Exists);
         }
-        self.tenants.insert(entry.clone());
-        Ok((entry, token))
+        self.registry
+            .wait_applied(
+                written.log_index,
+                Duration::from_millis(REGISTRY_READ_WAIT_MS),
+            )
+            .await
+            .map_err(CreateTenantError::Registry)?;
+        self.refresh_tenants();
+        Ok((record, token))
     }
 }

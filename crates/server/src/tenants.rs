@@ -1,5 +1,5 @@
 //! The tenant directory of a node: bearer-token authentication and each tenant's
-//! rate limiters.
+//! rate limiters, rebuilt from the local registry replica whenever it changes.
 //!
 //! Tokens are never stored, only their SHA-256. A request's token is hashed and
 //! looked up by hash; the final comparison is constant-time, and a lookup by hash
@@ -11,7 +11,7 @@ use axum::http::{header, HeaderMap};
 use base64::Engine;
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use keyhold_core::{Problem, TenantId};
-use keyhold_store::TenantEntry;
+use keyhold_registry::TenantRecord;
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
@@ -20,33 +20,45 @@ use std::sync::{Arc, RwLock};
 use subtle::ConstantTimeEq;
 
 pub struct Tenant {
-    pub entry: TenantEntry,
+    id: TenantId,
+    pub record: TenantRecord,
+    /// Shared with the previous directory's entry for the same tenant while its
+    /// limits are unchanged, so a registry change does not reset anyone's budget.
+    limiters: Arc<Limiters>,
+}
+
+struct Limiters {
+    requests_per_second: u32,
+    new_keys_per_second: u32,
     requests: DefaultDirectRateLimiter,
     new_keys: DefaultDirectRateLimiter,
 }
 
-impl Tenant {
-    fn new(entry: TenantEntry) -> Tenant {
+impl Limiters {
+    fn new(requests_per_second: u32, new_keys_per_second: u32) -> Limiters {
         let quota = |per_second: u32| {
             Quota::per_second(NonZeroU32::new(per_second.max(1)).expect("at least one"))
         };
-        Tenant {
-            requests: RateLimiter::direct(quota(entry.requests_per_second)),
-            new_keys: RateLimiter::direct(quota(entry.new_keys_per_second)),
-            entry,
+        Limiters {
+            requests_per_second,
+            new_keys_per_second,
+            requests: RateLimiter::direct(quota(requests_per_second)),
+            new_keys: RateLimiter::direct(quota(new_keys_per_second)),
         }
     }
+}
 
+impl Tenant {
     pub fn id(&self) -> &TenantId {
-        &self.entry.id
+        &self.id
     }
 
     pub fn check_request_rate(&self) -> Result<(), ApiError> {
-        check(&self.requests)
+        check(&self.limiters.requests)
     }
 
     pub fn check_new_key_rate(&self) -> Result<(), ApiError> {
-        check(&self.new_keys)
+        check(&self.limiters.new_keys)
     }
 }
 
@@ -92,19 +104,50 @@ pub fn bearer(headers: &HeaderMap) -> Option<&str> {
 }
 
 impl Tenants {
-    pub fn insert(&self, entry: TenantEntry) {
-        let Ok(hash) = hex::decode(&entry.token_sha256) else {
-            tracing::error!(tenant = %entry.id, "stored token hash is not hex; tenant skipped");
-            return;
-        };
-        let Ok(hash) = <[u8; 32]>::try_from(hash) else {
-            tracing::error!(tenant = %entry.id, "stored token hash has the wrong length");
-            return;
-        };
-        let tenant = Arc::new(Tenant::new(entry));
-        let mut dir = self.inner.write().expect("tenant directory lock");
-        dir.by_id.insert(tenant.entry.id.clone(), tenant.clone());
-        dir.by_hash.insert(hash, tenant);
+    /// Replaces the directory with the registry's tenants, keeping each tenant's
+    /// limiters when its limits did not change.
+    pub fn rebuild(&self, records: Vec<TenantRecord>) {
+        // Readers keep authenticating against the old directory until the swap.
+        let old = self
+            .inner
+            .read()
+            .expect("tenant directory lock")
+            .by_id
+            .clone();
+        let mut dir = Directory::default();
+        for record in records {
+            let Ok(id) = TenantId::parse(&record.tenant_id) else {
+                tracing::error!(tenant = %record.tenant_id, "registry tenant id is invalid; skipped");
+                continue;
+            };
+            let hash = hex::decode(&record.token_sha256)
+                .ok()
+                .and_then(|h| <[u8; 32]>::try_from(h).ok());
+            let Some(hash) = hash else {
+                tracing::error!(tenant = %id, "registry token hash is malformed; tenant skipped");
+                continue;
+            };
+            let limiters = match old.get(&id) {
+                Some(t)
+                    if t.limiters.requests_per_second == record.requests_per_second
+                        && t.limiters.new_keys_per_second == record.new_keys_per_second =>
+                {
+                    t.limiters.clone()
+                }
+                _ => Arc::new(Limiters::new(
+                    record.requests_per_second,
+                    record.new_keys_per_second,
+                )),
+            };
+            let tenant = Arc::new(Tenant {
+                id: id.clone(),
+                record,
+                limiters,
+            });
+            dir.by_id.insert(id, tenant.clone());
+            dir.by_hash.insert(hash, tenant);
+        }
+        *self.inner.write().expect("tenant directory lock") = dir;
     }
 
     pub fn get(&self, id: &TenantId) -> Option<Arc<Tenant>> {

@@ -9,9 +9,10 @@
 //! listening. A fake payment provider (`keyhold-fakepsp`) runs beside the nodes on
 //! `base_port + PSP_PORT_OFFSET`, and every node's payments consumer charges it.
 
-use crate::config::Config;
+use crate::config::{Config, Member};
 use crate::limits::DEMO_TENANT_REQUESTS_PER_SECOND;
-use crate::node::{CreateTenantError, Node};
+use crate::limits::REGISTRY_BOOTSTRAP_WAIT_MS;
+use crate::node::Node;
 use crate::tenants::new_token;
 use crate::Error;
 use keyhold_core::TenantId;
@@ -19,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 
 /// Ports `keyhold up` may use: `base_port .. base_port + PORTS_PER_CLUSTER`.
@@ -28,6 +29,10 @@ pub const PORTS_PER_CLUSTER: u16 = 50;
 pub const REGIONS_MAX: usize = 8;
 /// The fake payment provider's port, relative to the base port.
 pub const PSP_PORT_OFFSET: u16 = 40;
+/// Each node's Raft listener: base port + this + the node's index.
+pub const RAFT_PORT_OFFSET: u16 = 10;
+const _: () = assert!(REGIONS_MAX <= RAFT_PORT_OFFSET as usize);
+const _: () = assert!(RAFT_PORT_OFFSET as usize + REGIONS_MAX <= PSP_PORT_OFFSET as usize);
 const _: () = assert!(REGIONS_MAX < PSP_PORT_OFFSET as usize);
 const _: () = assert!(PSP_PORT_OFFSET < PORTS_PER_CLUSTER);
 
@@ -43,6 +48,8 @@ pub struct UpConfig {
     pub psp_drop_response_rate: f64,
     /// Probability that the fake provider declines a charge.
     pub psp_decline_rate: f64,
+    /// Served at `/demo` by every node (see `Config::demo_dir`).
+    pub demo_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]
@@ -139,16 +146,37 @@ pub async fn run(
         decline_rate: up.psp_decline_rate,
     };
 
+    // Bind every listener first: the registry's membership names the addresses.
+    let mut listeners = Vec::new();
+    for i in 0..up.regions.len() as u16 {
+        let api = bind(up.base_port + i).await?;
+        let raft = bind(up.base_port + RAFT_PORT_OFFSET + i).await?;
+        listeners.push((api, raft));
+    }
+    let mut members = Vec::new();
+    for (i, region) in up.regions.iter().enumerate() {
+        let (api, raft) = &listeners[i];
+        members.push(Member {
+            id: i as u64 + 1,
+            region: region.clone(),
+            api_addr: api.local_addr()?.to_string(),
+            raft_addr: raft.local_addr()?.to_string(),
+        });
+    }
+
     let mut nodes = Vec::new();
     let mut region_entries = Vec::new();
-    for (i, region) in up.regions.iter().enumerate() {
+    for (i, ((api, raft), region)) in listeners.into_iter().zip(&up.regions).enumerate() {
         let mut config = Config::new(
             region,
             up.data_dir.join(region),
             secrets.admin_token.clone(),
         );
         config.regions = up.regions.clone();
-        config.listen = format!("127.0.0.1:{}", up.base_port + i as u16);
+        config.node_id = i as u64 + 1;
+        config.members = members.clone();
+        config.listen = api.local_addr()?.to_string();
+        config.raft_listen = raft.local_addr()?.to_string();
         config.psp_url = Some(psp_url.clone());
         if let Some(d) = up.response_ttl {
             config.response_ttl = d;
@@ -159,40 +187,69 @@ pub async fn run(
         if let Some(d) = up.processed_ttl {
             config.processed_ttl = d;
         }
-        // Refuse a bad policy before binding anything.
+        config.demo_dir.clone_from(&up.demo_dir);
         config.validate()?;
-        let listener = bind(up.base_port + i as u16).await?;
-        let node = Arc::new(Node::open(config)?);
+        let node = Arc::new(Node::open(config, api.local_addr()?, raft.local_addr()?).await?);
         region_entries.push(RegionEntry {
             name: region.clone(),
-            api_url: format!("http://{}", listener.local_addr()?),
+            api_url: format!("http://{}", api.local_addr()?),
         });
-        nodes.push((node, listener));
+        nodes.push((node, api, raft));
+    }
+
+    let (stop_tx, _) = tokio::sync::broadcast::channel::<()>(1);
+    let mut stop = stop_tx.subscribe();
+    let psp = tokio::spawn(async move {
+        keyhold_fakepsp::run(psp_config, psp_listener, async move {
+            let _ = stop.recv().await;
+        })
+        .await
+    });
+    let mut handles = Vec::new();
+    let mut tasks = Vec::new();
+    for (node, api, raft) in nodes {
+        let mut stop = stop_tx.subscribe();
+        handles.push(node.clone());
+        tasks.push(tokio::spawn(crate::serve(node, api, raft, async move {
+            let _ = stop.recv().await;
+        })));
+    }
+
+    // The registry must have a leader and know every region before tenants exist.
+    let deadline = Instant::now() + Duration::from_millis(REGISTRY_BOOTSTRAP_WAIT_MS);
+    while !handles.iter().all(|n| crate::cluster::is_ready(n)) {
+        if Instant::now() > deadline {
+            let _ = stop_tx.send(());
+            return Err(Error::Config(
+                "the registry did not elect a leader and register the regions in time".into(),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
     // One demo tenant homed in each region, created once and kept across restarts.
-    for (node, _) in &nodes {
+    for node in &handles {
         let id = format!("demo-{}", node.region());
-        let tenant_id = TenantId::parse(&id).expect("demo ids are valid");
         if secrets.tenants.iter().any(|t| t.tenant_id == id) {
             continue;
         }
-        let (_, token) = match node
+        let tenant_id = TenantId::parse(&id).expect("demo ids are valid");
+        let created = handles[0]
             .create_tenant(
                 tenant_id,
                 node.region(),
                 DEMO_TENANT_REQUESTS_PER_SECOND,
                 DEMO_TENANT_REQUESTS_PER_SECOND,
             )
-            .await
-        {
+            .await;
+        let (_, token) = match created {
             Ok(created) => created,
-            Err(CreateTenantError::Store(e)) => return Err(e.into()),
             Err(e) => {
+                let _ = stop_tx.send(());
                 return Err(Error::Config(format!(
-                    "cannot create demo tenant {id}: {e:?}; the data dir's secrets file is \
-                     missing tokens it once had — start from an empty --data-dir"
-                )))
+                    "cannot create demo tenant {id}: {e:?} (if the data dir's secrets file lost \
+                     its tokens, start from an empty --data-dir)"
+                )));
             }
         };
         secrets.tenants.push(TenantSecret {
@@ -205,21 +262,20 @@ pub async fn run(
             &serde_json::to_vec_pretty(&secrets).expect("json"),
         )?;
     }
-
-    let (stop_tx, _) = tokio::sync::broadcast::channel::<()>(1);
-    let mut stop = stop_tx.subscribe();
-    let psp = tokio::spawn(async move {
-        keyhold_fakepsp::run(psp_config, psp_listener, async move {
-            let _ = stop.recv().await;
-        })
-        .await
-    });
-    let mut tasks = Vec::new();
-    for (node, listener) in nodes {
-        let mut stop = stop_tx.subscribe();
-        tasks.push(tokio::spawn(crate::serve(node, listener, async move {
-            let _ = stop.recv().await;
-        })));
+    // Every replica knows every demo tenant before anyone is told the cluster is up.
+    let target = handles[0].registry().applied_index();
+    for node in &handles {
+        let waited = node
+            .registry()
+            .wait_applied(target, Duration::from_millis(REGISTRY_BOOTSTRAP_WAIT_MS))
+            .await;
+        if let Err(e) = waited {
+            let _ = stop_tx.send(());
+            return Err(Error::Config(format!(
+                "registry replica did not catch up: {e}"
+            )));
+        }
+        node.refresh_tenants();
     }
 
     let cluster = ClusterFile {

@@ -768,7 +768,7 @@ pub struct ServeNode {
 
 impl ServeNode {
     /// Writes a config (`region = "<region>"`, a fresh data dir, a free port, an
-    /// admin token, plus `extra_toml`) and waits for `/healthz`.
+    /// admin token, plus `extra_toml`) and waits for `/readyz`.
     pub fn start(region: &str, extra_toml: &str) -> ServeNode {
         let tmp = tempfile::Builder::new()
             .prefix("keyhold-serve-")
@@ -804,9 +804,10 @@ impl ServeNode {
                     last = format!("exit {status}: {}", read(&err_path));
                     break;
                 }
+                // Ready, not just alive: the registry has a leader and the regions.
                 let up = api
                     .client
-                    .get(api.url("/healthz"))
+                    .get(api.url("/readyz"))
                     .send()
                     .is_ok_and(|r| r.status().as_u16() == 200);
                 if up {

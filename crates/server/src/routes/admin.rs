@@ -8,8 +8,9 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::Response;
+use keyhold_core::UnixMillis;
 use keyhold_core::{Problem, TenantId};
-use keyhold_store::TenantEntry;
+use keyhold_registry::{TenantRecord, TenantState};
 use serde::Deserialize;
 use std::sync::Arc;
 
@@ -24,18 +25,27 @@ struct CreateTenant {
     new_keys_per_second: Option<u32>,
 }
 
-fn tenant_json(entry: &TenantEntry) -> serde_json::Value {
+fn tenant_json(record: &TenantRecord) -> serde_json::Value {
+    let (state, moving_to, operation_id) = match &record.state {
+        TenantState::Active => ("active", None, None),
+        TenantState::Moving { to, operation_id } => ("moving", Some(to), Some(operation_id)),
+    };
     serde_json::json!({
-        "tenant_id": entry.id.as_str(),
-        "home_region": entry.home_region,
-        // Homes do not change until tenant moves exist, so every tenant is at its
-        // first epoch.
-        "epoch": 1,
-        "state": "active",
-        "created_at": entry.created_at.to_rfc3339(),
-        "requests_per_second": entry.requests_per_second,
-        "new_keys_per_second": entry.new_keys_per_second,
+        "tenant_id": record.tenant_id,
+        "home_region": record.home_region,
+        "epoch": record.epoch,
+        "state": state,
+        "moving_to": moving_to,
+        "operation_id": operation_id,
+        "created_at": UnixMillis(record.created_at_ms).to_rfc3339(),
+        "requests_per_second": record.requests_per_second,
+        "new_keys_per_second": record.new_keys_per_second,
     })
+}
+
+fn registry_unavailable(e: keyhold_registry::Error) -> ApiError {
+    tracing::warn!(error = %e, "registry write failed");
+    ApiError::new(Problem::StoreUnavailable).detail(format!("registry: {e}"))
 }
 
 pub async fn create_tenant(
@@ -64,7 +74,7 @@ pub async fn create_tenant(
         node.config().tenant_new_keys_per_second,
         "/new_keys_per_second",
     )?;
-    let (entry, token) = node
+    let (record, token) = node
         .create_tenant(id, &req.home_region, requests, new_keys)
         .await
         .map_err(|e| match e {
@@ -73,23 +83,23 @@ pub async fn create_tenant(
             }
             CreateTenantError::UnknownRegion => ApiError::invalid(
                 "/home_region",
-                format!("unknown region; regions are {:?}", node.config().regions),
-            ),
-            CreateTenantError::NotThisRegion => ApiError::invalid(
-                "/home_region",
                 format!(
-                    "this node homes tenants in region {:?} only; create the tenant on a node of its home region",
-                    node.region()
+                    "unknown region; regions are {:?}",
+                    node.registry()
+                        .regions()
+                        .into_iter()
+                        .map(|r| r.name)
+                        .collect::<Vec<_>>()
                 ),
             ),
-            CreateTenantError::Store(e) => e.into(),
+            CreateTenantError::Registry(e) => registry_unavailable(e),
         })?;
-    let mut body = tenant_json(&entry);
+    let mut body = tenant_json(&record);
     body["token"] = serde_json::Value::String(token);
     let mut response = json_response(201, serde_json::to_vec(&body).expect("json"));
     response.headers_mut().insert(
         header::LOCATION,
-        HeaderValue::from_str(&format!("/admin/v1/tenants/{}", entry.id)).expect("safe id"),
+        HeaderValue::from_str(&format!("/admin/v1/tenants/{}", record.tenant_id)).expect("safe id"),
     );
     Ok(response)
 }
@@ -100,13 +110,13 @@ pub async fn get_tenant(
     Path(tenant_id): Path<String>,
 ) -> Result<Response, ApiError> {
     authenticate_admin(&headers, node.admin_token_sha256())?;
-    let tenant = TenantId::parse(&tenant_id)
-        .ok()
-        .and_then(|id| node.tenants.get(&id))
+    let record = node
+        .registry()
+        .tenant(&tenant_id)
         .ok_or_else(|| ApiError::new(Problem::NotFound))?;
     Ok(json_response(
         200,
-        serde_json::to_vec(&tenant_json(&tenant.entry)).expect("json"),
+        serde_json::to_vec(&tenant_json(&record)).expect("json"),
     ))
 }
 
@@ -115,14 +125,49 @@ pub async fn cluster(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     authenticate_admin(&headers, node.admin_token_sha256())?;
+    let registry = node.registry();
+    let metrics = registry.metrics();
+    let voters: Vec<u64> = metrics.membership_config.membership().voter_ids().collect();
+    let nodes: Vec<serde_json::Value> = registry
+        .nodes()
+        .into_iter()
+        .map(|(id, info)| {
+            serde_json::json!({
+                "node_id": id,
+                "region": info.region,
+                "api_url": format!("http://{}", info.api_addr),
+                "raft_addr": info.raft_addr,
+                "voter": voters.contains(&id),
+            })
+        })
+        .collect();
+    let regions: Vec<serde_json::Value> = registry
+        .regions()
+        .into_iter()
+        .map(|r| {
+            let tenants = registry.read(|s| {
+                s.tenants
+                    .values()
+                    .filter(|t| t.home_region == r.name)
+                    .count()
+            });
+            serde_json::json!({ "name": r.name, "tenants": tenants })
+        })
+        .collect();
     let stats = node.store().stats();
     let body = serde_json::json!({
-        "this_region": node.region(),
-        "regions": node.config().regions.iter().map(|r| serde_json::json!({
-            "name": r,
-            "local": r == node.region(),
-        })).collect::<Vec<_>>(),
-        "tenants": node.tenants.len(),
+        "this_node": {
+            "node_id": registry.id(),
+            "region": node.region(),
+        },
+        "registry": {
+            "leader": registry.leader(),
+            "term": metrics.current_term,
+            "applied_index": registry.applied_index(),
+        },
+        "regions": regions,
+        "nodes": nodes,
+        "tenants": registry.tenants().len(),
         "store": {
             "healthy": node.store().is_healthy(),
             "batches": stats.batches(),

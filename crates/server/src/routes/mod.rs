@@ -3,6 +3,7 @@
 
 mod admin;
 mod claims;
+mod forward;
 mod meta;
 mod orders;
 
@@ -30,12 +31,17 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
 
 pub fn router(node: Arc<Node>) -> Router {
     let region = HeaderValue::from_str(node.region()).expect("region names are header-safe");
-    Router::new()
+    // Tenant routes execute only in the tenant's home region; the layer forwards
+    // everything else there.
+    let tenant_routes = Router::new()
         .route("/v1/orders", post(orders::create).get(orders::find))
         .route("/v1/orders/{order_id}", get(orders::get_one))
         .route("/v1/claims", post(claims::claim))
         .route("/v1/claims/complete", post(claims::complete))
         .route("/v1/claims/heartbeat", post(claims::heartbeat))
+        .route_layer(middleware::from_fn_with_state(node.clone(), forward::route));
+    Router::new()
+        .merge(tenant_routes)
         .route("/v1/idempotency-policy", get(meta::policy))
         .route("/v1/fingerprint-specs", get(meta::specs))
         .route("/admin/v1/tenants", post(admin::create_tenant))
@@ -52,7 +58,11 @@ pub fn router(node: Arc<Node>) -> Router {
         .method_not_allowed_fallback(|| async { ApiError::new(Problem::MethodNotAllowed) })
         .layer(middleware::from_fn(record_metrics))
         .layer(CatchPanicLayer::custom(panic_response))
-        .layer(SetResponseHeaderLayer::overriding(KEYHOLD_REGION, region))
+        // A forwarded answer already names the region that executed it.
+        .layer(SetResponseHeaderLayer::if_not_present(
+            KEYHOLD_REGION,
+            region,
+        ))
         .layer(TraceLayer::new_for_http())
         .with_state(node)
 }
@@ -144,7 +154,7 @@ pub async fn read_body(
 }
 
 /// Reads and discards what is left of a refused body, bounded in bytes and time.
-async fn drain(mut body: Body) {
+pub(crate) async fn drain(mut body: Body) {
     use http_body_util::BodyExt;
     let _ = tokio::time::timeout(
         std::time::Duration::from_millis(crate::limits::DRAIN_MS),

@@ -1,0 +1,99 @@
+//! The node's side of the registry: creating the group on first start, and
+//! keeping the tenant directory in step with the local replica.
+
+use crate::limits::REGISTRY_BOOTSTRAP_WAIT_MS;
+use crate::node::{now, Node};
+use keyhold_registry::{NodeInfo, Request};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+/// The registry's first voters: the configured members, or this node alone.
+pub fn members(node: &Node) -> BTreeMap<u64, NodeInfo> {
+    let config = node.config();
+    if config.members.is_empty() {
+        return [(config.node_id, node.registry().node().clone())].into();
+    }
+    config
+        .members
+        .iter()
+        .map(|m| {
+            (
+                m.id,
+                NodeInfo::new(m.region.clone(), m.api_addr.clone(), m.raft_addr.clone()),
+            )
+        })
+        .collect()
+}
+
+/// On the member with the lowest id: creates the registry group (a no-op when it
+/// exists) and registers every configured region. Other members only wait to be
+/// reached by the leader. Retries until done or `REGISTRY_BOOTSTRAP_WAIT_MS`.
+pub async fn bootstrap(node: Arc<Node>) {
+    let members = members(&node);
+    let first = members.keys().next().copied();
+    if first != Some(node.config().node_id) {
+        return;
+    }
+    let deadline = Instant::now() + Duration::from_millis(REGISTRY_BOOTSTRAP_WAIT_MS);
+    while let Err(e) = node.registry().initialize(members.clone()).await {
+        if Instant::now() > deadline {
+            tracing::error!(error = %e, "registry initialize failed; giving up");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for region in &node.config().regions {
+        let known = node.registry().regions().iter().any(|r| &r.name == region);
+        if known {
+            continue;
+        }
+        loop {
+            let request = Request::AddRegion {
+                name: region.clone(),
+                now_ms: now().0,
+            };
+            match node.registry().write(request).await {
+                Ok(_) => break,
+                Err(e) if Instant::now() < deadline => {
+                    tracing::info!(error = %e, "waiting for a registry leader");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, region, "cannot register region; giving up");
+                    return;
+                }
+            }
+        }
+    }
+    tracing::info!("registry bootstrapped");
+}
+
+/// Rebuilds the tenant directory whenever the local replica applies an entry.
+pub async fn follow_registry(node: Arc<Node>, mut stop: watch::Receiver<bool>) {
+    let mut applied = node.registry().subscribe();
+    loop {
+        node.refresh_tenants();
+        tokio::select! {
+            changed = applied.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+/// True once this replica knows a leader and every configured region.
+pub fn is_ready(node: &Node) -> bool {
+    let registry = node.registry();
+    let regions = registry.regions();
+    registry.leader().is_some()
+        && node
+            .config()
+            .regions
+            .iter()
+            .all(|r| regions.iter().any(|k| &k.name == r))
+}

@@ -1,0 +1,188 @@
+//! Routing of tenant requests to the tenant's home region.
+//!
+//! Every tenant route passes through here first. The request is authenticated
+//! (401 before anything else), then placed by the local registry replica: the
+//! home region executes it; while the tenant moves nobody does (503
+//! `tenant-moving`); otherwise the whole request is forwarded to the home
+//! region's store node, carrying the epoch this node believes. A home that is
+//! not the owner at that epoch answers 421; this node then waits for its
+//! replica to reach the home's registry index and places the request once more.
+//! An unreachable home is 503 `owner-unreachable`: never local execution.
+
+use super::{read_body, KEYHOLD_REGION};
+use crate::limits::{FORWARD_ATTEMPTS_MAX, FORWARD_TIMEOUT_MS, REGISTRY_READ_WAIT_MS};
+use crate::node::{Node, Placement};
+use crate::problem::ApiError;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use keyhold_core::Problem;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The epoch a forwarding node believes the tenant is at.
+pub const KEYHOLD_EPOCH: HeaderName = HeaderName::from_static("keyhold-epoch");
+/// On a 421: the registry index the home had applied, for the sender to wait for.
+pub const KEYHOLD_REGISTRY_INDEX: HeaderName = HeaderName::from_static("keyhold-registry-index");
+
+/// Request headers a forward carries; everything else is hop-by-hop or the
+/// forwarder's business.
+const FORWARDED_HEADERS: [&str; 6] = [
+    "authorization",
+    "content-type",
+    "idempotency-key",
+    "idempotency-fingerprint",
+    "accept",
+    "user-agent",
+];
+
+/// Response headers a forward does not copy back (hyper sets its own).
+const HOP_BY_HOP: [&str; 4] = ["connection", "transfer-encoding", "content-length", "date"];
+
+fn misdirected(node: &Node) -> Response {
+    metrics::counter!("keyhold_forward_misdirected_total").increment(1);
+    let mut response = ApiError::new(Problem::Misdirected).into_response();
+    response.headers_mut().insert(
+        KEYHOLD_REGISTRY_INDEX,
+        HeaderValue::from(node.registry().applied_index()),
+    );
+    response
+}
+
+pub async fn route(State(node): State<Arc<Node>>, request: Request, next: Next) -> Response {
+    let tenant = match node.tenants.authenticate(request.headers()) {
+        Ok(t) => t,
+        Err(e) => {
+            // Read what the client is still sending, so it gets the 401 rather
+            // than a connection reset.
+            super::drain(request.into_body()).await;
+            return e.into_response();
+        }
+    };
+    let believed_epoch = request
+        .headers()
+        .get(KEYHOLD_EPOCH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    match (node.placement(&tenant.record), believed_epoch) {
+        (Placement::Moving, _) => ApiError::new(Problem::TenantMoving).into_response(),
+        // A forwarder that believes another epoch must refresh first, whether it
+        // is behind or (after a move back) ahead.
+        (Placement::Local, Some(e)) if e != tenant.record.epoch => misdirected(&node),
+        (Placement::Local, _) => next.run(request).await,
+        // Forwarded to a node that is not home: never forward twice.
+        (Placement::Remote { .. }, Some(_)) => misdirected(&node),
+        (Placement::Remote { region }, None) => forward(node, request, next, region).await,
+    }
+}
+
+async fn forward(node: Arc<Node>, request: Request, next: Next, region: String) -> Response {
+    let (parts, body) = request.into_parts();
+    let bytes = match read_body(&parts.headers, body, node.config().body_bytes_max).await {
+        Ok(b) => b,
+        Err(e) => return e.into_response(),
+    };
+    let path = parts
+        .uri
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .to_owned();
+    let mut region = region;
+    for attempt in 0..FORWARD_ATTEMPTS_MAX {
+        let Some(tenant) = node.tenants.authenticate(&parts.headers).ok() else {
+            return ApiError::new(Problem::Unauthenticated).into_response();
+        };
+        if attempt > 0 {
+            match node.placement(&tenant.record) {
+                Placement::Moving => return ApiError::new(Problem::TenantMoving).into_response(),
+                // After a refresh the tenant turned out to live here.
+                Placement::Local => {
+                    let request = Request::from_parts(parts, Body::from(bytes));
+                    return next.run(request).await;
+                }
+                Placement::Remote { region: r } => region = r,
+            }
+        }
+        let Some((_, home)) = node.store_node_of(&region) else {
+            return ApiError::new(Problem::OwnerUnreachable)
+                .detail(format!("no node of region {region} is known"))
+                .into_response();
+        };
+        let mut builder = node
+            .http()
+            .request(
+                parts.method.clone(),
+                format!("http://{}{path}", home.api_addr),
+            )
+            .timeout(Duration::from_millis(FORWARD_TIMEOUT_MS))
+            .header(KEYHOLD_EPOCH, tenant.record.epoch)
+            .body(bytes.clone());
+        for name in FORWARDED_HEADERS {
+            for value in parts.headers.get_all(name) {
+                builder = builder.header(name, value);
+            }
+        }
+        let started = std::time::Instant::now();
+        let sent = builder.send().await;
+        metrics::histogram!("keyhold_forward_duration_seconds")
+            .record(started.elapsed().as_secs_f64());
+        let response = match sent {
+            Ok(r) => r,
+            Err(e) => {
+                // Whether it executed is unknown; the client retries with its key.
+                metrics::counter!("keyhold_forward_failures_total").increment(1);
+                tracing::warn!(region, error = %e, "forward to home region failed");
+                return ApiError::new(Problem::OwnerUnreachable)
+                    .detail(format!("region {region} did not answer"))
+                    .into_response();
+            }
+        };
+        if response.status() == StatusCode::MISDIRECTED_REQUEST {
+            let index = response
+                .headers()
+                .get(KEYHOLD_REGISTRY_INDEX)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
+            let wait = Duration::from_millis(REGISTRY_READ_WAIT_MS);
+            if node.registry().wait_applied(index, wait).await.is_err() {
+                // This replica cannot catch up (partitioned?): refuse rather than guess.
+                return ApiError::new(Problem::TenantMoving)
+                    .detail("this node's registry replica is behind")
+                    .into_response();
+            }
+            node.refresh_tenants();
+            continue;
+        }
+        metrics::counter!("keyhold_forwarded_total").increment(1);
+        return relay(response).await;
+    }
+    ApiError::new(Problem::OwnerUnreachable)
+        .detail("the tenant's home kept changing")
+        .into_response()
+}
+
+/// Copies the home's answer, `Keyhold-Region` included, back to the client.
+async fn relay(response: reqwest::Response) -> Response {
+    let status = response.status();
+    let mut headers = HeaderMap::new();
+    for (name, value) in response.headers() {
+        if !HOP_BY_HOP.contains(&name.as_str()) {
+            headers.append(name.clone(), value.clone());
+        }
+    }
+    let body = match response.bytes().await {
+        Ok(b) => b,
+        Err(_) => {
+            return ApiError::new(Problem::OwnerUnreachable)
+                .detail("the home region's answer was cut off")
+                .into_response()
+        }
+    };
+    debug_assert!(headers.contains_key(KEYHOLD_REGION));
+    let mut out = (status, body).into_response();
+    out.headers_mut().extend(headers);
+    out
+}
