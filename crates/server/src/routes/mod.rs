@@ -5,6 +5,7 @@ mod admin;
 mod claims;
 mod forward;
 mod meta;
+mod moves;
 mod orders;
 
 use crate::node::Node;
@@ -42,10 +43,19 @@ pub fn router(node: Arc<Node>) -> Router {
         .route_layer(middleware::from_fn_with_state(node.clone(), forward::route));
     Router::new()
         .merge(tenant_routes)
+        .merge(moves::internal_router())
         .route("/v1/idempotency-policy", get(meta::policy))
         .route("/v1/fingerprint-specs", get(meta::specs))
         .route("/admin/v1/tenants", post(admin::create_tenant))
         .route("/admin/v1/tenants/{tenant_id}", get(admin::get_tenant))
+        .route(
+            "/admin/v1/tenants/{tenant_id}/move",
+            post(moves::start_move),
+        )
+        .route(
+            "/admin/v1/operations/{operation_id}",
+            get(moves::get_operation),
+        )
         .route("/admin/v1/cluster", get(admin::cluster))
         .route("/admin/v1/outbox/replay", post(admin::replay_outbox))
         .route("/admin/v1/inventory/reservations", get(admin::reservations))
