@@ -67,8 +67,13 @@ fn openapi() -> serde_json::Value {
 fn routes_in_source(source: &str) -> BTreeSet<(String, String)> {
     let mut out = BTreeSet::new();
     let mut rest = source;
-    while let Some(at) = rest.find(".route(\"") {
-        rest = &rest[at + ".route(\"".len()..];
+    while let Some(at) = rest.find(".route(") {
+        // rustfmt may break the call after the parenthesis.
+        rest = rest[at + ".route(".len()..].trim_start();
+        let Some(after_quote) = rest.strip_prefix('"') else {
+            continue;
+        };
+        rest = after_quote;
         let end = rest.find('"').expect("route path literal is closed");
         let path = &rest[..end];
         // The call's arguments run to the parenthesis that closes `.route(`.
