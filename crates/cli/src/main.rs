@@ -53,6 +53,10 @@ enum Command {
         /// Probability (0 to 1) that the fake payment provider declines a charge.
         #[arg(long, default_value_t = 0.0)]
         psp_decline_rate: f64,
+        /// Simulated round trip between regions, e.g. 50ms: nodes reach each other
+        /// only through delaying proxies (clients reach their region directly).
+        #[arg(long, value_parser = duration)]
+        inter_region_rtt: Option<Duration>,
         /// Serve this folder (wasm/site, built by wasm/build.sh) at /demo.
         #[arg(long)]
         demo_dir: Option<PathBuf>,
@@ -150,6 +154,7 @@ fn main() -> ExitCode {
             psp_drop_response_rate,
             psp_decline_rate,
             demo_dir,
+            inter_region_rtt,
         } => up(UpConfig {
             data_dir,
             base_port,
@@ -160,6 +165,7 @@ fn main() -> ExitCode {
             psp_drop_response_rate,
             psp_decline_rate,
             demo_dir,
+            inter_region_rtt,
         }),
         Command::Fakepsp {
             listen,

@@ -90,6 +90,8 @@ impl Node {
         let store = Store::open(&config.data_dir.join("region"))?;
         let http = reqwest::Client::builder()
             .no_proxy()
+            .tcp_nodelay(true)
+            .pool_max_idle_per_host(256)
             .build()
             .map_err(|e| Error::Config(format!("cannot build the HTTP client: {e}")))?;
         let info = NodeInfo::new(

@@ -31,6 +31,14 @@ pub const REGIONS_MAX: usize = 8;
 pub const PSP_PORT_OFFSET: u16 = 40;
 /// Each node's Raft listener: base port + this + the node's index.
 pub const RAFT_PORT_OFFSET: u16 = 10;
+/// With `--inter-region-rtt`: the delaying proxies in front of each node's API
+/// and Raft listeners.
+pub const API_PROXY_PORT_OFFSET: u16 = 20;
+pub const RAFT_PROXY_PORT_OFFSET: u16 = 30;
+const _: () = assert!(RAFT_PORT_OFFSET as usize + REGIONS_MAX <= API_PROXY_PORT_OFFSET as usize);
+const _: () =
+    assert!(API_PROXY_PORT_OFFSET as usize + REGIONS_MAX <= RAFT_PROXY_PORT_OFFSET as usize);
+const _: () = assert!(RAFT_PROXY_PORT_OFFSET as usize + REGIONS_MAX <= PSP_PORT_OFFSET as usize);
 const _: () = assert!(REGIONS_MAX <= RAFT_PORT_OFFSET as usize);
 const _: () = assert!(RAFT_PORT_OFFSET as usize + REGIONS_MAX <= PSP_PORT_OFFSET as usize);
 const _: () = assert!(REGIONS_MAX < PSP_PORT_OFFSET as usize);
@@ -50,6 +58,8 @@ pub struct UpConfig {
     pub psp_decline_rate: f64,
     /// Served at `/demo` by every node (see `Config::demo_dir`).
     pub demo_dir: Option<PathBuf>,
+    /// Simulated round trip between regions (nodes talk through delaying proxies).
+    pub inter_region_rtt: Option<Duration>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]
@@ -153,14 +163,38 @@ pub async fn run(
         let raft = bind(up.base_port + RAFT_PORT_OFFSET + i).await?;
         listeners.push((api, raft));
     }
+    // With a simulated inter-region round trip, nodes reach each other (API
+    // forwards and Raft alike) only through delaying proxies, whose addresses are
+    // what the registry advertises; clients still reach their region directly.
+    let mut proxies = Vec::new();
     let mut members = Vec::new();
     for (i, region) in up.regions.iter().enumerate() {
         let (api, raft) = &listeners[i];
+        let (api_addr, raft_addr) = match up.inter_region_rtt {
+            None => (api.local_addr()?, raft.local_addr()?),
+            Some(rtt) => {
+                let one_way = rtt / 2;
+                let api_proxy = keyhold_netem::Proxy::start(
+                    bind(up.base_port + API_PROXY_PORT_OFFSET + i as u16).await?,
+                    api.local_addr()?,
+                    one_way,
+                )?;
+                let raft_proxy = keyhold_netem::Proxy::start(
+                    bind(up.base_port + RAFT_PROXY_PORT_OFFSET + i as u16).await?,
+                    raft.local_addr()?,
+                    one_way,
+                )?;
+                let addrs = (api_proxy.addr(), raft_proxy.addr());
+                proxies.push(api_proxy);
+                proxies.push(raft_proxy);
+                addrs
+            }
+        };
         members.push(Member {
             id: i as u64 + 1,
             region: region.clone(),
-            api_addr: api.local_addr()?.to_string(),
-            raft_addr: raft.local_addr()?.to_string(),
+            api_addr: api_addr.to_string(),
+            raft_addr: raft_addr.to_string(),
         });
     }
 
@@ -189,7 +223,15 @@ pub async fn run(
         }
         config.demo_dir.clone_from(&up.demo_dir);
         config.validate()?;
-        let node = Arc::new(Node::open(config, api.local_addr()?, raft.local_addr()?).await?);
+        let advertised = &members[i];
+        let node = Arc::new(
+            Node::open(
+                config,
+                advertised.api_addr.parse().expect("a socket address"),
+                advertised.raft_addr.parse().expect("a socket address"),
+            )
+            .await?,
+        );
         region_entries.push(RegionEntry {
             name: region.clone(),
             api_url: format!("http://{}", api.local_addr()?),
@@ -291,6 +333,7 @@ pub async fn run(
     tracing::info!(path = %up.data_dir.join("cluster.json").display(), "cluster ready");
 
     shutdown.await;
+    drop(proxies);
     let _ = stop_tx.send(());
     for task in tasks {
         match task.await {

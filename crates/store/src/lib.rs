@@ -265,8 +265,37 @@ impl Store {
         after: Option<&[u8]>,
         max: usize,
     ) -> Result<(Vec<ExportEntry>, Option<Vec<u8>>), Error> {
-        let tree = self.inner.machine_tree();
         let mut out = Vec::new();
+        let next = self.visit_tenant(tenant, after, |key, value| {
+            out.push(ExportEntry {
+                key: key.to_vec(),
+                payload: codec::payload(value)?.to_vec(),
+            });
+            Ok(out.len() < max)
+        })?;
+        Ok((out, next))
+    }
+
+    /// How many entries a move of the tenant would carry.
+    pub fn tenant_entry_count(&self, tenant: &TenantId) -> Result<u64, Error> {
+        let mut count = 0;
+        self.visit_tenant(tenant, None, |_, _| {
+            count += 1;
+            Ok(true)
+        })?;
+        Ok(count)
+    }
+
+    /// Calls `f` with each of the tenant's movable entries after `after`, in key
+    /// order, until it returns false; then returns the last key visited (the next
+    /// page's cursor), or `None` when every entry was visited.
+    fn visit_tenant(
+        &self,
+        tenant: &TenantId,
+        after: Option<&[u8]>,
+        mut f: impl FnMut(&[u8], &[u8]) -> Result<bool, Error>,
+    ) -> Result<Option<Vec<u8>>, Error> {
+        let tree = self.inner.machine_tree();
         for prefix in keys::tenant_prefixes(tenant) {
             let start = match after {
                 Some(a) if a >= prefix.as_slice() => {
@@ -287,16 +316,12 @@ impl Store {
                         continue;
                     }
                 }
-                out.push(ExportEntry {
-                    key: key.to_vec(),
-                    payload: codec::payload(&value)?.to_vec(),
-                });
-                if out.len() >= max {
-                    return Ok((out, Some(key.to_vec())));
+                if !f(&key, &value)? {
+                    return Ok(Some(key.to_vec()));
                 }
             }
         }
-        Ok((out, None))
+        Ok(None)
     }
 
     /// Counts entries per kind, for tests and diagnostics.

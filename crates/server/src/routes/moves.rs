@@ -42,6 +42,8 @@ const IMPORT_BODY_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// One internal call between nodes during a move.
 const MOVE_CALL_TIMEOUT_MS: u64 = 60_000;
 const NEXT_CURSOR: &str = "keyhold-next-cursor";
+/// Pages copied between two progress reports.
+const PROGRESS_EVERY_PAGES: u64 = 10;
 
 /// The node-to-node routes, authenticated with the cluster's admin token.
 pub fn internal_router() -> Router<Arc<Node>> {
@@ -267,6 +269,7 @@ async fn copy(
     let estimate = fenced["entries"].as_u64().unwrap_or(0).max(1) as f64;
     let mut cursor: Option<String> = None;
     let mut copied = 0u64;
+    let mut pages = 0u64;
     loop {
         let mut url = format!(
             "http://{}/internal/v1/moves/{tenant_id}/export?max={MOVE_PAGE_ENTRIES_MAX}",
@@ -290,7 +293,12 @@ async fn copy(
             new.api_addr
         );
         internal(node, node.http().post(import_url).body(bytes.to_vec())).await?;
-        progress(node, operation_id, copied as f64 / estimate).await;
+        pages += 1;
+        // A registry write per page would cost a Raft round trip each; report
+        // every few pages.
+        if pages.is_multiple_of(PROGRESS_EVERY_PAGES) {
+            progress(node, operation_id, copied as f64 / estimate).await;
+        }
         match next {
             Some(c) => cursor = Some(c),
             None => break,
@@ -367,10 +375,10 @@ async fn fence(
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
-    let (all, _) = node.store().export_tenant(&tenant, None, usize::MAX)?;
+    let entries = node.store().tenant_entry_count(&tenant)?;
     Ok(json_response(
         200,
-        serde_json::to_vec(&serde_json::json!({ "fenced": true, "entries": all.len() }))
+        serde_json::to_vec(&serde_json::json!({ "fenced": true, "entries": entries }))
             .expect("json"),
     ))
 }

@@ -1,0 +1,213 @@
+//! A TCP proxy for tests and benchmarks: every byte is delivered a fixed delay
+//! after it arrived (in each direction, order preserved), and the link can be
+//! black-holed, which drops everything in flight and stalls every connection
+//! until it is healed, the way a partitioned network looks to both ends. The
+//! kernel here has no netem, so inter-region latency and partitions between
+//! nodes on one machine go through this.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+/// Bytes read per chunk; each chunk is delayed as a unit.
+const CHUNK_BYTES_MAX: usize = 64 * 1024;
+/// Chunks in flight per direction; a slow reader back-pressures the writer.
+const CHUNKS_IN_FLIGHT_MAX: usize = 1024;
+
+#[derive(Debug, Default)]
+struct Settings {
+    delay_us: AtomicU64,
+    blackhole: AtomicBool,
+}
+
+/// A running proxy. Dropping it stops accepting; open connections end when
+/// either side closes.
+#[derive(Debug, Clone)]
+pub struct Proxy {
+    addr: SocketAddr,
+    settings: Arc<Settings>,
+    accept: Arc<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        if Arc::strong_count(&self.accept) == 1 {
+            self.accept.abort();
+        }
+    }
+}
+
+impl Proxy {
+    /// Serves on `listener`, forwarding every connection to `upstream` with a
+    /// one-way `delay`.
+    pub fn start(
+        listener: TcpListener,
+        upstream: SocketAddr,
+        delay: Duration,
+    ) -> std::io::Result<Proxy> {
+        let addr = listener.local_addr()?;
+        let settings = Arc::new(Settings::default());
+        settings
+            .delay_us
+            .store(delay.as_micros() as u64, Ordering::Relaxed);
+        let shared = settings.clone();
+        let accept = tokio::spawn(async move {
+            loop {
+                let Ok((client, _)) = listener.accept().await else {
+                    continue;
+                };
+                let settings = shared.clone();
+                tokio::spawn(async move {
+                    if settings.blackhole.load(Ordering::Relaxed) {
+                        // A partitioned peer never answers: hold the socket open.
+                        hold(client, settings).await;
+                        return;
+                    }
+                    let Ok(server) = TcpStream::connect(upstream).await else {
+                        return;
+                    };
+                    let _ = client.set_nodelay(true);
+                    let _ = server.set_nodelay(true);
+                    splice(client, server, settings).await;
+                });
+            }
+        });
+        Ok(Proxy {
+            addr,
+            settings,
+            accept: Arc::new(accept),
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn set_delay(&self, delay: Duration) {
+        self.settings
+            .delay_us
+            .store(delay.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// Cuts (true) or heals (false) the link.
+    pub fn set_blackhole(&self, on: bool) {
+        self.settings.blackhole.store(on, Ordering::Relaxed);
+    }
+}
+
+async fn hold(client: TcpStream, settings: Arc<Settings>) {
+    while settings.blackhole.load(Ordering::Relaxed) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(client);
+}
+
+async fn splice(client: TcpStream, server: TcpStream, settings: Arc<Settings>) {
+    let (cr, cw) = client.into_split();
+    let (sr, sw) = server.into_split();
+    let up = tokio::spawn(direction(cr, sw, settings.clone()));
+    let down = tokio::spawn(direction(sr, cw, settings));
+    let _ = tokio::join!(up, down);
+}
+
+/// One direction: a reader stamps each chunk with its due time, a writer sends
+/// it then. While black-holed, chunks are dropped and nothing is written.
+async fn direction(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    settings: Arc<Settings>,
+) {
+    let (tx, mut rx) = mpsc::channel::<(Instant, Vec<u8>)>(CHUNKS_IN_FLIGHT_MAX);
+    let reader_settings = settings.clone();
+    let reader = tokio::spawn(async move {
+        let mut buf = vec![0u8; CHUNK_BYTES_MAX];
+        loop {
+            let n = match from.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            if reader_settings.blackhole.load(Ordering::Relaxed) {
+                continue;
+            }
+            let delay = Duration::from_micros(reader_settings.delay_us.load(Ordering::Relaxed));
+            if tx
+                .send((Instant::now() + delay, buf[..n].to_vec()))
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+    });
+    while let Some((due, chunk)) = rx.recv().await {
+        tokio::time::sleep_until(due).await;
+        if settings.blackhole.load(Ordering::Relaxed) {
+            continue;
+        }
+        if to.write_all(&chunk).await.is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown().await;
+    reader.abort();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn echo_server() -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            loop {
+                let (mut s, _) = listener.accept().await.unwrap();
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 1024];
+                    loop {
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => {
+                                if s.write_all(&buf[..n]).await.is_err() {
+                                    return;
+                                }
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn adds_the_delay_both_ways_and_blackholes() {
+        let upstream = echo_server().await;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let proxy = Proxy::start(listener, upstream, Duration::from_millis(30)).unwrap();
+        let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+        let started = std::time::Instant::now();
+        s.write_all(b"ping").await.unwrap();
+        let mut buf = [0u8; 4];
+        s.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"ping");
+        let rtt = started.elapsed();
+        assert!(rtt >= Duration::from_millis(60), "round trip {rtt:?}");
+
+        proxy.set_blackhole(true);
+        s.write_all(b"lost").await.unwrap();
+        let got = tokio::time::timeout(Duration::from_millis(200), s.read(&mut buf)).await;
+        assert!(got.is_err(), "a black-holed link delivers nothing");
+        proxy.set_blackhole(false);
+        proxy.set_delay(Duration::ZERO);
+        let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+        s.write_all(b"back").await.unwrap();
+        s.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"back");
+    }
+}
