@@ -1,6 +1,7 @@
 //! The `keyhold` binary: parses the command line, sets up tracing, and calls into
 //! the libraries. No logic lives here beyond turning arguments into configs.
 
+mod cmd_admin;
 mod cmd_fingerprint;
 
 use anyhow::Context;
@@ -79,6 +80,20 @@ enum Command {
     /// Send a mix of new, replayed, conflicting and concurrent duplicate orders
     /// and report latencies.
     Loadgen(LoadgenArgs),
+    /// Tenant administration through any node's admin API.
+    Tenant {
+        #[command(subcommand)]
+        action: TenantAction,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// The cluster as a node sees it: registry leader, regions, nodes.
+    Cluster {
+        #[command(subcommand)]
+        action: ClusterAction,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
     /// Print the RFC 8785 canonical form of a JSON document.
     Canonicalize {
         /// Input file; `-` or nothing reads standard input.
@@ -95,6 +110,61 @@ enum Command {
         /// Input file; `-` or nothing reads standard input.
         file: Option<PathBuf>,
     },
+}
+
+#[derive(clap::Args)]
+struct AdminArgs {
+    /// Origin of any node, e.g. http://127.0.0.1:7400.
+    #[arg(long, global = true, default_value = "http://127.0.0.1:7400")]
+    url: String,
+    /// The admin token (or set KEYHOLD_ADMIN_TOKEN).
+    #[arg(
+        long,
+        global = true,
+        env = "KEYHOLD_ADMIN_TOKEN",
+        hide_env_values = true
+    )]
+    admin_token: Option<String>,
+}
+
+#[derive(Subcommand)]
+enum TenantAction {
+    /// Create a tenant homed in a region; prints its token once.
+    Create {
+        #[arg(long)]
+        id: String,
+        #[arg(long)]
+        home: String,
+    },
+    /// Show a tenant's home, epoch and state.
+    Show {
+        #[arg(long)]
+        id: String,
+    },
+    /// Move a tenant to another home region and follow the move to its end.
+    Move {
+        #[arg(long)]
+        id: String,
+        #[arg(long)]
+        to: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum ClusterAction {
+    /// Print the cluster view of the node at --url.
+    Status,
+}
+
+fn admin_call(
+    args: AdminArgs,
+    f: impl AsyncFnOnce(cmd_admin::Admin) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let token = args
+        .admin_token
+        .context("give --admin-token or set KEYHOLD_ADMIN_TOKEN")?;
+    let admin = cmd_admin::Admin::new(&args.url, token)?;
+    runtime()?.block_on(f(admin))
 }
 
 fn duration(text: &str) -> Result<Duration, String> {
@@ -143,6 +213,15 @@ fn main() -> ExitCode {
             file,
         } => cmd_fingerprint::fingerprint(&spec, file.as_deref(), hmac_key_env.as_deref()),
         Command::Serve { config } => serve(config),
+        Command::Tenant { action, admin } => admin_call(admin, async move |a| match action {
+            TenantAction::Create { id, home } => a.create_tenant(&id, &home).await,
+            TenantAction::Show { id } => a.show_tenant(&id).await,
+            TenantAction::Move { id, to } => a.move_tenant(&id, &to).await,
+        }),
+        Command::Cluster {
+            action: ClusterAction::Status,
+            admin,
+        } => admin_call(admin, async move |a| a.cluster_status().await),
         Command::Loadgen(args) => loadgen(args),
         Command::Up {
             data_dir,

@@ -1,0 +1,118 @@
+//! `keyhold tenant create|show|move` and `keyhold cluster status`: the admin API
+//! from the command line. Any node answers (admin calls act through the
+//! registry); a move is followed to its end with a progress bar.
+
+use anyhow::{bail, Context};
+use serde_json::{json, Value};
+use std::time::Duration;
+
+/// How often a move's operation is polled, and for how long at most.
+const MOVE_POLL_MS: u64 = 200;
+const MOVE_WAIT_S_MAX: u64 = 3_600;
+
+pub struct Admin {
+    base: String,
+    token: String,
+    http: reqwest::Client,
+}
+
+impl Admin {
+    pub fn new(url: &str, token: String) -> anyhow::Result<Admin> {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .build()
+            .context("cannot build the HTTP client")?;
+        Ok(Admin {
+            base: url.trim_end_matches('/').to_owned(),
+            token,
+            http,
+        })
+    }
+
+    async fn call(&self, request: reqwest::RequestBuilder) -> anyhow::Result<(u16, Value)> {
+        let response = request
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .with_context(|| format!("cannot reach {}", self.base))?;
+        let status = response.status().as_u16();
+        let body: Value = response.json().await.unwrap_or(Value::Null);
+        if status >= 400 {
+            let title = body["title"].as_str().unwrap_or("error");
+            let detail = body["detail"].as_str().unwrap_or("");
+            bail!(
+                "{status} {title}{}{detail}",
+                if detail.is_empty() { "" } else { ": " }
+            );
+        }
+        Ok((status, body))
+    }
+
+    pub async fn create_tenant(&self, id: &str, home: &str) -> anyhow::Result<()> {
+        let url = format!("{}/admin/v1/tenants", self.base);
+        let body = json!({"tenant_id": id, "home_region": home});
+        let (_, tenant) = self.call(self.http.post(url).json(&body)).await?;
+        println!("{}", serde_json::to_string_pretty(&tenant)?);
+        eprintln!("the token is shown only this once: keep it");
+        Ok(())
+    }
+
+    pub async fn show_tenant(&self, id: &str) -> anyhow::Result<()> {
+        let url = format!("{}/admin/v1/tenants/{id}", self.base);
+        let (_, tenant) = self.call(self.http.get(url)).await?;
+        println!("{}", serde_json::to_string_pretty(&tenant)?);
+        Ok(())
+    }
+
+    pub async fn cluster_status(&self) -> anyhow::Result<()> {
+        let url = format!("{}/admin/v1/cluster", self.base);
+        let (_, cluster) = self.call(self.http.get(url)).await?;
+        println!("{}", serde_json::to_string_pretty(&cluster)?);
+        Ok(())
+    }
+
+    /// Starts the move and follows its operation until done or failed.
+    pub async fn move_tenant(&self, id: &str, to: &str) -> anyhow::Result<()> {
+        let url = format!("{}/admin/v1/tenants/{id}/move", self.base);
+        let (_, started) = self
+            .call(self.http.post(url).json(&json!({"to": to})))
+            .await?;
+        let op = started["operation_id"]
+            .as_str()
+            .context("the answer names no operation")?
+            .to_owned();
+        let bar = indicatif::ProgressBar::new(1000);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{msg:>12} [{bar:40}] {percent:>3}% {elapsed}")
+                .expect("valid template")
+                .progress_chars("=> "),
+        );
+        bar.set_message(format!("{id} -> {to}"));
+        let url = format!("{}/admin/v1/operations/{op}", self.base);
+        let deadline = std::time::Instant::now() + Duration::from_secs(MOVE_WAIT_S_MAX);
+        loop {
+            let (_, status) = self.call(self.http.get(&url)).await?;
+            let progress = status["progress"].as_f64().unwrap_or(0.0);
+            bar.set_position((progress * 1000.0) as u64);
+            match status["state"].as_str() {
+                Some("done") => {
+                    bar.finish_with_message("done");
+                    println!("{}", serde_json::to_string_pretty(&status)?);
+                    return Ok(());
+                }
+                Some("failed") => {
+                    bar.abandon_with_message("failed");
+                    bail!(
+                        "move failed: {}",
+                        status["error"].as_str().unwrap_or("no reason given")
+                    );
+                }
+                _ => {}
+            }
+            if std::time::Instant::now() > deadline {
+                bail!("operation {op} still running after {MOVE_WAIT_S_MAX} s");
+            }
+            tokio::time::sleep(Duration::from_millis(MOVE_POLL_MS)).await;
+        }
+    }
+}
