@@ -58,6 +58,9 @@ enum Command {
         /// only through delaying proxies (clients reach their region directly).
         #[arg(long, value_parser = duration)]
         inter_region_rtt: Option<Duration>,
+        /// Nodes per region: the first owns the store, the others forward to it.
+        #[arg(long, default_value_t = 1)]
+        nodes_per_region: usize,
         /// Serve this folder (wasm/site, built by wasm/build.sh) at /demo.
         #[arg(long)]
         demo_dir: Option<PathBuf>,
@@ -234,6 +237,7 @@ fn main() -> ExitCode {
             psp_decline_rate,
             demo_dir,
             inter_region_rtt,
+            nodes_per_region,
         } => up(UpConfig {
             data_dir,
             base_port,
@@ -245,6 +249,7 @@ fn main() -> ExitCode {
             psp_decline_rate,
             demo_dir,
             inter_region_rtt,
+            nodes_per_region,
         }),
         Command::Fakepsp {
             listen,

@@ -185,12 +185,9 @@ impl Config {
             ));
         }
         if !self.members.is_empty() {
-            if !self.members.iter().any(|m| m.id == self.node_id) {
-                return Err(Error::Config(format!(
-                    "node_id {} is not among members",
-                    self.node_id
-                )));
-            }
+            // A node that is not among the first members joins later as a
+            // registry learner (added by the leader) and serves the API by
+            // forwarding to its region's store node.
             if let Some(m) = self
                 .members
                 .iter()

@@ -137,7 +137,11 @@ impl Node {
         if !record.is_active() {
             return Placement::Moving;
         }
-        if record.home_region == self.config.region {
+        // Only the region's store node executes; other nodes of the home region
+        // (registry learners serving the API) forward to it like any other.
+        let store_node = self.store_node_of(&record.home_region).map(|(id, _)| id);
+        let is_store_node = store_node.is_none_or(|id| id == self.config.node_id);
+        if record.home_region == self.config.region && is_store_node {
             Placement::Local
         } else {
             Placement::Remote {

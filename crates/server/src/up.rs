@@ -35,13 +35,12 @@ pub const RAFT_PORT_OFFSET: u16 = 10;
 /// and Raft listeners.
 pub const API_PROXY_PORT_OFFSET: u16 = 20;
 pub const RAFT_PROXY_PORT_OFFSET: u16 = 30;
-const _: () = assert!(RAFT_PORT_OFFSET as usize + REGIONS_MAX <= API_PROXY_PORT_OFFSET as usize);
+const _: () = assert!(RAFT_PORT_OFFSET as usize + NODES_MAX <= API_PROXY_PORT_OFFSET as usize);
 const _: () =
-    assert!(API_PROXY_PORT_OFFSET as usize + REGIONS_MAX <= RAFT_PROXY_PORT_OFFSET as usize);
-const _: () = assert!(RAFT_PROXY_PORT_OFFSET as usize + REGIONS_MAX <= PSP_PORT_OFFSET as usize);
-const _: () = assert!(REGIONS_MAX <= RAFT_PORT_OFFSET as usize);
-const _: () = assert!(RAFT_PORT_OFFSET as usize + REGIONS_MAX <= PSP_PORT_OFFSET as usize);
-const _: () = assert!(REGIONS_MAX < PSP_PORT_OFFSET as usize);
+    assert!(API_PROXY_PORT_OFFSET as usize + NODES_MAX <= RAFT_PROXY_PORT_OFFSET as usize);
+const _: () = assert!(RAFT_PROXY_PORT_OFFSET as usize + NODES_MAX <= PSP_PORT_OFFSET as usize);
+const _: () = assert!(NODES_MAX <= RAFT_PORT_OFFSET as usize);
+const _: () = assert!(REGIONS_MAX <= NODES_MAX);
 const _: () = assert!(PSP_PORT_OFFSET < PORTS_PER_CLUSTER);
 
 #[derive(Debug, Clone)]
@@ -60,6 +59,9 @@ pub struct UpConfig {
     pub demo_dir: Option<PathBuf>,
     /// Simulated round trip between regions (nodes talk through delaying proxies).
     pub inter_region_rtt: Option<Duration>,
+    /// Nodes per region: the first owns the region's store and votes in the
+    /// registry; the others are registry learners that serve the API.
+    pub nodes_per_region: usize,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]
@@ -82,6 +84,17 @@ pub struct ClusterFile {
     /// The fake payment provider's origin.
     pub psp_url: String,
     pub tenants: Vec<TenantSecret>,
+    pub nodes: Vec<NodeEntry>,
+}
+
+/// Every node of the cluster, for operators (cluster.json's `nodes`).
+#[derive(Debug, Serialize)]
+pub struct NodeEntry {
+    pub node_id: u64,
+    pub region: String,
+    pub api_url: String,
+    /// `store` (owns the region's store, registry voter) or `api` (forwards).
+    pub role: &'static str,
 }
 
 #[derive(Debug, Serialize)]
@@ -97,6 +110,9 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), Error> {
     std::fs::rename(&tmp, path)?;
     Ok(())
 }
+
+/// Nodes one local cluster may have in all (one API and one Raft port each).
+pub const NODES_MAX: usize = 8;
 
 fn validate_regions(regions: &[String]) -> Result<(), Error> {
     if regions.is_empty() || regions.len() > REGIONS_MAX {
@@ -126,6 +142,11 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
     validate_regions(&up.regions)?;
+    if up.nodes_per_region == 0 || up.regions.len() * up.nodes_per_region > NODES_MAX {
+        return Err(Error::Config(format!(
+            "--nodes-per-region must be at least 1, with at most {NODES_MAX} nodes in all"
+        )));
+    }
     std::fs::create_dir_all(&up.data_dir)?;
     // A cluster.json from an earlier run must not be mistaken for readiness.
     match std::fs::remove_file(up.data_dir.join("cluster.json")) {
@@ -156,19 +177,27 @@ pub async fn run(
         decline_rate: up.psp_decline_rate,
     };
 
+    // The nodes: first one store-owning registry voter per region (ids 1..=R),
+    // then the extra nodes of each region, which join as registry learners and
+    // serve the API by forwarding to their region's store node.
+    let layout: Vec<(u64, String)> = (0..up.nodes_per_region)
+        .flat_map(|j| up.regions.iter().map(move |r| (j, r.clone())))
+        .enumerate()
+        .map(|(k, (_, region))| (k as u64 + 1, region))
+        .collect();
     // Bind every listener first: the registry's membership names the addresses.
     let mut listeners = Vec::new();
-    for i in 0..up.regions.len() as u16 {
-        let api = bind(up.base_port + i).await?;
-        let raft = bind(up.base_port + RAFT_PORT_OFFSET + i).await?;
+    for k in 0..layout.len() as u16 {
+        let api = bind(up.base_port + k).await?;
+        let raft = bind(up.base_port + RAFT_PORT_OFFSET + k).await?;
         listeners.push((api, raft));
     }
     // With a simulated inter-region round trip, nodes reach each other (API
     // forwards and Raft alike) only through delaying proxies, whose addresses are
     // what the registry advertises; clients still reach their region directly.
     let mut proxies = Vec::new();
-    let mut members = Vec::new();
-    for (i, region) in up.regions.iter().enumerate() {
+    let mut everyone = Vec::new();
+    for (i, (id, region)) in layout.iter().enumerate() {
         let (api, raft) = &listeners[i];
         let (api_addr, raft_addr) = match up.inter_region_rtt {
             None => (api.local_addr()?, raft.local_addr()?),
@@ -190,24 +219,28 @@ pub async fn run(
                 addrs
             }
         };
-        members.push(Member {
-            id: i as u64 + 1,
+        everyone.push(Member {
+            id: *id,
             region: region.clone(),
             api_addr: api_addr.to_string(),
             raft_addr: raft_addr.to_string(),
         });
     }
+    let members: Vec<Member> = everyone[..up.regions.len()].to_vec();
 
     let mut nodes = Vec::new();
     let mut region_entries = Vec::new();
-    for (i, ((api, raft), region)) in listeners.into_iter().zip(&up.regions).enumerate() {
-        let mut config = Config::new(
-            region,
-            up.data_dir.join(region),
-            secrets.admin_token.clone(),
-        );
+    let mut node_entries = Vec::new();
+    for (i, ((api, raft), (id, region))) in listeners.into_iter().zip(&layout).enumerate() {
+        let store_node = i < up.regions.len();
+        let dir = if store_node {
+            up.data_dir.join(region)
+        } else {
+            up.data_dir.join(format!("{region}-node{id}"))
+        };
+        let mut config = Config::new(region, dir, secrets.admin_token.clone());
         config.regions = up.regions.clone();
-        config.node_id = i as u64 + 1;
+        config.node_id = *id;
         config.members = members.clone();
         config.listen = api.local_addr()?.to_string();
         config.raft_listen = raft.local_addr()?.to_string();
@@ -223,7 +256,7 @@ pub async fn run(
         }
         config.demo_dir.clone_from(&up.demo_dir);
         config.validate()?;
-        let advertised = &members[i];
+        let advertised = &everyone[i];
         let node = Arc::new(
             Node::open(
                 config,
@@ -232,9 +265,18 @@ pub async fn run(
             )
             .await?,
         );
-        region_entries.push(RegionEntry {
-            name: region.clone(),
-            api_url: format!("http://{}", api.local_addr()?),
+        let api_url = format!("http://{}", api.local_addr()?);
+        if store_node {
+            region_entries.push(RegionEntry {
+                name: region.clone(),
+                api_url: api_url.clone(),
+            });
+        }
+        node_entries.push(NodeEntry {
+            node_id: *id,
+            region: region.clone(),
+            api_url,
+            role: if store_node { "store" } else { "api" },
         });
         nodes.push((node, api, raft));
     }
@@ -259,6 +301,44 @@ pub async fn run(
 
     // The registry must have a leader and know every region before tenants exist.
     let deadline = Instant::now() + Duration::from_millis(REGISTRY_BOOTSTRAP_WAIT_MS);
+    let voters = &handles[..up.regions.len()];
+    while !voters.iter().all(|n| crate::cluster::is_ready(n)) {
+        if Instant::now() > deadline {
+            let _ = stop_tx.send(());
+            return Err(Error::Config(
+                "the registry did not elect a leader and register the regions in time".into(),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Extra nodes join as learners, added by whichever voter leads.
+    for extra in &everyone[up.regions.len()..] {
+        let info = keyhold_registry::NodeInfo::new(
+            extra.region.clone(),
+            extra.api_addr.clone(),
+            extra.raft_addr.clone(),
+        );
+        loop {
+            let leader = voters
+                .iter()
+                .find(|n| n.registry().leader() == Some(n.registry().id()));
+            let added = match leader {
+                Some(n) => n.registry().add_learner(extra.id, info.clone()).await,
+                None => Err(keyhold_registry::Error::NoLeader {
+                    attempts: 0,
+                    last_error: "no voter leads yet".into(),
+                }),
+            };
+            match added {
+                Ok(()) => break,
+                Err(e) if Instant::now() > deadline => {
+                    let _ = stop_tx.send(());
+                    return Err(Error::Config(format!("cannot add node {}: {e}", extra.id)));
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    }
     while !handles.iter().all(|n| crate::cluster::is_ready(n)) {
         if Instant::now() > deadline {
             let _ = stop_tx.send(());
@@ -325,6 +405,7 @@ pub async fn run(
         regions: region_entries,
         psp_url,
         tenants: secrets.tenants.clone(),
+        nodes: node_entries,
     };
     write_atomically(
         &up.data_dir.join("cluster.json"),
