@@ -68,6 +68,18 @@ pub struct UpConfig {
 struct Secrets {
     admin_token: String,
     tenants: Vec<TenantSecret>,
+    /// The layout the cluster was created with. The registry's membership holds
+    /// every node's address, so a restart must use the same ports and nodes.
+    #[serde(default)]
+    layout: Option<Layout>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Layout {
+    base_port: u16,
+    regions: Vec<String>,
+    nodes_per_region: usize,
+    inter_region_rtt_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -161,9 +173,32 @@ pub async fn run(
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Secrets {
             admin_token: new_token(),
             tenants: Vec::new(),
+            layout: None,
         },
         Err(e) => return Err(e.into()),
     };
+    let layout = Layout {
+        base_port: up.base_port,
+        regions: up.regions.clone(),
+        nodes_per_region: up.nodes_per_region,
+        inter_region_rtt_ms: up.inter_region_rtt.map(|d| d.as_millis() as u64),
+    };
+    match &secrets.layout {
+        Some(old) if old != &layout => {
+            return Err(Error::Config(format!(
+                "{} holds a cluster created with --base-port {} --regions {} \
+                 --nodes-per-region {}{}; restart it with the same options (the registry \
+                 knows its nodes by those addresses), or use an empty --data-dir",
+                up.data_dir.display(),
+                old.base_port,
+                old.regions.join(","),
+                old.nodes_per_region,
+                old.inter_region_rtt_ms
+                    .map_or(String::new(), |ms| format!(" --inter-region-rtt {ms}ms")),
+            )))
+        }
+        _ => secrets.layout = Some(layout),
+    }
     write_atomically(
         &secrets_path,
         &serde_json::to_vec_pretty(&secrets).expect("json"),

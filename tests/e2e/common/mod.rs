@@ -49,6 +49,8 @@ pub fn unique(prefix: &str) -> String {
 
 /// `keyhold up` puts its fake payment provider at the base port plus this.
 pub const PSP_PORT_OFFSET: u16 = 40;
+/// ... and each node's Raft listener at the base port plus this plus its index.
+pub const RAFT_PORT_OFFSET: u16 = 10;
 
 /// A base port whose first `count` ports (and a margin) bind on 127.0.0.1 now.
 pub fn free_base_port(count: u16) -> u16 {
@@ -56,7 +58,9 @@ pub fn free_base_port(count: u16) -> u16 {
         let base = 20_000 + (random_u64() % 40_000) as u16;
         let mut held = Vec::new();
         // The nodes' ports, a margin, and the fake payment provider at base + 40.
-        let mut ports = (0..count + 2).chain([PSP_PORT_OFFSET]);
+        let mut ports = (0..count + 2)
+            .chain((0..count).map(|i| RAFT_PORT_OFFSET + i))
+            .chain([PSP_PORT_OFFSET]);
         let ok = ports.all(|i| match TcpListener::bind(("127.0.0.1", base + i)) {
             Ok(l) => {
                 held.push(l);
@@ -319,11 +323,20 @@ impl Cluster {
             self.child.is_none(),
             "stop the cluster before restarting it"
         );
+        // The registry knows the nodes by their addresses, so a cluster restarts
+        // on the ports it was created with; wait (bounded) for them to be free.
         let same = self.base_port;
-        let free = (0..self.regions.len() as u16)
+        let n = self.regions.len() as u16;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !(0..n)
+            .chain((0..n).map(|i| RAFT_PORT_OFFSET + i))
             .chain([PSP_PORT_OFFSET])
-            .all(|i| TcpListener::bind(("127.0.0.1", same + i)).is_ok());
-        self.boot(free.then_some(same));
+            .all(|i| TcpListener::bind(("127.0.0.1", same + i)).is_ok())
+        {
+            assert!(Instant::now() < deadline, "ports of the cluster stay busy");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.boot(Some(same));
     }
 
     pub fn region(&self, name: &str) -> &Region {
@@ -862,4 +875,433 @@ pub fn assert_same_order(current: &Value, created: &Value) {
     assert_eq!(strip(current), strip(created), "the same order");
     let status = current["status"].as_str().unwrap_or_default();
     assert!(ORDER_STATUSES.contains(&status), "order status {status:?}");
+}
+
+/// Checks the rules of [`check_common`] for an answer whose `Keyhold-Region` may
+/// be any of `allowed` (forwarded answers name the home, local refusals the node
+/// itself); returns the region it names.
+#[track_caller]
+pub fn check_common_any(resp: &Resp, allowed: &[&str]) -> String {
+    let region = resp.header("keyhold-region").unwrap_or_else(|| {
+        panic!(
+            "every response carries Keyhold-Region (status {}, body {})",
+            resp.status,
+            resp.text()
+        )
+    });
+    assert!(
+        allowed.contains(&region.as_str()),
+        "Keyhold-Region {region:?} is not one of {allowed:?} (status {}, body {})",
+        resp.status,
+        resp.text()
+    );
+    check_common(resp, &region);
+    region
+}
+
+impl Api {
+    /// Like [`Api::try_send`], but the answer's `Keyhold-Region` may be any of
+    /// `allowed` (see [`check_common_any`]).
+    pub fn try_send_any(
+        &self,
+        rb: RequestBuilder,
+        allowed: &[&str],
+    ) -> Result<Resp, reqwest::Error> {
+        let r = rb.send()?;
+        let status = r.status().as_u16();
+        let headers = r.headers().clone();
+        let body = r.bytes()?.to_vec();
+        let resp = Resp {
+            status,
+            headers,
+            body,
+        };
+        check_common_any(&resp, allowed);
+        Ok(resp)
+    }
+
+    /// The same node, but expecting answers executed in `region` (a request
+    /// forwarded to its home region carries the home's `Keyhold-Region`).
+    pub fn expecting(&self, region: &str) -> Api {
+        Api {
+            base: self.base.clone(),
+            region: region.to_owned(),
+            client: self.client.clone(),
+        }
+    }
+}
+
+/// One member of a [`ServeCluster`]: a `keyhold serve --config` process.
+pub struct ServeMember {
+    pub node_id: u64,
+    pub region: String,
+    pub api_addr: String,
+    pub raft_addr: String,
+    dir: PathBuf,
+    child: Option<Child>,
+    starts: u32,
+    stopped: bool,
+}
+
+impl ServeMember {
+    fn config_path(&self) -> PathBuf {
+        self.dir.join("node.toml")
+    }
+
+    fn log_path(&self, n: u32) -> PathBuf {
+        self.dir.join(format!("serve-{n}.stderr.log"))
+    }
+
+    fn spawn(&mut self) {
+        self.starts += 1;
+        let stderr = File::create(self.log_path(self.starts)).expect("log file");
+        let child = Command::new(KEYHOLD)
+            .arg("serve")
+            .arg("--config")
+            .arg(self.config_path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("spawn keyhold serve");
+        self.child = Some(child);
+        self.stopped = false;
+    }
+
+    /// The last part of the current process's stderr log.
+    pub fn stderr_tail(&self) -> String {
+        let text = read(&self.log_path(self.starts));
+        let start = text.len().saturating_sub(3000);
+        let start = (start..text.len())
+            .find(|&i| text.is_char_boundary(i))
+            .unwrap_or(text.len());
+        text[start..].to_owned()
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("running").id();
+        let status = Command::new("kill")
+            .arg(signal)
+            .arg(pid.to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {signal} {pid} failed");
+    }
+}
+
+/// N `keyhold serve --config` processes forming one cluster: one node per region,
+/// node ids 1..=N, every member listed in every config, one admin token, a data
+/// dir each. Nodes can be SIGKILLed and restarted on the same data dir, or frozen
+/// with SIGSTOP and thawed with SIGCONT. Every process is killed when dropped.
+pub struct ServeCluster {
+    tmp: tempfile::TempDir,
+    pub admin_token: String,
+    pub members: Vec<ServeMember>,
+}
+
+/// `count` distinct loopback ports that were free a moment ago.
+fn free_ports(count: usize) -> Vec<u16> {
+    let held: Vec<TcpListener> = (0..count)
+        .map(|_| TcpListener::bind(("127.0.0.1", 0)).expect("bind an ephemeral port"))
+        .collect();
+    held.iter()
+        .map(|l| l.local_addr().expect("local addr").port())
+        .collect()
+}
+
+impl ServeCluster {
+    /// Starts one node per region (`extra_toml` is added to every config's
+    /// top-level keys) and waits until every node's `/readyz` is 200.
+    pub fn start(regions: &[&str], extra_toml: &str) -> ServeCluster {
+        let tmp = tempfile::Builder::new()
+            .prefix("keyhold-serve-cluster-")
+            .tempdir()
+            .expect("tempdir");
+        let admin_token = format!("admin-{:016x}{:016x}", random_u64(), random_u64());
+        let mut cluster = ServeCluster {
+            tmp,
+            admin_token,
+            members: Vec::new(),
+        };
+        let mut last = String::new();
+        for attempt in 0..4 {
+            cluster.configure(regions, extra_toml, attempt);
+            for m in &mut cluster.members {
+                m.spawn();
+            }
+            match cluster.wait_all_ready(READY_TIMEOUT) {
+                Ok(()) => return cluster,
+                Err(e) => {
+                    last = e;
+                    for m in &mut cluster.members {
+                        if let Some(mut child) = m.child.take() {
+                            let _ = child.kill();
+                            let _ = child.wait();
+                        }
+                    }
+                    // Only a port clash is worth another try on fresh ports.
+                    if !last.contains("listen") {
+                        break;
+                    }
+                }
+            }
+        }
+        panic!("the serve cluster did not start: {last}");
+    }
+
+    /// Writes every member's config on fresh ports (attempt `n`: fresh dirs too).
+    fn configure(&mut self, regions: &[&str], extra_toml: &str, n: u32) {
+        let ports = free_ports(regions.len() * 2);
+        let members: Vec<(u64, String, String, String)> = regions
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                (
+                    i as u64 + 1,
+                    r.to_string(),
+                    format!("127.0.0.1:{}", ports[2 * i]),
+                    format!("127.0.0.1:{}", ports[2 * i + 1]),
+                )
+            })
+            .collect();
+        let regions_toml = regions
+            .iter()
+            .map(|r| format!("\"{r}\""))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut members_toml = String::new();
+        for (id, region, api, raft) in &members {
+            members_toml.push_str(&format!(
+                "\n[[members]]\nid = {id}\nregion = \"{region}\"\napi_addr = \"{api}\"\nraft_addr = \"{raft}\"\n"
+            ));
+        }
+        self.members.clear();
+        for (id, region, api, raft) in members {
+            let dir = self.tmp.path().join(format!("try{n}-node{id}-{region}"));
+            std::fs::create_dir_all(&dir).expect("node dir");
+            let config = format!(
+                "region = \"{region}\"\nregions = [{regions_toml}]\ndata_dir = \"{}\"\nlisten = \"{api}\"\nnode_id = {id}\nraft_listen = \"{raft}\"\nadmin_token = \"{}\"\n{extra_toml}\n{members_toml}",
+                dir.join("data").display(),
+                self.admin_token
+            );
+            std::fs::write(dir.join("node.toml"), config).expect("write config");
+            self.members.push(ServeMember {
+                node_id: id,
+                region,
+                api_addr: api,
+                raft_addr: raft,
+                dir,
+                child: None,
+                starts: 0,
+                stopped: false,
+            });
+        }
+    }
+
+    fn wait_all_ready(&mut self, timeout: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let mut ready = true;
+            for i in 0..self.members.len() {
+                if let Some(status) = self.exited(i) {
+                    let m = &self.members[i];
+                    return Err(format!(
+                        "node {} ({}) exited {status}: {}",
+                        m.node_id,
+                        m.region,
+                        m.stderr_tail()
+                    ));
+                }
+                ready &= self.is_ready(i);
+            }
+            if ready {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let tails: Vec<String> = self
+                    .members
+                    .iter()
+                    .map(|m| format!("node {}: {}", m.node_id, m.stderr_tail()))
+                    .collect();
+                return Err(format!(
+                    "not every node was ready within {timeout:?}:\n{}",
+                    tails.join("\n")
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn exited(&mut self, i: usize) -> Option<ExitStatus> {
+        let child = self.members[i].child.as_mut()?;
+        child.try_wait().expect("try_wait")
+    }
+
+    /// The member index of a region's node.
+    pub fn index(&self, region: &str) -> usize {
+        self.members
+            .iter()
+            .position(|m| m.region == region)
+            .unwrap_or_else(|| panic!("no node in region {region}"))
+    }
+
+    /// The member index of a node id.
+    pub fn index_of_id(&self, node_id: u64) -> usize {
+        self.members
+            .iter()
+            .position(|m| m.node_id == node_id)
+            .unwrap_or_else(|| panic!("no node with id {node_id}"))
+    }
+
+    /// A client for member `i`, expecting answers from its own region.
+    pub fn api(&self, i: usize) -> Api {
+        let m = &self.members[i];
+        Api::new(&format!("http://{}", m.api_addr), &m.region)
+    }
+
+    pub fn pid(&self, i: usize) -> u32 {
+        self.members[i]
+            .child
+            .as_ref()
+            .expect("node is running")
+            .id()
+    }
+
+    /// `GET /readyz` is 200 (false on any transport error, a frozen node included).
+    pub fn is_ready(&self, i: usize) -> bool {
+        let api = self.api(i);
+        api.client
+            .get(api.url("/readyz"))
+            .timeout(Duration::from_secs(2))
+            .send()
+            .is_ok_and(|r| r.status().as_u16() == 200)
+    }
+
+    /// Polls `/readyz` of member `i` until 200, panicking after `timeout`.
+    pub fn wait_ready(&mut self, i: usize, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while !self.is_ready(i) {
+            if let Some(status) = self.exited(i) {
+                panic!(
+                    "node {} exited {status}: {}",
+                    self.members[i].node_id,
+                    self.members[i].stderr_tail()
+                );
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "node {} not ready within {timeout:?}: {}",
+                    self.members[i].node_id,
+                    self.members[i].stderr_tail()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `GET /admin/v1/cluster` on member `i`; `None` on a transport error or a
+    /// non-200 answer.
+    pub fn cluster_view(&self, i: usize) -> Option<Value> {
+        let api = self.api(i);
+        let rb = api
+            .get_rb("/admin/v1/cluster")
+            .bearer_auth(&self.admin_token)
+            .timeout(Duration::from_secs(2));
+        let r = api.try_send(rb).ok()?;
+        (r.status == 200).then(|| r.json())
+    }
+
+    /// The registry leader member `i` knows of, if any.
+    pub fn leader_seen_by(&self, i: usize) -> Option<u64> {
+        self.cluster_view(i)?["registry"]["leader"].as_u64()
+    }
+
+    /// Creates a tenant homed in `home_region` through the admin API of member `via`.
+    pub fn create_tenant(&self, via: usize, home_region: &str) -> Tenant {
+        let tenant_id = unique("t");
+        let body = serde_json::json!({"tenant_id": tenant_id, "home_region": home_region});
+        let r = self.api(via).post_json(
+            "/admin/v1/tenants",
+            Some(&self.admin_token),
+            &body.to_string(),
+        );
+        assert_eq!(r.status, 201, "create tenant: {}", r.text());
+        Tenant {
+            tenant_id,
+            home_region: home_region.to_owned(),
+            token: r.json()["token"]
+                .as_str()
+                .expect("token shown at creation")
+                .to_owned(),
+        }
+    }
+
+    /// SIGKILL member `i`: no chance to flush or clean up.
+    pub fn kill9(&mut self, i: usize) {
+        if let Some(mut child) = self.members[i].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts member `i` again on the same config and data dir, without waiting.
+    pub fn restart(&mut self, i: usize) {
+        assert!(
+            self.members[i].child.is_none(),
+            "kill the node before restarting it"
+        );
+        self.members[i].spawn();
+    }
+
+    /// SIGSTOP member `i`: it keeps its sockets but answers nothing.
+    pub fn freeze(&mut self, i: usize) {
+        self.members[i].signal("-STOP");
+        self.members[i].stopped = true;
+    }
+
+    /// SIGCONT member `i` after [`ServeCluster::freeze`].
+    pub fn thaw(&mut self, i: usize) {
+        self.members[i].signal("-CONT");
+        self.members[i].stopped = false;
+    }
+
+    /// Every member's stderr tail, for failure reports.
+    pub fn stderr_tails(&self) -> String {
+        self.members
+            .iter()
+            .map(|m| {
+                format!(
+                    "--- node {} ({}) stderr tail ---\n{}",
+                    m.node_id,
+                    m.region,
+                    m.stderr_tail()
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+impl Drop for ServeCluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "--- serve cluster ({}) ---\n{}",
+                self.tmp.path().display(),
+                self.stderr_tails()
+            );
+        }
+        for m in &mut self.members {
+            if let Some(mut child) = m.child.take() {
+                if m.stopped {
+                    let _ = Command::new("kill")
+                        .arg("-CONT")
+                        .arg(child.id().to_string())
+                        .status();
+                }
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
 }

@@ -1,0 +1,182 @@
+// End to end in headless Chromium against a real `keyhold up` (KEYHOLD_BIN)
+// serving the demo (wasm/site) at /demo: place an order with the flaky network
+// dropping every answer after the server committed, reload mid-retry, let the
+// page resume, place it again — and there is exactly one order, the page shows
+// it as done, and the fingerprint the page sent is the one the server computed.
+
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { createServer } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { launch } from './browser.mjs';
+
+const SITE = fileURLToPath(new URL('../site', import.meta.url));
+const BIN = process.env.KEYHOLD_BIN;
+const SHOTS = process.env.KEYHOLD_SCREENSHOTS; // optional folder for screenshots
+
+let node; // the keyhold up process
+let dataDir;
+let browser;
+let api; // origin of region a's node
+let token;
+let nodeLog = '';
+
+function portFree(port) {
+  return new Promise((resolve) => {
+    const s = createServer();
+    s.once('error', () => resolve(false));
+    s.listen(port, '127.0.0.1', () => s.close(() => resolve(true)));
+  });
+}
+
+/** A base port whose whole `keyhold up` range (50 ports) is free. */
+async function freeBasePort() {
+  for (let tries = 0; tries < 40; tries++) {
+    const base = 20_000 + Math.floor(Math.random() * 800) * 50;
+    let free = true;
+    for (let p = base; p < base + 50 && free; p++) free = await portFree(p);
+    if (free) return base;
+  }
+  throw new Error('no free port range');
+}
+
+before(async () => {
+  assert.ok(BIN && existsSync(BIN), 'set KEYHOLD_BIN to the keyhold binary (wasm/test.sh does)');
+  assert.ok(existsSync(join(SITE, 'index.html')), 'run wasm/build.sh first (wasm/site)');
+  dataDir = mkdtempSync(join(tmpdir(), 'keyhold-e2e-'));
+  const base = await freeBasePort();
+  node = spawn(BIN, ['up', '--data-dir', dataDir, '--base-port', String(base), '--regions', 'a', '--demo-dir', SITE], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+    env: { ...process.env, RUST_LOG: 'warn' },
+  });
+  node.stdout.on('data', (d) => { nodeLog += d; });
+  node.stderr.on('data', (d) => { nodeLog += d; });
+  const clusterFile = join(dataDir, 'cluster.json');
+  const deadline = Date.now() + 60_000;
+  while (!existsSync(clusterFile)) {
+    if (node.exitCode !== null) throw new Error(`keyhold up exited ${node.exitCode}:\n${nodeLog}`);
+    if (Date.now() > deadline) throw new Error(`keyhold up not ready in 60 s:\n${nodeLog}`);
+    await sleep(100);
+  }
+  const cluster = JSON.parse(readFileSync(clusterFile, 'utf8'));
+  api = cluster.regions.find((r) => r.name === 'a').api_url;
+  token = cluster.tenants.find((t) => t.home_region === 'a').token;
+  browser = await launch();
+});
+
+after(async () => {
+  await browser?.close();
+  if (node && node.exitCode === null) {
+    const exited = new Promise((resolve) => node.once('exit', resolve));
+    node.kill('SIGTERM');
+    const done = await Promise.race([exited.then(() => true), sleep(10_000).then(() => false)]);
+    if (!done) {
+      node.kill('SIGKILL');
+      await exited;
+    }
+  }
+  if (dataDir) rmSync(dataDir, { recursive: true, force: true });
+});
+
+test('the node serves the demo and the package with the right types', async () => {
+  const redirect = await fetch(`${api}/demo`, { redirect: 'manual' });
+  assert.equal(redirect.status, 308);
+  assert.equal(redirect.headers.get('location'), '/demo/');
+  const page = await fetch(`${api}/demo/`);
+  assert.equal(page.status, 200);
+  assert.match(page.headers.get('content-type'), /^text\/html/);
+  const wasm = await fetch(`${api}/demo/pkg/web/keyhold_fingerprint_bg.wasm`);
+  assert.equal(wasm.status, 200);
+  assert.equal(wasm.headers.get('content-type'), 'application/wasm');
+  const js = await fetch(`${api}/demo/pkg/client.js`);
+  assert.match(js.headers.get('content-type'), /^text\/javascript/);
+  for (const bad of ['/demo/../cluster.json', '/demo/.hidden', '/demo/nope.js']) {
+    const r = await fetch(`${api}${bad}`);
+    assert.equal(r.status, 404, bad);
+    assert.match(r.headers.get('content-type'), /problem\+json/);
+  }
+});
+
+test('lost answers, a reload mid-retry and a second click make exactly one order', async () => {
+  const page = await browser.context.newPage();
+  page.on('pageerror', (e) => { nodeLog += `\npage error: ${e}`; });
+  const sent = []; // { key, fingerprint } of every POST /v1/orders
+  const answers = []; // { status, fingerprint, replayed, orderId }
+  page.on('request', (r) => {
+    if (r.method() === 'POST' && r.url().endsWith('/v1/orders')) {
+      const h = r.headers();
+      sent.push({ key: h['idempotency-key'], fingerprint: h['idempotency-fingerprint'] });
+    }
+  });
+  page.on('response', async (r) => {
+    if (r.request().method() === 'POST' && r.url().endsWith('/v1/orders')) {
+      const body = await r.json().catch(() => ({}));
+      const h = r.headers();
+      answers.push({ status: r.status(), fingerprint: h['idempotency-fingerprint'], replayed: h['idempotent-replayed'] === 'true', orderId: body.order_id });
+    }
+  });
+  const clientOrderId = `e2e-${Date.now().toString(36)}`;
+  await page.goto(`${api}/demo/`);
+  await page.waitForSelector('body[data-ready="true"]');
+  await page.fill('#token', token);
+  await page.fill('#client_order_id', clientOrderId);
+  await page.check('#flaky');
+  await page.click('#place');
+
+  // Every answer is dropped: the page keeps retrying with the same key.
+  await page.waitForFunction(() => Number(document.getElementById('attempts').textContent) >= 3, null, { timeout: 30_000 });
+  assert.equal(await page.textContent('#state'), 'processing');
+  assert.ok(answers.length >= 2 && answers.every((a) => a.status === 201 || a.status === 200 || a.status === 409), JSON.stringify(answers));
+
+  // Reload mid-retry: the flaky switch is off again, the pending intent resumes.
+  await page.reload();
+  await page.waitForSelector('#state[data-state="done"]', { timeout: 30_000 });
+  const resumedKey = await page.textContent('#key');
+  const orderId = await page.textContent('#order-id');
+  assert.equal(await page.inputValue('#client_order_id'), clientOrderId);
+  assert.equal(await page.textContent('#replayed'), 'true');
+  const sentFp = await page.textContent('#sent-fp');
+  assert.equal(await page.textContent('#server-fp'), sentFp);
+  if (SHOTS) await page.screenshot({ path: join(SHOTS, 'demo-resumed.png'), fullPage: true });
+
+  // One key for every attempt, before and after the reload; one fingerprint.
+  assert.ok(sent.length >= 4, `only ${sent.length} requests`);
+  assert.deepEqual([...new Set(sent.map((s) => s.key))], [resumedKey]);
+  assert.deepEqual([...new Set(sent.map((s) => s.fingerprint))], [sentFp]);
+
+  // Submit again: the intent is settled, so this is a new key for the same
+  // client_order_id; the marker answers with the same order.
+  await page.click('#place');
+  await page.waitForFunction(
+    (key) => document.getElementById('state').dataset.state === 'done' && document.getElementById('key').textContent !== key,
+    resumedKey, { timeout: 30_000 },
+  );
+  assert.equal(await page.textContent('#order-id'), orderId);
+  assert.equal(await page.textContent('#server-fp'), await page.textContent('#sent-fp'));
+  if (SHOTS) await page.screenshot({ path: join(SHOTS, 'demo-again.png'), fullPage: true });
+
+  // Every answer the server gave named the same order, with the fingerprint the page sent.
+  const ok = answers.filter((a) => a.status < 300);
+  assert.ok(ok.length >= 4);
+  assert.deepEqual([...new Set(ok.map((a) => a.orderId))], [orderId]);
+  assert.deepEqual([...new Set(answers.map((a) => a.fingerprint).filter(Boolean))], [sentFp]);
+  // One creation; the rest are replays of it (201, Idempotent-Replayed) or the
+  // marker's answer to the second click's new key (200).
+  assert.equal(ok.filter((a) => a.status === 201 && !a.replayed).length, 1, JSON.stringify(answers));
+  assert.ok(ok.some((a) => a.status === 200), JSON.stringify(answers));
+
+  // And the server has exactly that one order for the business key.
+  const found = await fetch(`${api}/v1/orders?client_order_id=${encodeURIComponent(clientOrderId)}`, {
+    headers: { Authorization: `Bearer ${token}` },
+  });
+  assert.equal(found.status, 200);
+  const order = await found.json();
+  assert.equal(order.order_id, orderId);
+  assert.equal(order.client_order_id, clientOrderId);
+  await page.close();
+});
