@@ -77,6 +77,7 @@ pub async fn serve(
     });
     let bootstrap = tokio::spawn(cluster::bootstrap(node.clone()));
     let directory = tokio::spawn(cluster::follow_registry(node.clone(), stop_rx.clone()));
+    let move_watch = tokio::spawn(routes::resume_stalled_moves(node.clone(), stop_rx.clone()));
     let sweeper = tokio::spawn(sweeper::run(node.clone(), stop_rx.clone()));
     let relays: Vec<_> = downstream::consumers(&node)
         .into_iter()
@@ -95,6 +96,7 @@ pub async fn serve(
     bootstrap.abort();
     let _ = sweeper.await;
     let _ = directory.await;
+    let _ = move_watch.await;
     for relay in relays {
         let _ = relay.await;
     }

@@ -6,6 +6,8 @@ mod claims;
 mod forward;
 mod meta;
 mod moves;
+
+pub use moves::resume_stalled as resume_stalled_moves;
 mod orders;
 
 use crate::node::Node;

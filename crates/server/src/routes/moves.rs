@@ -45,6 +45,58 @@ const NEXT_CURSOR: &str = "keyhold-next-cursor";
 /// Pages copied between two progress reports.
 const PROGRESS_EVERY_PAGES: u64 = 10;
 
+/// An operation whose driver has not reported for this long is taken over by
+/// the registry leader's node (the driver may have died with its node).
+pub const MOVE_STALL_MS: u64 = 60_000;
+/// How often the leader's node looks for stalled moves.
+pub const MOVE_WATCH_INTERVAL_MS: u64 = 10_000;
+const _: () = assert!(MOVE_WATCH_INTERVAL_MS < MOVE_STALL_MS);
+
+/// On the registry leader's node: re-drives moves whose driver went silent.
+/// Every step of a move is safe to repeat, so a second driver racing a slow first
+/// one is harmless (imports overwrite, `CompleteMove` answers a replay alike).
+pub async fn resume_stalled(node: Arc<Node>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let mut resumed: std::collections::HashMap<String, Instant> = Default::default();
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(MOVE_WATCH_INTERVAL_MS)) => {}
+            _ = stop.changed() => return,
+        }
+        let registry = node.registry();
+        if registry.leader() != Some(registry.id()) {
+            continue;
+        }
+        let at = now().0;
+        let stalled: Vec<Operation> = registry.read(|s| {
+            s.operations
+                .values()
+                .filter(|op| !op.state.is_terminal())
+                .filter(|op| at.saturating_sub(op.updated_at_ms) > MOVE_STALL_MS)
+                .cloned()
+                .collect()
+        });
+        for op in stalled {
+            let recent = resumed
+                .get(&op.operation_id)
+                .is_some_and(|t| t.elapsed() < Duration::from_millis(MOVE_STALL_MS));
+            if recent {
+                continue;
+            }
+            tracing::warn!(operation = %op.operation_id, tenant = %op.tenant_id, "resuming a stalled move");
+            metrics::counter!("keyhold_moves_resumed_total").increment(1);
+            resumed.insert(op.operation_id.clone(), Instant::now());
+            tokio::spawn(drive(
+                node.clone(),
+                op.tenant_id,
+                op.from,
+                op.to,
+                op.operation_id,
+                registry.applied_index(),
+            ));
+        }
+    }
+}
+
 /// The node-to-node routes, authenticated with the cluster's admin token.
 pub fn internal_router() -> Router<Arc<Node>> {
     Router::new()
@@ -126,6 +178,19 @@ pub async fn start_move(
         operation_id.clone(),
         written.log_index,
     ));
+    // The entry is applied on the leader; wait for this replica too, so that the
+    // Location below answers at once on this node (as tenant creation does). The
+    // move is under way either way, so a slow replica does not fail the request.
+    let applied = node
+        .registry()
+        .wait_applied(
+            written.log_index,
+            Duration::from_millis(REGISTRY_READ_WAIT_MS),
+        )
+        .await;
+    if let Err(e) = applied {
+        tracing::warn!(operation_id, error = %e, "move started; this replica lags behind");
+    }
     let mut response = json_response(
         202,
         serde_json::to_vec(&serde_json::json!({ "operation_id": operation_id })).expect("json"),
@@ -155,7 +220,7 @@ pub async fn get_operation(
 }
 
 /// Drives one move to `done`, or aborts it.
-async fn drive(
+pub(crate) async fn drive(
     node: Arc<Node>,
     tenant_id: String,
     from: String,
