@@ -63,6 +63,6 @@ pub const FORWARD_ATTEMPTS_MAX: u32 = 2;
 pub const MOVE_PAGE_ENTRIES_MAX: usize = 2_000;
 /// How long the old home waits for its relay to deliver the moving tenant's
 /// events before it exports.
-pub const MOVE_DRAIN_WAIT_MS: u64 = 30_000;
+pub const MOVE_DRAIN_WAIT_MS: u64 = 300_000;
 
 const _: () = assert!(INFLIGHT_WAIT_MS_DEFAULT < FORWARD_TIMEOUT_MS);

@@ -76,6 +76,13 @@ pub fn reservations_of(order_id: &str) -> Vec<u8> {
     key
 }
 
+/// The sequence number of a tenant's newest outbox event.
+pub fn tenant_last_event(tenant: &TenantId) -> Vec<u8> {
+    let mut key = b"slast_event:".to_vec();
+    key.extend_from_slice(tenant.as_str().as_bytes());
+    key
+}
+
 /// Present while a tenant is fenced in this region.
 pub fn fence(tenant: &TenantId) -> Vec<u8> {
     let mut key = b"sfence:".to_vec();

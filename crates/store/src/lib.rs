@@ -227,6 +227,15 @@ impl Store {
             .unwrap_or(0))
     }
 
+    /// The newest outbox event of one tenant (0 when it has none).
+    pub fn tenant_last_event_seq(&self, tenant: &TenantId) -> Result<u64, Error> {
+        Ok(self
+            .inner
+            .machine
+            .get::<u64>(&keys::tenant_last_event(tenant))?
+            .unwrap_or(0))
+    }
+
     /// The newest event in the outbox (0 when empty).
     pub fn outbox_head(&self) -> Result<u64, Error> {
         Ok(self

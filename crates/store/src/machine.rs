@@ -414,6 +414,7 @@ impl Machine {
                 w.put(keys::order(&order.order_id), order);
                 w.put(keys::outbox(seq), &event);
                 w.put(keys::META_OUTBOX_SEQ.to_vec(), &seq);
+                w.put(keys::tenant_last_event(&order.tenant), &seq);
                 Ok(OrderOutcome::Created { response })
             }
         }

@@ -41,6 +41,9 @@ use std::time::{Duration, Instant};
 const IMPORT_BODY_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// One internal call between nodes during a move.
 const MOVE_CALL_TIMEOUT_MS: u64 = 60_000;
+/// While a long step runs, the driver reports this often that it is alive.
+const MOVE_HEARTBEAT_MS: u64 = 15_000;
+const _: () = assert!(MOVE_HEARTBEAT_MS < MOVE_STALL_MS);
 const NEXT_CURSOR: &str = "keyhold-next-cursor";
 /// Pages copied between two progress reports.
 const PROGRESS_EVERY_PAGES: u64 = 10;
@@ -279,9 +282,17 @@ async fn internal(
     node: &Node,
     builder: reqwest::RequestBuilder,
 ) -> Result<reqwest::Response, String> {
+    internal_within(node, builder, MOVE_CALL_TIMEOUT_MS).await
+}
+
+async fn internal_within(
+    node: &Node,
+    builder: reqwest::RequestBuilder,
+    timeout_ms: u64,
+) -> Result<reqwest::Response, String> {
     let response = builder
         .bearer_auth(&node.config().admin_token)
-        .timeout(Duration::from_millis(MOVE_CALL_TIMEOUT_MS))
+        .timeout(Duration::from_millis(timeout_ms))
         .send()
         .await
         .map_err(|e| e.to_string())?;
@@ -326,7 +337,10 @@ async fn copy(
         "http://{}/internal/v1/moves/{tenant_id}/fence?registry_index={begin_index}",
         old.api_addr
     );
-    let fenced: serde_json::Value = internal(node, node.http().post(fence_url))
+    // Fencing includes letting the old home's relay deliver the tenant's events.
+    let fence_timeout_ms = MOVE_DRAIN_WAIT_MS + MOVE_CALL_TIMEOUT_MS;
+    let fence = internal_within(node, node.http().post(fence_url), fence_timeout_ms);
+    let fenced: serde_json::Value = alive_while(node, operation_id, fence)
         .await?
         .json()
         .await
@@ -371,6 +385,24 @@ async fn copy(
     }
     tracing::info!(tenant = %tenant_id, copied, "tenant data copied");
     Ok(())
+}
+
+/// Runs `step`, reporting progress 0 every `MOVE_HEARTBEAT_MS` meanwhile, so the
+/// leader's watchdog knows this driver is alive.
+async fn alive_while<T>(
+    node: &Node,
+    operation_id: &str,
+    step: impl std::future::Future<Output = T>,
+) -> T {
+    tokio::pin!(step);
+    loop {
+        tokio::select! {
+            out = &mut step => return out,
+            _ = tokio::time::sleep(Duration::from_millis(MOVE_HEARTBEAT_MS)) => {
+                progress(node, operation_id, 0.0).await;
+            }
+        }
+    }
 }
 
 fn encode(entries: &[ExportEntry]) -> Vec<u8> {
@@ -429,7 +461,8 @@ async fn fence(
     }
     // Let the relay deliver what the tenant's orders caused, so their states are
     // final before they are copied.
-    let head = node.store().outbox_head()?;
+    // Only this tenant's events matter; the rest of the outbox may lag.
+    let head = node.store().tenant_last_event_seq(&tenant)?;
     let deadline = Instant::now() + Duration::from_millis(MOVE_DRAIN_WAIT_MS);
     for consumer in crate::downstream::consumers(&node) {
         while node.store().cursor(&consumer).await? < head {
