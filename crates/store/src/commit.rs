@@ -2,14 +2,16 @@
 //!
 //! One OS thread owns all writes. It blocks for the first waiting command, takes
 //! every other command already queued (up to `BATCH_COMMANDS_MAX`), applies them in
-//! order, flushes sled once, and only then answers. While one flush runs, new
-//! commands queue up and form the next batch, so under load many commands share
-//! each fsync and the fsync rate, not the client count, bounds throughput.
+//! order, appends the batch to the write-ahead log with one sync, and only then
+//! answers. While one sync runs, new commands queue up and form the next batch, so
+//! under load many commands share each fsync and the fsync rate, not the client
+//! count, bounds throughput.
 
 use crate::codec::encode;
 use crate::keys;
 use crate::limits::BATCH_COMMANDS_MAX;
 use crate::machine::Machine;
+use crate::wal::{Wal, WAL_BYTES_MAX};
 use crate::{Error, Job};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -44,6 +46,7 @@ impl CommitStats {
 pub(crate) fn spawn(
     db: sled::Db,
     machine: Machine,
+    mut wal: Wal,
     mut jobs: mpsc::Receiver<Job>,
     flushed: watch::Sender<u64>,
     mut batch: u64,
@@ -60,42 +63,49 @@ pub(crate) fn spawn(
                 }
             }
             batch += 1;
-            // Stamp the batch number first, so after a crash the stored number is
-            // at least that of every value that survived.
+            let results: Vec<Result<_, Error>> = pending
+                .iter()
+                .map(|job| machine.apply(&job.command, batch))
+                .collect();
+            // Stamped after the batch's commands: a tree that holds this stamp holds
+            // the whole batch, so recovery replays only later batches.
             let stamped = machine
                 .tree()
-                .insert(keys::META_BATCH, encode(batch, &batch));
-            let results: Vec<Result<_, Error>> = match stamped {
-                Ok(_) => pending
-                    .iter()
-                    .map(|job| machine.apply(&job.command, batch))
-                    .collect(),
-                Err(e) => pending
-                    .iter()
-                    .map(|_| Err(Error::Sled(e.clone())))
-                    .collect(),
-            };
+                .insert(keys::META_BATCH, encode(batch, &batch))
+                .map(|_| ())
+                .map_err(Error::from);
             let started = Instant::now();
-            let flush = db.flush();
-            let flush_time = started.elapsed();
+            let commands: Vec<_> = pending.iter().map(|job| &job.command).collect();
+            let durable = stamped.and_then(|()| wal.append(batch, &commands));
+            let sync_time = started.elapsed();
             stats
                 .flush_micros
-                .fetch_add(flush_time.as_micros() as u64, Ordering::Relaxed);
+                .fetch_add(sync_time.as_micros() as u64, Ordering::Relaxed);
             stats.batches.fetch_add(1, Ordering::Relaxed);
             stats
                 .commands
                 .fetch_add(pending.len() as u64, Ordering::Relaxed);
-            metrics::histogram!("keyhold_store_fsync_seconds").record(flush_time.as_secs_f64());
+            metrics::histogram!("keyhold_store_fsync_seconds").record(sync_time.as_secs_f64());
             metrics::histogram!("keyhold_store_batch_commands").record(pending.len() as f64);
-            if let Err(e) = flush {
+            if let Err(e) = durable {
                 // The tree may now be ahead of the disk: stop taking commands
                 // rather than answer from state a crash could take back.
-                tracing::error!(error = %e, "store flush failed; refusing further commands");
+                tracing::error!(error = %e, "write-ahead log append failed; refusing further commands");
                 stats.failed.store(true, Ordering::Relaxed);
                 for job in pending.drain(..) {
                     let _ = job.reply.send(Err(Error::Unavailable));
                 }
                 return;
+            }
+            if wal.bytes() > WAL_BYTES_MAX {
+                if let Err(e) = checkpoint(&db, &mut wal) {
+                    tracing::error!(error = %e, "checkpoint failed; refusing further commands");
+                    stats.failed.store(true, Ordering::Relaxed);
+                    for job in pending.drain(..) {
+                        let _ = job.reply.send(Err(Error::Unavailable));
+                    }
+                    return;
+                }
             }
             flushed.send_replace(batch);
             for (job, result) in pending.drain(..).zip(results) {
@@ -104,13 +114,23 @@ pub(crate) fn spawn(
                 let _ = job.reply.send(result);
             }
         }
-        if let Err(e) = db.flush() {
-            tracing::error!(error = %e, "final store flush failed");
+        // A clean stop leaves everything in sled and an empty log.
+        if let Err(e) = checkpoint(&db, &mut wal) {
+            tracing::error!(error = %e, "final checkpoint failed");
         }
     };
     std::thread::Builder::new()
         .name("keyhold-apply".into())
         .spawn(body)
         .map_err(Error::Io)?;
+    Ok(())
+}
+
+/// Makes sled durable up to now, then empties the log it made redundant.
+fn checkpoint(db: &sled::Db, wal: &mut Wal) -> Result<(), Error> {
+    let started = Instant::now();
+    db.flush()?;
+    wal.reset()?;
+    metrics::histogram!("keyhold_store_checkpoint_seconds").record(started.elapsed().as_secs_f64());
     Ok(())
 }

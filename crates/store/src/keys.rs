@@ -18,7 +18,8 @@ pub const TENANT: u8 = b't';
 pub const PROCESSED: u8 = b'p';
 /// `order_id ++ 0 ++ line (big-endian) -> Reservation`.
 pub const RESERVATION: u8 = b'v';
-/// Meta entries live under `s`.
+/// Meta entries (batch stamp, outbox sequence, cursors, fences) live under `s`.
+pub const META_PREFIX: u8 = b's';
 pub const META_BATCH: &[u8] = b"sbatch";
 pub const META_OUTBOX_SEQ: &[u8] = b"soutbox_seq";
 

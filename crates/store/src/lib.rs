@@ -21,6 +21,7 @@ mod commit;
 mod keys;
 pub mod limits;
 mod machine;
+mod wal;
 
 pub use command::{
     Applied, ClaimOutcome, Command, CompleteOutcome, ConsumeOutcome, ExportEntry, HeartbeatOutcome,
@@ -81,20 +82,53 @@ impl Store {
     /// Opens (or creates) the store in `dir` and starts its apply thread. The
     /// thread stops when the last `Store` handle is dropped, after flushing.
     pub fn open(dir: &Path) -> Result<Store, Error> {
-        let db = sled::Config::new().path(dir).flush_every_ms(None).open()?;
+        std::fs::create_dir_all(dir).map_err(Error::Io)?;
+        let db = sled::Config::new()
+            .path(dir.join("db"))
+            .flush_every_ms(Some(limits::SLED_FLUSH_EVERY_MS))
+            .open()?;
         let tree = db.open_tree("region")?;
         let machine = machine::Machine::new(tree.clone());
-        // Everything on disk at open survived a restart, so it is durable.
-        let last_batch: u64 = machine.get(keys::META_BATCH)?.unwrap_or(0);
-        let (flushed_tx, flushed) = watch::channel(last_batch);
+        let (wal, logged) = wal::Wal::open(dir)?;
+        // Replay what the log holds beyond the last batch sled kept whole.
+        let mut last_batch: u64 = machine.get(keys::META_BATCH)?.unwrap_or(0);
+        let mut replayed = 0usize;
+        for record in logged {
+            if record.batch <= last_batch {
+                continue;
+            }
+            for command in &record.commands {
+                machine.apply(command, record.batch)?;
+                replayed += 1;
+            }
+            last_batch = record.batch;
+            machine
+                .tree()
+                .insert(keys::META_BATCH, codec::encode(last_batch, &last_batch))?;
+        }
+        if replayed > 0 {
+            tracing::info!(
+                replayed,
+                last_batch,
+                "store recovered commands from its log"
+            );
+        }
+        // Everything on disk now survived a restart, so it is durable; that
+        // includes values of a batch sled kept in part (stamped last_batch + 1).
+        let durable = last_batch + 1;
+        let (flushed_tx, flushed) = watch::channel(durable);
         let (jobs, rx) = mpsc::channel(limits::QUEUE_COMMANDS_MAX);
         let stats = Arc::new(CommitStats::default());
+        let mut wal = wal;
+        db.flush()?;
+        wal.reset()?;
         commit::spawn(
             db.clone(),
             machine::Machine::new(tree),
+            wal,
             rx,
             flushed_tx,
-            last_batch,
+            durable,
             stats.clone(),
         )?;
         Ok(Store {
@@ -331,6 +365,22 @@ impl Store {
             }
         }
         Ok(None)
+    }
+
+    /// Every entry but the store's own bookkeeping, as key and payload (without
+    /// the batch stamp), in key order: for tests that compare whole states.
+    #[doc(hidden)]
+    pub fn state_for_tests(&self) -> Vec<(Vec<u8>, Vec<u8>)> {
+        self.inner
+            .machine_tree()
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(k, _)| k.first() != Some(&keys::META_PREFIX))
+            .map(|(k, v)| {
+                let payload = codec::payload(&v).map(<[u8]>::to_vec).unwrap_or_default();
+                (k.to_vec(), payload)
+            })
+            .collect()
     }
 
     /// Counts entries per kind, for tests and diagnostics.

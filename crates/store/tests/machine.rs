@@ -493,3 +493,99 @@ async fn a_fenced_tenant_exports_and_imports_elsewhere() {
     ));
     assert!(to.order("ord_other").await.unwrap().is_none());
 }
+
+/// Recovery replays logged batches that sled may already hold in part. That is
+/// only safe if every command is a no-op on the state it produced itself: apply
+/// each kind of command, then the very same command again, and the state must
+/// not move.
+#[tokio::test]
+async fn every_command_is_a_no_op_on_its_own_result() {
+    use keyhold_core::Item;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let claims = scope(Namespace::Claims, "job");
+    let token = OwnerToken {
+        generation: T0.0,
+        nonce: 9,
+    };
+    let tenant = TenantId::parse("t1").unwrap();
+    let commands = vec![
+        create("k1", "c1", "fp1", "ord_1", T0),
+        create("k2", "c1", "fp1", "ord_2", T0),
+        Command::Claim {
+            scope: claims.clone(),
+            fingerprint: "fp".into(),
+            lease_ms: 1_000,
+            nonce: 9,
+            now: T0,
+            response_ttl_ms: HOUR_MS,
+        },
+        Command::Heartbeat {
+            scope: claims.clone(),
+            token,
+            lease_ms: 5_000,
+            now: T0.plus_ms(10),
+        },
+        Command::Complete {
+            scope: claims.clone(),
+            token,
+            outcome: Outcome::Succeeded,
+            response: Some(StoredResponse {
+                status: 200,
+                headers: vec![],
+                body: b"1".to_vec(),
+            }),
+            resource_id: None,
+            now: T0.plus_ms(20),
+            response_ttl_ms: HOUR_MS,
+        },
+        Command::ConsumeInventory {
+            event_id: "evt_ord_1".into(),
+            order_id: "ord_1".into(),
+            items: vec![Item {
+                sku: "a".into(),
+                quantity: 1,
+            }],
+            now: T0,
+            processed_ttl_ms: HOUR_MS,
+        },
+        Command::ConsumePayment {
+            event_id: "evt_ord_1".into(),
+            order_id: "ord_1".into(),
+            charge_id: "ch".into(),
+            paid: true,
+            now: T0,
+            processed_ttl_ms: HOUR_MS,
+        },
+        Command::AdvanceCursor {
+            consumer: "inventory".into(),
+            seq: 1,
+        },
+        Command::ReplayOutbox {
+            from_seq: 1,
+            consumers: vec!["inventory".into()],
+        },
+        Command::Sweep {
+            now: T0.plus_ms(2 * HOUR_MS),
+            entries_max: 100,
+            consumers: vec![],
+        },
+        Command::Fence {
+            tenant: tenant.clone(),
+        },
+        Command::Import {
+            tenant,
+            entries: vec![],
+        },
+    ];
+    for command in commands {
+        store.execute(command.clone()).await.unwrap();
+        let after_once = store.state_for_tests();
+        store.execute(command.clone()).await.unwrap();
+        assert_eq!(
+            store.state_for_tests(),
+            after_once,
+            "applying twice changed the state: {command:?}"
+        );
+    }
+}
