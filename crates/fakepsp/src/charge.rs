@@ -13,9 +13,6 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 use std::time::SystemTime;
 
-/// The one currency the provider accepts.
-pub const CURRENCY: &str = "EUR";
-
 /// Why a request was refused, with a message for the client.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Invalid {
@@ -83,10 +80,12 @@ pub fn parse_request(body: &[u8]) -> Result<ChargeRequest, Invalid> {
             format!("amount must be an integer from 1 to {AMOUNT_CENTS_MAX} (minor units)"),
         ));
     }
-    if request.currency != CURRENCY {
+    let iso =
+        request.currency.len() == 3 && request.currency.bytes().all(|b| b.is_ascii_uppercase());
+    if !iso {
         return Err(Invalid::new(
             code,
-            format!("currency must be \"{CURRENCY}\""),
+            "currency must be three upper-case letters (ISO 4217)".to_owned(),
         ));
     }
     Ok(request)
@@ -210,11 +209,14 @@ mod tests {
     fn request_validation() {
         let ok = br#"{"order_id":"o1","amount":100,"currency":"EUR"}"#;
         assert!(parse_request(ok).is_ok());
+        // Any ISO currency, and amounts up to keyhold's own limit.
+        let usd = br#"{"order_id":"o1","amount":1000000000000000,"currency":"USD"}"#;
+        assert!(parse_request(usd).is_ok());
         for bad in [
             &br#"{"order_id":"o1","amount":0,"currency":"EUR"}"#[..],
             br#"{"order_id":"o1","amount":-5,"currency":"EUR"}"#,
             br#"{"order_id":"o1","amount":1.5,"currency":"EUR"}"#,
-            br#"{"order_id":"o1","amount":100,"currency":"USD"}"#,
+            br#"{"order_id":"o1","amount":100,"currency":"EURO"}"#,
             br#"{"order_id":"","amount":100,"currency":"EUR"}"#,
             br#"{"order_id":"o1","amount":100,"currency":"EUR","extra":1}"#,
             br#"{"order_id":"o1","amount":100,"currency":"EUR","metadata":[]}"#,

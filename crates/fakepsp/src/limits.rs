@@ -6,8 +6,9 @@ pub const BODY_BYTES_MAX: usize = 64 * 1024;
 pub const IDEMPOTENCY_KEY_BYTES_MAX: usize = 255;
 /// A charge's `order_id` is 1 to this many bytes.
 pub const ORDER_ID_BYTES_MAX: usize = 255;
-/// The largest `amount`, in minor units (cents): eight digits, as at Stripe.
-pub const AMOUNT_CENTS_MAX: u64 = 99_999_999;
+/// The largest `amount`, in minor units: keyhold's own order limit (10^15), so every
+/// valid order can be charged.
+pub const AMOUNT_CENTS_MAX: u64 = 1_000_000_000_000_000;
 
 const _: () = assert!(IDEMPOTENCY_KEY_BYTES_MAX < BODY_BYTES_MAX);
 const _: () = assert!(AMOUNT_CENTS_MAX > 0);

@@ -259,7 +259,7 @@ async fn malformed_requests_are_400_json() {
 
     for bad in [
         order("o7", 0),
-        r#"{"order_id":"o7","amount":5,"currency":"USD"}"#.to_owned(),
+        r#"{"order_id":"o7","amount":5,"currency":"usd"}"#.to_owned(),
         "not json".to_owned(),
     ] {
         let (status, _, body) = psp.charge("evt-7", &bad).await;

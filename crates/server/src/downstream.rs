@@ -316,6 +316,14 @@ async fn charge(
         };
         match (status, parsed) {
             (200..=299 | 402, Some(c)) => return Ok((c.id, c.status == "succeeded")),
+            // The provider refuses the request itself (not a decline, not a
+            // retryable condition): retrying with the same key would be refused
+            // forever and stall every later event, so the payment has failed.
+            (400..=499, _) if !matches!(status, 408 | 409 | 425 | 429) => {
+                tracing::error!(order_id = %order.order_id, status, "payment provider refused the charge request");
+                metrics::counter!("keyhold_psp_refusals_total").increment(1);
+                return Ok((String::new(), false));
+            }
             (s, _) => last_error = format!("provider answered {s}"),
         }
     }
