@@ -426,3 +426,57 @@ fn a_consumer_killed_between_effect_and_ack_does_not_repeat_the_effect() {
         0.0
     );
 }
+
+/// The outbox and the stock ledger are per region; the admin endpoints answer for
+/// the whole cluster from any node.
+#[test]
+fn replay_and_reservations_answer_for_every_region_from_any_node() {
+    let cluster = Cluster::start("a,b,c", &[]);
+    let http = client();
+    let admin = cluster.info.admin_token.clone();
+    let tenant = cluster.tenant("b");
+    let it = intent(&unique("x"), 4);
+    let b = cluster.region("b").api_url.clone();
+    let resp = http
+        .post(format!("{b}/v1/orders"))
+        .bearer_auth(&tenant.token)
+        .header("idempotency-key", &it.key)
+        .header("content-type", "application/json")
+        .body(it.body.clone())
+        .send()
+        .expect("order");
+    assert_eq!(resp.status().as_u16(), 201);
+    let order_id = resp.json::<Value>().expect("json")["order_id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    let a = cluster.region("a").api_url.clone();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let rs = reservations(&http, &a, &admin, &order_id);
+        if rs.len() == it.lines {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "reservations of a b-order never visible from a: {rs:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let c = cluster.region("c").api_url.clone();
+    let r = http
+        .post(format!("{c}/admin/v1/outbox/replay"))
+        .bearer_auth(&admin)
+        .send()
+        .expect("replay");
+    assert_eq!(r.status().as_u16(), 202);
+    assert!(
+        r.json::<Value>().expect("json")["replayed"]
+            .as_u64()
+            .expect("count")
+            >= 1
+    );
+    // Redelivered, recognised, and still one reservation per line.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(reservations(&http, &a, &admin, &order_id).len(), it.lines);
+}

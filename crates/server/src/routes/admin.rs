@@ -210,6 +210,21 @@ pub async fn replay_outbox(
             ),
         }
     };
+    if !is_local_scope(&headers) {
+        // Every region keeps its own outbox: replay them all.
+        let answers = fan_out(
+            &node,
+            reqwest::Method::POST,
+            "/admin/v1/outbox/replay",
+            bytes,
+        )
+        .await?;
+        let replayed: u64 = answers.iter().filter_map(|a| a["replayed"].as_u64()).sum();
+        return Ok(json_response(
+            202,
+            serde_json::to_vec(&serde_json::json!({ "replayed": replayed })).expect("json"),
+        ));
+    }
     let replayed = match node.store().first_outbox_seq_after(since)? {
         None => 0,
         Some(from_seq) => {
@@ -249,6 +264,22 @@ pub async fn reservations(
             "the order_id query parameter is required",
         ));
     };
+    if !is_local_scope(&headers) {
+        // The ledger is per region store: gather every region's entries.
+        let path = format!(
+            "/admin/v1/inventory/reservations?order_id={}",
+            urlencode(&order_id)
+        );
+        let answers = fan_out(&node, reqwest::Method::GET, &path, Default::default()).await?;
+        let data: Vec<serde_json::Value> = answers
+            .into_iter()
+            .flat_map(|a| a["data"].as_array().cloned().unwrap_or_default())
+            .collect();
+        return Ok(json_response(
+            200,
+            serde_json::to_vec(&serde_json::json!({ "data": data })).expect("json"),
+        ));
+    }
     let data: Vec<serde_json::Value> = node
         .store()
         .reservations(&order_id)
@@ -269,4 +300,72 @@ pub async fn reservations(
         200,
         serde_json::to_vec(&serde_json::json!({ "data": data })).expect("json"),
     ))
+}
+
+/// Marks an admin request one node sends another to act on its own store only.
+const KEYHOLD_SCOPE: &str = "keyhold-scope";
+
+fn is_local_scope(headers: &HeaderMap) -> bool {
+    headers
+        .get(KEYHOLD_SCOPE)
+        .is_some_and(|v| v.as_bytes() == b"local")
+}
+
+fn urlencode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Sends an admin request to every region's store node (this one included) with
+/// `keyhold-scope: local`, and returns their JSON answers. Any region that does
+/// not answer fails the whole call: a partial answer would read as complete.
+async fn fan_out(
+    node: &Node,
+    method: reqwest::Method,
+    path: &str,
+    body: bytes::Bytes,
+) -> Result<Vec<serde_json::Value>, ApiError> {
+    let mut answers = Vec::new();
+    for region in node.registry().regions() {
+        let Some((_, target)) = node.store_node_of(&region.name) else {
+            continue;
+        };
+        let mut request = node
+            .http()
+            .request(method.clone(), format!("http://{}{path}", target.api_addr))
+            .bearer_auth(&node.config().admin_token)
+            .header(KEYHOLD_SCOPE, "local")
+            .timeout(std::time::Duration::from_millis(
+                crate::limits::FORWARD_TIMEOUT_MS,
+            ));
+        if !body.is_empty() {
+            request = request
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(body.clone());
+        }
+        let unreachable = |detail: String| ApiError::new(Problem::OwnerUnreachable).detail(detail);
+        let response = request
+            .send()
+            .await
+            .map_err(|e| unreachable(format!("region {} did not answer: {e}", region.name)))?;
+        if !response.status().is_success() {
+            return Err(unreachable(format!(
+                "region {} answered {}",
+                region.name,
+                response.status()
+            )));
+        }
+        let answer = response
+            .json()
+            .await
+            .map_err(|e| unreachable(format!("region {}: {e}", region.name)))?;
+        answers.push(answer);
+    }
+    Ok(answers)
 }

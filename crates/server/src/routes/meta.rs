@@ -20,7 +20,7 @@ pub async fn healthz() -> Response {
 }
 
 pub async fn readyz(State(node): State<Arc<Node>>) -> Response {
-    if node.store().is_healthy() && crate::cluster::is_ready(&node) {
+    if node.store().is_healthy() && crate::cluster::is_serving(&node) {
         json_response(200, br#"{"status":"ready"}"#.to_vec())
     } else {
         ApiError::new(Problem::StoreUnavailable).into_response()
