@@ -13,6 +13,8 @@
 use crate::Error;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 const CHARGES_TREE: &str = "charges";
 
@@ -44,6 +46,16 @@ pub enum Outcome {
 pub struct Store {
     db: sled::Db,
     charges: sled::Tree,
+    flushes: Arc<FlushGroup>,
+}
+
+/// Group commit for answers: a flush that starts after a write covers it, so
+/// concurrent requests share flushes instead of each paying for one.
+#[derive(Debug, Default)]
+struct FlushGroup {
+    started: AtomicU64,
+    completed: AtomicU64,
+    lock: Mutex<()>,
 }
 
 impl Store {
@@ -52,7 +64,11 @@ impl Store {
     pub fn open(dir: &Path) -> Result<Store, Error> {
         let db = sled::Config::new().path(dir).flush_every_ms(None).open()?;
         let charges = db.open_tree(CHARGES_TREE)?;
-        Ok(Store { db, charges })
+        Ok(Store {
+            db,
+            charges,
+            flushes: Arc::default(),
+        })
     }
 
     /// Creates the charge for `key` with `make(seq)` unless one exists, and
@@ -92,8 +108,26 @@ impl Store {
             }
         };
         // Also covers replays: the winner of a race may not have flushed yet.
-        self.db.flush()?;
+        self.durable()?;
         Ok(outcome)
+    }
+
+    /// Returns once every write made before the call is on disk.
+    fn durable(&self) -> Result<(), Error> {
+        let g = &self.flushes;
+        // Flush number `need` begins after this load, hence after our write.
+        let need = g.started.load(Ordering::SeqCst) + 1;
+        let _turn = g
+            .lock
+            .lock()
+            .map_err(|_| Error::Task("flush lock poisoned".into()))?;
+        if g.completed.load(Ordering::SeqCst) >= need {
+            return Ok(());
+        }
+        let number = g.started.fetch_add(1, Ordering::SeqCst) + 1;
+        self.db.flush()?;
+        g.completed.store(number, Ordering::SeqCst);
+        Ok(())
     }
 
     /// Every stored charge, oldest first.
