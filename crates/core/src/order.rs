@@ -74,8 +74,8 @@ struct OrderBody<'a> {
 }
 
 impl Order {
-    pub fn body_json(&self) -> Vec<u8> {
-        let body = OrderBody {
+    fn body(&self) -> OrderBody<'_> {
+        OrderBody {
             order_id: &self.order_id,
             client_order_id: &self.request.client_order_id,
             cart_id: &self.request.cart_id,
@@ -84,9 +84,12 @@ impl Order {
             status: self.status.as_str(),
             home_region: &self.home_region,
             created_at: self.created_at.to_rfc3339(),
-        };
+        }
+    }
+
+    pub fn body_json(&self) -> Vec<u8> {
         // Serializing a struct of strings and integers cannot fail.
-        serde_json::to_vec(&body).expect("order body serializes")
+        serde_json::to_vec(&self.body()).expect("order body serializes")
     }
 
     /// The `order.created` event payload: the order body plus what downstream
@@ -103,16 +106,7 @@ impl Order {
         let event = Event {
             event_id,
             kind: "order.created",
-            order: OrderBody {
-                order_id: &self.order_id,
-                client_order_id: &self.request.client_order_id,
-                cart_id: &self.request.cart_id,
-                amount: self.request.amount,
-                currency: &self.request.currency,
-                status: self.status.as_str(),
-                home_region: &self.home_region,
-                created_at: self.created_at.to_rfc3339(),
-            },
+            order: self.body(),
             items: &self.request.items,
         };
         serde_json::to_vec(&event).expect("event serializes")
