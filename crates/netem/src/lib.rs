@@ -18,6 +18,8 @@ use tokio::time::Instant;
 const CHUNK_BYTES_MAX: usize = 64 * 1024;
 /// Chunks in flight per direction; a slow reader back-pressures the writer.
 const CHUNKS_IN_FLIGHT_MAX: usize = 1024;
+/// How far ahead of a chunk's due time the timer is asked to wake the writer.
+const TIMER_SLACK: Duration = Duration::from_micros(1_500);
 
 #[derive(Debug, Default)]
 struct Settings {
@@ -145,7 +147,14 @@ async fn direction(
         }
     });
     while let Some((due, chunk)) = rx.recv().await {
-        tokio::time::sleep_until(due).await;
+        // tokio's timer ticks in whole milliseconds and rounds up, which would add
+        // up to a millisecond per chunk; sleep to just short of the due time, then
+        // yield until it passes.
+        let coarse = due.checked_sub(TIMER_SLACK).unwrap_or(due);
+        tokio::time::sleep_until(coarse).await;
+        while Instant::now() < due {
+            tokio::task::yield_now().await;
+        }
         if settings.blackhole.load(Ordering::Relaxed) {
             continue;
         }
