@@ -48,8 +48,6 @@ pub enum Command {
         lease_ms: u64,
         now: UnixMillis,
     },
-    /// Creates a tenant unless one with the same id exists.
-    CreateTenant { tenant: TenantEntry },
     /// Physically deletes up to `entries_max` entries whose expiry passed. An
     /// outbox event is deleted only once every consumer in `consumers` is past it.
     Sweep {
@@ -114,19 +112,6 @@ impl Command {
     pub fn decode(bytes: &[u8]) -> Result<Command, crate::Error> {
         crate::codec::decode_plain(bytes)
     }
-}
-
-/// A tenant as the region store knows it. The bearer token itself is never
-/// stored, only its SHA-256.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TenantEntry {
-    pub id: TenantId,
-    pub home_region: String,
-    /// Lowercase hex SHA-256 of the bearer token.
-    pub token_sha256: String,
-    pub created_at: UnixMillis,
-    pub requests_per_second: u32,
-    pub new_keys_per_second: u32,
 }
 
 /// One `order.created` event, written in the same atomic batch as its order.
@@ -248,8 +233,6 @@ pub enum Applied {
     Claim(ClaimOutcome),
     Complete(CompleteOutcome),
     Heartbeat(HeartbeatOutcome),
-    /// Whether the tenant was created (false: the id was taken).
-    TenantCreated(bool),
     Sweep(SweepOutcome),
     Consumed(ConsumeOutcome),
     CursorAdvanced,

@@ -13,7 +13,6 @@ pub const OUTBOX: u8 = b'x';
 /// `expires_at (big-endian) ++ kind ++ primary key -> ()`: the sweeper walks it in
 /// time order.
 pub const EXPIRY: u8 = b'e';
-pub const TENANT: u8 = b't';
 /// `consumer ++ 0 ++ event_id -> Processed`.
 pub const PROCESSED: u8 = b'p';
 /// `order_id ++ 0 ++ line (big-endian) -> Reservation`.
@@ -125,10 +124,6 @@ pub fn cursor(consumer: &str) -> Vec<u8> {
     let mut key = b"scursor:".to_vec();
     key.extend_from_slice(consumer.as_bytes());
     key
-}
-
-pub fn tenant(id: &TenantId) -> Vec<u8> {
-    prefixed(TENANT, &[id.as_str().as_bytes()])
 }
 
 /// An expiry index entry pointing at `primary` (a full key from this module).

@@ -25,7 +25,7 @@ mod wal;
 
 pub use command::{
     Applied, ClaimOutcome, Command, CompleteOutcome, ConsumeOutcome, ExportEntry, HeartbeatOutcome,
-    OrderOutcome, OutboxEvent, Processed, Reservation, SweepOutcome, TenantEntry,
+    OrderOutcome, OutboxEvent, Processed, Reservation, SweepOutcome,
 };
 pub use commit::CommitStats;
 
@@ -211,10 +211,6 @@ impl Store {
             return Ok(None);
         };
         self.order(&order_id).await
-    }
-
-    pub fn tenants(&self) -> Result<Vec<TenantEntry>, Error> {
-        self.inner.machine.tenants()
     }
 
     /// Durable events in the outbox, oldest first, starting after `after_seq`.
@@ -405,7 +401,6 @@ pub enum EntryKind {
     Marker,
     Outbox,
     ExpiryIndex,
-    Tenant,
     Processed,
     Reservation,
 }
@@ -418,7 +413,6 @@ impl EntryKind {
             EntryKind::Marker => keys::MARKER,
             EntryKind::Outbox => keys::OUTBOX,
             EntryKind::ExpiryIndex => keys::EXPIRY,
-            EntryKind::Tenant => keys::TENANT,
             EntryKind::Processed => keys::PROCESSED,
             EntryKind::Reservation => keys::RESERVATION,
         }

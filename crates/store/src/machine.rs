@@ -8,7 +8,7 @@
 use crate::codec::{decode, decode_plain, encode, encode_raw};
 use crate::command::{
     Applied, ClaimOutcome, Command, CompleteOutcome, ConsumeOutcome, ExportEntry, HeartbeatOutcome,
-    OrderOutcome, OutboxEvent, Processed, Reservation, SweepOutcome, TenantEntry,
+    OrderOutcome, OutboxEvent, Processed, Reservation, SweepOutcome,
 };
 use crate::keys;
 use crate::limits::SWEEP_DEFER_MS;
@@ -150,14 +150,6 @@ impl Machine {
                     // Extending a lease on finished work would be meaningless.
                     Ok(OwnerCheck::AlreadyCompleted) | Err(_) => HeartbeatOutcome::Stale,
                 })
-            }
-            Command::CreateTenant { tenant } => {
-                let key = keys::tenant(&tenant.id);
-                let exists = self.tree.contains_key(&key)?;
-                if !exists {
-                    w.put(key, tenant);
-                }
-                Applied::TenantCreated(!exists)
             }
             Command::Sweep {
                 now,
@@ -538,13 +530,6 @@ impl Machine {
         self.tree
             .scan_prefix(keys::reservations_of(order_id))
             .map(|item| Ok(decode::<Reservation>(&item?.1)?.0))
-            .collect()
-    }
-
-    pub fn tenants(&self) -> Result<Vec<TenantEntry>, Error> {
-        self.tree
-            .scan_prefix([keys::TENANT])
-            .map(|item| Ok(decode::<TenantEntry>(&item?.1)?.0))
             .collect()
     }
 }
