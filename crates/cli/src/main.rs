@@ -31,40 +31,7 @@ enum Command {
         config: PathBuf,
     },
     /// Run a whole local cluster in the foreground and write DIR/cluster.json.
-    Up {
-        #[arg(long)]
-        data_dir: PathBuf,
-        #[arg(long)]
-        base_port: u16,
-        /// Comma-separated region names.
-        #[arg(long, default_value = "a,b,c", value_delimiter = ',')]
-        regions: Vec<String>,
-        /// How long responses are replayed, e.g. 48h.
-        #[arg(long, value_parser = duration)]
-        response_ttl: Option<Duration>,
-        /// How long client_order_id markers block duplicates, e.g. 30d.
-        #[arg(long, value_parser = duration)]
-        marker_ttl: Option<Duration>,
-        /// How long consumers remember processed events, e.g. 35d.
-        #[arg(long, value_parser = duration)]
-        processed_ttl: Option<Duration>,
-        /// Probability (0 to 1) that the fake payment provider loses an answer.
-        #[arg(long, default_value_t = 0.0)]
-        psp_drop_response_rate: f64,
-        /// Probability (0 to 1) that the fake payment provider declines a charge.
-        #[arg(long, default_value_t = 0.0)]
-        psp_decline_rate: f64,
-        /// Simulated round trip between regions, e.g. 50ms: nodes reach each other
-        /// only through delaying proxies (clients reach their region directly).
-        #[arg(long, value_parser = duration)]
-        inter_region_rtt: Option<Duration>,
-        /// Nodes per region: the first owns the store, the others forward to it.
-        #[arg(long, default_value_t = 1)]
-        nodes_per_region: usize,
-        /// Serve this folder (wasm/site, built by wasm/build.sh) at /demo.
-        #[arg(long)]
-        demo_dir: Option<PathBuf>,
-    },
+    Up(UpArgs),
     /// Run the fake payment provider (honours Idempotency-Key; can lose answers).
     Fakepsp {
         /// Address to listen on, e.g. 127.0.0.1:7440.
@@ -113,6 +80,60 @@ enum Command {
         /// Input file; `-` or nothing reads standard input.
         file: Option<PathBuf>,
     },
+}
+
+#[derive(clap::Args)]
+struct UpArgs {
+    #[arg(long)]
+    data_dir: PathBuf,
+    #[arg(long)]
+    base_port: u16,
+    /// Comma-separated region names.
+    #[arg(long, default_value = "a,b,c", value_delimiter = ',')]
+    regions: Vec<String>,
+    /// How long responses are replayed, e.g. 48h.
+    #[arg(long, value_parser = duration)]
+    response_ttl: Option<Duration>,
+    /// How long client_order_id markers block duplicates, e.g. 30d.
+    #[arg(long, value_parser = duration)]
+    marker_ttl: Option<Duration>,
+    /// How long consumers remember processed events, e.g. 35d.
+    #[arg(long, value_parser = duration)]
+    processed_ttl: Option<Duration>,
+    /// Probability (0 to 1) that the fake payment provider loses an answer.
+    #[arg(long, default_value_t = 0.0)]
+    psp_drop_response_rate: f64,
+    /// Probability (0 to 1) that the fake payment provider declines a charge.
+    #[arg(long, default_value_t = 0.0)]
+    psp_decline_rate: f64,
+    /// Simulated round trip between regions, e.g. 50ms: nodes reach each other
+    /// only through delaying proxies (clients reach their region directly).
+    #[arg(long, value_parser = duration)]
+    inter_region_rtt: Option<Duration>,
+    /// Nodes per region: the first owns the store, the others forward to it.
+    #[arg(long, default_value_t = 1)]
+    nodes_per_region: usize,
+    /// Serve this folder (wasm/site, built by wasm/build.sh) at /demo.
+    #[arg(long)]
+    demo_dir: Option<PathBuf>,
+}
+
+impl From<UpArgs> for UpConfig {
+    fn from(a: UpArgs) -> UpConfig {
+        UpConfig {
+            data_dir: a.data_dir,
+            base_port: a.base_port,
+            regions: a.regions,
+            response_ttl: a.response_ttl,
+            marker_ttl: a.marker_ttl,
+            processed_ttl: a.processed_ttl,
+            psp_drop_response_rate: a.psp_drop_response_rate,
+            psp_decline_rate: a.psp_decline_rate,
+            demo_dir: a.demo_dir,
+            inter_region_rtt: a.inter_region_rtt,
+            nodes_per_region: a.nodes_per_region,
+        }
+    }
 }
 
 #[derive(clap::Args)]
@@ -226,31 +247,7 @@ fn main() -> ExitCode {
             admin,
         } => admin_call(admin, async move |a| a.cluster_status().await),
         Command::Loadgen(args) => loadgen(args),
-        Command::Up {
-            data_dir,
-            base_port,
-            regions,
-            response_ttl,
-            marker_ttl,
-            processed_ttl,
-            psp_drop_response_rate,
-            psp_decline_rate,
-            demo_dir,
-            inter_region_rtt,
-            nodes_per_region,
-        } => up(UpConfig {
-            data_dir,
-            base_port,
-            regions,
-            response_ttl,
-            marker_ttl,
-            processed_ttl,
-            psp_drop_response_rate,
-            psp_decline_rate,
-            demo_dir,
-            inter_region_rtt,
-            nodes_per_region,
-        }),
+        Command::Up(args) => up(args.into()),
         Command::Fakepsp {
             listen,
             data_dir,
