@@ -62,7 +62,19 @@ impl Store {
     /// Opens (or creates) the store in `dir`. Background flushing is off:
     /// every write is flushed explicitly before it is answered.
     pub fn open(dir: &Path) -> Result<Store, Error> {
-        let db = sled::Config::new().path(dir).flush_every_ms(None).open()?;
+        // sled releases its file lock a moment after the last handle of a
+        // previous open is dropped; a restart in the same process waits for it.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+        let db = loop {
+            match sled::Config::new().path(dir).flush_every_ms(None).open() {
+                Ok(db) => break db,
+                Err(sled::Error::Io(e)) if std::time::Instant::now() < deadline => {
+                    tracing::debug!(error = %e, "store still locked; retrying");
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
         let charges = db.open_tree(CHARGES_TREE)?;
         Ok(Store {
             db,
@@ -185,7 +197,15 @@ mod tests {
             Outcome::KeyReused
         ));
         drop(store);
-        let reopened = Store::open(dir.path()).unwrap();
+        // sled releases its file lock a moment after the last handle is dropped.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let reopened = loop {
+            match Store::open(dir.path()) {
+                Ok(s) => break s,
+                Err(e) if std::time::Instant::now() > deadline => panic!("reopen: {e}"),
+                Err(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
+            }
+        };
         assert_eq!(reopened.list().unwrap(), vec![stored]);
     }
 
