@@ -63,8 +63,9 @@ impl Store {
     /// every write is flushed explicitly before it is answered.
     pub fn open(dir: &Path) -> Result<Store, Error> {
         // sled releases its file lock a moment after the last handle of a
-        // previous open is dropped; a restart in the same process waits for it.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+        // previous open is dropped (later on a loaded machine); a restart in the
+        // same process waits for it.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         let db = loop {
             match sled::Config::new().path(dir).flush_every_ms(None).open() {
                 Ok(db) => break db,

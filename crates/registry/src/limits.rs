@@ -62,7 +62,7 @@ pub const STORAGE_FORMAT_VERSION: u32 = 1;
 
 /// How long `store::open` keeps retrying a directory whose sled lock is still held by a
 /// just-dropped instance in the same process (its flusher thread exits asynchronously).
-pub const STORE_OPEN_LOCK_WAIT_MS: u64 = 3_000;
+pub const STORE_OPEN_LOCK_WAIT_MS: u64 = 10_000;
 
 /// Pause between those retries.
 pub const STORE_OPEN_LOCK_RETRY_MS: u64 = 20;
