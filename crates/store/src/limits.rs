@@ -14,7 +14,7 @@ pub const SWEEP_ENTRIES_MAX: usize = 256;
 pub const SWEEP_DEFER_MS: u64 = 3_600_000;
 /// How often sled persists its tree in the background. Durability does not
 /// depend on it (the write-ahead log does that); it bounds the log's replay.
-pub const SLED_FLUSH_EVERY_MS: u64 = 1_000;
+pub const SLED_FLUSH_EVERY_MS: u64 = 5_000;
 /// How long a reader waits for the batch that wrote what it read to become
 /// durable before reporting the store unavailable.
 pub const READ_DURABLE_WAIT_MS: u64 = 5_000;
