@@ -1064,3 +1064,36 @@ fn repeated_moves_back_and_forth_keep_every_order() {
         }
     }
 }
+
+/// A tenant created through one node is usable through every other node at
+/// once: a node that does not know a token yet waits (bounded) for its registry
+/// replica to apply what it already holds before answering 401.
+#[test]
+fn a_new_tenant_works_through_every_node_at_once() {
+    let cluster = Cluster::start("a,b,c", &[]);
+    let admin = cluster.info.admin_token.clone();
+    let regions = ["a", "b", "c"];
+    for round in 0..9 {
+        let via = cluster.api(regions[round % 3]);
+        let home = regions[(round + 1) % 3];
+        let use_through = cluster.api(regions[(round + 2) % 3]);
+        let tenant_id = unique("fresh");
+        let created = via.post_json(
+            "/admin/v1/tenants",
+            Some(&admin),
+            &json!({"tenant_id": tenant_id, "home_region": home}).to_string(),
+        );
+        created.assert_status(201);
+        let token = created.json()["token"].as_str().expect("token").to_owned();
+        // Straight away, through a third node.
+        let shown = use_through.get(&format!("/admin/v1/tenants/{tenant_id}"), Some(&admin));
+        shown.assert_status(200);
+        let coid = unique("co");
+        let r =
+            use_through
+                .expecting(home)
+                .create_order(&token, &unique("k"), &order_body(&coid, 5));
+        assert_eq!(r.status, 201, "round {round}: {}", r.text());
+        assert_eq!(r.header("keyhold-region").as_deref(), Some(home));
+    }
+}

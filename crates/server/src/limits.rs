@@ -51,6 +51,10 @@ const _: () = assert!(PSP_BACKOFF_MS_MAX <= RELAY_BACKOFF_MS_MAX);
 /// How long a node waits for its registry replica to apply a write it made (or a
 /// later state another node reported) before giving up.
 pub const REGISTRY_READ_WAIT_MS: u64 = 5_000;
+/// How long an unknown token or tenant waits for this node's registry replica to
+/// apply entries it already holds: about one heartbeat, after which the follower
+/// knows they committed.
+pub const REGISTRY_CATCH_UP_WAIT_MS: u64 = 1_000;
 /// How long `keyhold up` and a bootstrapping node wait for the registry to elect a
 /// leader and accept the regions.
 pub const REGISTRY_BOOTSTRAP_WAIT_MS: u64 = 30_000;

@@ -105,7 +105,7 @@ impl Node {
             .await
             .map_err(|e| Error::Config(format!("registry: {e}")))?;
         let tenants = Tenants::default();
-        tenants.rebuild(registry.tenants());
+        tenants.rebuild(registry.tenants(), registry.applied_index());
         // Install the recorder before any request can record.
         crate::metrics::handle();
         Ok(Node {
@@ -127,9 +127,36 @@ impl Node {
         &self.registry
     }
 
+    /// Waits, bounded, for this replica to apply at least one more registry entry,
+    /// then rebuilds the tenant directory; returns whether anything new was
+    /// applied. A follower learns that an entry committed only with the leader's
+    /// next message (at most a heartbeat later), so a tenant created through
+    /// another node a moment ago is found before this node answers "unknown".
+    /// It only sleeps (no work, no registry write), so unknown tokens cost an
+    /// attacker time, not this node CPU.
+    pub async fn catch_up_registry(&self) -> bool {
+        let mut applied = self.registry.subscribe();
+        let before = *applied.borrow_and_update();
+        // The directory may simply not be rebuilt yet from what is applied.
+        if self.tenants.built_at() < before {
+            self.refresh_tenants();
+            return true;
+        }
+        let wait = Duration::from_millis(crate::limits::REGISTRY_CATCH_UP_WAIT_MS);
+        let advanced = tokio::time::timeout(wait, applied.wait_for(|&i| i > before))
+            .await
+            .is_ok_and(|r| r.is_ok());
+        if advanced {
+            self.refresh_tenants();
+        }
+        advanced
+    }
+
     /// Rebuilds the tenant directory from the local registry replica.
     pub fn refresh_tenants(&self) {
-        self.tenants.rebuild(self.registry.tenants());
+        // Read the index first: the directory then holds at least that much.
+        let index = self.registry.applied_index();
+        self.tenants.rebuild(self.registry.tenants(), index);
     }
 
     /// Where this tenant's requests execute, by the local replica.

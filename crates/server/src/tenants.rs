@@ -74,6 +74,8 @@ fn check(limiter: &DefaultDirectRateLimiter) -> Result<(), ApiError> {
 #[derive(Default)]
 pub struct Tenants {
     inner: RwLock<Directory>,
+    /// The registry index the directory was last rebuilt at (at least).
+    built_at: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Default)]
@@ -106,7 +108,7 @@ pub fn bearer(headers: &HeaderMap) -> Option<&str> {
 impl Tenants {
     /// Replaces the directory with the registry's tenants, keeping each tenant's
     /// limiters when its limits did not change.
-    pub fn rebuild(&self, records: Vec<TenantRecord>) {
+    pub fn rebuild(&self, records: Vec<TenantRecord>, applied_index: u64) {
         // Readers keep authenticating against the old directory until the swap.
         let old = self
             .inner
@@ -148,6 +150,12 @@ impl Tenants {
             dir.by_hash.insert(hash, tenant);
         }
         *self.inner.write().expect("tenant directory lock") = dir;
+        self.built_at
+            .fetch_max(applied_index, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn built_at(&self) -> u64 {
+        self.built_at.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     pub fn get(&self, id: &TenantId) -> Option<Arc<Tenant>> {

@@ -54,9 +54,9 @@ fn open_db(path: &Path) -> Result<sled::Db, Error> {
     loop {
         match sled::Config::new().path(path).open() {
             Ok(db) => return Ok(db),
-            Err(sled::Error::Io(e))
-                if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline =>
-            {
+            // Any I/O error while the deadline lasts: the lock shows up as
+            // WouldBlock, but a just-dropped instance may also still be closing files.
+            Err(sled::Error::Io(_)) if Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(STORE_OPEN_LOCK_RETRY_MS));
             }
             Err(e) => return Err(e.into()),

@@ -110,10 +110,11 @@ pub async fn get_tenant(
     Path(tenant_id): Path<String>,
 ) -> Result<Response, ApiError> {
     authenticate_admin(&headers, node.admin_token_sha256())?;
-    let record = node
-        .registry()
-        .tenant(&tenant_id)
-        .ok_or_else(|| ApiError::new(Problem::NotFound))?;
+    let mut record = node.registry().tenant(&tenant_id);
+    if record.is_none() && node.catch_up_registry().await {
+        record = node.registry().tenant(&tenant_id);
+    }
+    let record = record.ok_or_else(|| ApiError::new(Problem::NotFound))?;
     Ok(json_response(
         200,
         serde_json::to_vec(&tenant_json(&record)).expect("json"),

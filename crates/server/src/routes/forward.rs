@@ -52,7 +52,11 @@ fn misdirected(node: &Node) -> Response {
 }
 
 pub async fn route(State(node): State<Arc<Node>>, request: Request, next: Next) -> Response {
-    let tenant = match node.tenants.authenticate(request.headers()) {
+    let mut authenticated = node.tenants.authenticate(request.headers());
+    if authenticated.is_err() && node.catch_up_registry().await {
+        authenticated = node.tenants.authenticate(request.headers());
+    }
+    let tenant = match authenticated {
         Ok(t) => t,
         Err(e) => {
             // Read what the client is still sending, so it gets the 401 rather

@@ -212,10 +212,11 @@ pub async fn get_operation(
     Path(operation_id): Path<String>,
 ) -> Result<Response, ApiError> {
     authenticate_admin(&headers, node.admin_token_sha256())?;
-    let op = node
-        .registry()
-        .operation(&operation_id)
-        .ok_or_else(|| ApiError::new(Problem::NotFound))?;
+    let mut op = node.registry().operation(&operation_id);
+    if op.is_none() && node.catch_up_registry().await {
+        op = node.registry().operation(&operation_id);
+    }
+    let op = op.ok_or_else(|| ApiError::new(Problem::NotFound))?;
     Ok(json_response(
         200,
         serde_json::to_vec(&operation_json(&op)).expect("json"),
