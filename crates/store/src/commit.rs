@@ -23,7 +23,7 @@ use tokio::sync::{mpsc, watch};
 pub struct CommitStats {
     batches: AtomicU64,
     commands: AtomicU64,
-    flush_micros: AtomicU64,
+    sync_micros: AtomicU64,
     failed: AtomicBool,
 }
 
@@ -34,9 +34,9 @@ impl CommitStats {
     pub fn commands(&self) -> u64 {
         self.commands.load(Ordering::Relaxed)
     }
-    /// Total time spent in flush (fsync) calls.
-    pub fn flush_micros(&self) -> u64 {
-        self.flush_micros.load(Ordering::Relaxed)
+    /// Total time spent appending batches to the write-ahead log and syncing it.
+    pub fn sync_micros(&self) -> u64 {
+        self.sync_micros.load(Ordering::Relaxed)
     }
     pub fn failed(&self) -> bool {
         self.failed.load(Ordering::Relaxed)
@@ -79,7 +79,7 @@ pub(crate) fn spawn(
             let durable = stamped.and_then(|()| wal.append(batch, &commands));
             let sync_time = started.elapsed();
             stats
-                .flush_micros
+                .sync_micros
                 .fetch_add(sync_time.as_micros() as u64, Ordering::Relaxed);
             stats.batches.fetch_add(1, Ordering::Relaxed);
             stats

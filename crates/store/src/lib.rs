@@ -266,15 +266,6 @@ impl Store {
             .unwrap_or(0))
     }
 
-    /// The newest event in the outbox (0 when empty).
-    pub fn outbox_head(&self) -> Result<u64, Error> {
-        Ok(self
-            .inner
-            .machine
-            .get::<u64>(keys::META_OUTBOX_SEQ)?
-            .unwrap_or(0))
-    }
-
     pub async fn is_processed(&self, consumer: &str, event_id: &str) -> Result<bool, Error> {
         Ok(self
             .read::<Processed>(&keys::processed(consumer, event_id))

@@ -442,7 +442,6 @@ async fn fence(
         )
         .await
         .map_err(|e| ApiError::new(Problem::StoreUnavailable).detail(e.to_string()))?;
-    node.refresh_tenants();
     let moving = node
         .registry()
         .tenant(&tenant_id)
