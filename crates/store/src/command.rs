@@ -226,9 +226,40 @@ pub struct SweepOutcome {
     pub stale_index: u64,
 }
 
-/// What applying a command produced; one variant per command.
+/// Why the state machine refused a command. A refused command writes nothing and
+/// is an answer like any other: the same log replays to the same refusal, so a
+/// refusal in the write-ahead log (or, later, in a Raft log, where an apply error
+/// is fatal on every replica) never stops a restart. Errors of the store itself
+/// (I/O, a stored value that does not decode) stay `Error`s.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Rejection {
+    /// An imported entry's payload does not decode as the kind its key names.
+    #[error("imported entry {index} does not decode: {detail}")]
+    ImportUndecodable { index: usize, detail: String },
+    /// An imported entry belongs to another tenant than the import names.
+    #[error("imported entry {index} belongs to another tenant")]
+    ImportForeignEntry { index: usize },
+    /// An imported entry is of a kind a tenant move does not carry.
+    #[error("imported entry {index} is of a kind a move does not carry")]
+    ImportUnexpectedKind { index: usize },
+    /// A payment result for an order this store does not hold.
+    #[error("payment for missing order {order_id}")]
+    PaymentForMissingOrder { order_id: String },
+    /// The business marker names an order this store does not hold (a partial
+    /// import): answering from it would invent an order.
+    #[error("marker points at missing order {order_id}")]
+    MarkerWithoutOrder { order_id: String },
+    /// A completed order record carries no response to replay (a partial or
+    /// foreign import).
+    #[error("completed order record without a response")]
+    RecordWithoutResponse,
+}
+
+/// What applying a command produced; one variant per command, plus `Rejected`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Applied {
+    /// The command was refused and wrote nothing.
+    Rejected(Rejection),
     Order(OrderOutcome),
     Claim(ClaimOutcome),
     Complete(CompleteOutcome),

@@ -25,7 +25,7 @@ mod wal;
 
 pub use command::{
     Applied, ClaimOutcome, Command, CompleteOutcome, ConsumeOutcome, ExportEntry, HeartbeatOutcome,
-    OrderOutcome, OutboxEvent, Processed, Reservation, SweepOutcome,
+    OrderOutcome, OutboxEvent, Processed, Rejection, Reservation, SweepOutcome,
 };
 pub use commit::CommitStats;
 
@@ -50,6 +50,9 @@ pub enum Error {
     Io(std::io::Error),
     #[error("timed out waiting for durability")]
     DurableTimeout,
+    /// The state machine refused the command; it wrote nothing.
+    #[error("command refused: {0}")]
+    Rejected(Rejection),
 }
 
 struct Job {
@@ -142,7 +145,9 @@ impl Store {
         })
     }
 
-    /// Applies one command; answers after the batch holding it is durable.
+    /// Applies one command; answers after the batch holding it is durable. A
+    /// command the state machine refused (`Applied::Rejected`, a value in the
+    /// log) reaches the caller as `Error::Rejected`.
     pub async fn execute(&self, command: Command) -> Result<Applied, Error> {
         let (reply, rx) = oneshot::channel();
         self.inner
@@ -152,7 +157,10 @@ impl Store {
                 mpsc::error::TrySendError::Full(_) => Error::Overloaded,
                 mpsc::error::TrySendError::Closed(_) => Error::Unavailable,
             })?;
-        rx.await.map_err(|_| Error::Unavailable)?
+        match rx.await.map_err(|_| Error::Unavailable)?? {
+            Applied::Rejected(rejection) => Err(Error::Rejected(rejection)),
+            applied => Ok(applied),
+        }
     }
 
     pub fn stats(&self) -> &CommitStats {
