@@ -114,8 +114,13 @@ async fn relay_round(
     attempted: &mut u64,
 ) -> Result<usize, Failure> {
     let store = node.store();
-    let cursor = store
-        .cursor(consumer)
+    // The generation read here goes with the cursor move at the end: an outbox
+    // replay in between makes that move a no-op instead of undoing the replay.
+    let keyhold_store::Cursor {
+        seq: cursor,
+        generation,
+    } = store
+        .cursor_at(consumer)
         .await
         .map_err(|e| Failure(e.to_string()))?;
     let events = store
@@ -177,6 +182,7 @@ async fn relay_round(
         let command = Command::AdvanceCursor {
             consumer: consumer.to_string(),
             seq: done_to,
+            generation,
         };
         store
             .execute(command)

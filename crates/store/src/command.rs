@@ -74,10 +74,18 @@ pub enum Command {
         now: UnixMillis,
         processed_ttl_ms: u64,
     },
-    /// A consumer has handled every event up to and including `seq`.
-    AdvanceCursor { consumer: String, seq: u64 },
+    /// A consumer has handled every event up to and including `seq`, in a relay
+    /// round that read the cursor at `generation`. If an outbox replay happened
+    /// since (the generation moved on), the move is dropped: the round must not
+    /// undo the replay's rewind.
+    AdvanceCursor {
+        consumer: String,
+        seq: u64,
+        generation: u64,
+    },
     /// Re-publishes kept events from `from_seq` on: every consumer's cursor moves
-    /// back to just before it.
+    /// back to just before it and its generation becomes the number of the
+    /// batch that applied the replay.
     ReplayOutbox {
         from_seq: u64,
         consumers: Vec<String>,
@@ -147,6 +155,26 @@ pub struct Reservation {
     pub quantity: u64,
     pub event_id: String,
     pub at: UnixMillis,
+}
+
+/// Where a consumer stands in the outbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Cursor {
+    /// Every event up to and including this sequence number is handled.
+    pub seq: u64,
+    /// The batch number of the last outbox replay (0 before any);
+    /// `AdvanceCursor` carries the one it read.
+    pub generation: u64,
+}
+
+/// What became of an `AdvanceCursor`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CursorOutcome {
+    Advanced,
+    /// The cursor is already at or past the sequence number.
+    Behind,
+    /// An outbox replay happened after the round read the cursor: nothing moved.
+    Superseded,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -266,7 +294,7 @@ pub enum Applied {
     Heartbeat(HeartbeatOutcome),
     Sweep(SweepOutcome),
     Consumed(ConsumeOutcome),
-    CursorAdvanced,
+    Cursor(CursorOutcome),
     /// How many kept events were re-published.
     Replayed {
         events: u64,

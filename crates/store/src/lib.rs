@@ -24,8 +24,9 @@ mod machine;
 mod wal;
 
 pub use command::{
-    Applied, ClaimOutcome, Command, CompleteOutcome, ConsumeOutcome, ExportEntry, HeartbeatOutcome,
-    OrderOutcome, OutboxEvent, Processed, Rejection, Reservation, SweepOutcome,
+    Applied, ClaimOutcome, Command, CompleteOutcome, ConsumeOutcome, Cursor, CursorOutcome,
+    ExportEntry, HeartbeatOutcome, OrderOutcome, OutboxEvent, Processed, Rejection, Reservation,
+    SweepOutcome,
 };
 pub use commit::CommitStats;
 
@@ -263,6 +264,21 @@ impl Store {
             .read::<u64>(&keys::cursor(consumer))
             .await?
             .unwrap_or(0))
+    }
+
+    /// A consumer's cursor with its generation, as a relay round reads it before
+    /// delivering: its `AdvanceCursor` carries the generation.
+    pub async fn cursor_at(&self, consumer: &str) -> Result<Cursor, Error> {
+        // The generation first: a replay between the two reads then leaves an
+        // older generation with a rewound seq, and the round's move is dropped.
+        let generation = self
+            .read::<u64>(&keys::cursor_generation(consumer))
+            .await?
+            .unwrap_or(0);
+        Ok(Cursor {
+            seq: self.cursor(consumer).await?,
+            generation,
+        })
     }
 
     /// The newest outbox event of one tenant (0 when it has none).

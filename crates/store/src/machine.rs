@@ -7,8 +7,8 @@
 
 use crate::codec::{decode, decode_plain, encode, encode_raw};
 use crate::command::{
-    Applied, ClaimOutcome, Command, CompleteOutcome, ConsumeOutcome, ExportEntry, HeartbeatOutcome,
-    OrderOutcome, OutboxEvent, Processed, Rejection, Reservation, SweepOutcome,
+    Applied, ClaimOutcome, Command, CompleteOutcome, ConsumeOutcome, CursorOutcome, ExportEntry,
+    HeartbeatOutcome, OrderOutcome, OutboxEvent, Processed, Rejection, Reservation, SweepOutcome,
 };
 use crate::keys;
 use crate::limits::SWEEP_DEFER_MS;
@@ -244,14 +244,24 @@ impl Machine {
                     entries: entries.len() as u64,
                 }
             }
-            Command::AdvanceCursor { consumer, seq } => {
+            Command::AdvanceCursor {
+                consumer,
+                seq,
+                generation,
+            } => {
                 let key = keys::cursor(consumer);
                 let current: u64 = self.get(&key)?.unwrap_or(0);
-                // Cursors only move forward here; a replay moves them back.
-                if *seq > current {
+                let now_at: u64 = self.get(&keys::cursor_generation(consumer))?.unwrap_or(0);
+                // Cursors only move forward here; a replay moves them back, and a
+                // round that read the cursor before that replay moves nothing.
+                Applied::Cursor(if *generation != now_at {
+                    CursorOutcome::Superseded
+                } else if *seq > current {
                     w.put(key, seq);
-                }
-                Applied::CursorAdvanced
+                    CursorOutcome::Advanced
+                } else {
+                    CursorOutcome::Behind
+                })
             }
             Command::ReplayOutbox {
                 from_seq,
@@ -264,6 +274,13 @@ impl Machine {
                     if current > back_to {
                         w.put(key, &back_to);
                     }
+                    // Always: a round in flight may be about to move the cursor
+                    // past `back_to` even if it is not there yet. The new
+                    // generation is this batch's number: newer than any a round
+                    // can have read, and the same when recovery applies the
+                    // command again, so the command stays a no-op on its result.
+                    let generation = w.number;
+                    w.put(keys::cursor_generation(consumer), &generation);
                 }
                 let events = self
                     .tree

@@ -316,6 +316,7 @@ async fn consumers_apply_once_and_replay_rewinds_cursors() {
     let advance = Command::AdvanceCursor {
         consumer: "inventory".into(),
         seq: 1,
+        generation: 0,
     };
     store.execute(advance).await.unwrap();
     assert_eq!(store.cursor("inventory").await.unwrap(), 1);
@@ -328,6 +329,8 @@ async fn consumers_apply_once_and_replay_rewinds_cursors() {
         Applied::Replayed { events: 1 }
     );
     assert_eq!(store.cursor("inventory").await.unwrap(), 0);
+    let generation = store.cursor_at("inventory").await.unwrap().generation;
+    assert_ne!(generation, 0, "a replay moves the generation on");
 
     // Past its expiry, an event the payments consumer has not acknowledged stays.
     let late = T0.plus_ms(100 * HOUR_MS);
@@ -347,6 +350,7 @@ async fn consumers_apply_once_and_replay_rewinds_cursors() {
         let advance = Command::AdvanceCursor {
             consumer: consumer.into(),
             seq: 1,
+            generation,
         };
         store.execute(advance).await.unwrap();
     }
@@ -516,6 +520,7 @@ async fn every_command_is_a_no_op_on_its_own_result() {
         Command::AdvanceCursor {
             consumer: "inventory".into(),
             seq: 1,
+            generation: 0,
         },
         Command::ReplayOutbox {
             from_seq: 1,
@@ -544,4 +549,69 @@ async fn every_command_is_a_no_op_on_its_own_result() {
             "applying twice changed the state: {command:?}"
         );
     }
+}
+
+/// Review defect 9: a relay round reads the cursor, an outbox replay rewinds it
+/// while the round delivers, and the round then reports its progress. The
+/// round's move must not undo the replay, or the replayed events would never be
+/// delivered again although the replay answered with their count.
+#[tokio::test]
+async fn a_relay_round_in_flight_cannot_undo_an_outbox_replay() {
+    use keyhold_store::CursorOutcome;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    for i in 0..3 {
+        order(
+            &store,
+            create(
+                &format!("k{i}"),
+                &format!("c{i}"),
+                "fp",
+                &format!("ord_{i}"),
+                T0,
+            ),
+        )
+        .await;
+    }
+    // A first round delivers everything.
+    let read = store.cursor_at("inventory").await.unwrap();
+    let advance = |seq, generation| Command::AdvanceCursor {
+        consumer: "inventory".into(),
+        seq,
+        generation,
+    };
+    assert_eq!(
+        store.execute(advance(3, read.generation)).await.unwrap(),
+        Applied::Cursor(CursorOutcome::Advanced)
+    );
+    // The next round reads the cursor (events 4.. would follow) ...
+    order(&store, create("k3", "c3", "fp", "ord_3", T0)).await;
+    let in_flight = store.cursor_at("inventory").await.unwrap();
+    assert_eq!(in_flight.seq, 3);
+    // ... an operator replays everything ...
+    let replay = Command::ReplayOutbox {
+        from_seq: 1,
+        consumers: vec!["inventory".into()],
+    };
+    assert_eq!(
+        store.execute(replay).await.unwrap(),
+        Applied::Replayed { events: 4 }
+    );
+    // ... and the round finishes with event 4.
+    assert_eq!(
+        store
+            .execute(advance(4, in_flight.generation))
+            .await
+            .unwrap(),
+        Applied::Cursor(CursorOutcome::Superseded)
+    );
+    let after = store.cursor_at("inventory").await.unwrap();
+    assert_eq!(after.seq, 0, "the replay's rewind stands");
+    assert_eq!(store.outbox_after(after.seq, 10).await.unwrap().len(), 4);
+    // A round that read the cursor after the replay moves it as usual.
+    assert_eq!(
+        store.execute(advance(4, after.generation)).await.unwrap(),
+        Applied::Cursor(CursorOutcome::Advanced)
+    );
+    assert_eq!(store.cursor("inventory").await.unwrap(), 4);
 }
