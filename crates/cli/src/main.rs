@@ -46,6 +46,10 @@ enum Command {
         /// Probability (0 to 1) that a charge is declined.
         #[arg(long, default_value_t = 0.0)]
         decline_rate: f64,
+        /// Probability (0 to 1) that a retry of a committed charge is refused
+        /// (400) instead of replayed.
+        #[arg(long, default_value_t = 0.0)]
+        refuse_replay_rate: f64,
     },
     /// Send a mix of new, replayed, conflicting and concurrent duplicate orders
     /// and report latencies.
@@ -253,12 +257,14 @@ fn main() -> ExitCode {
             data_dir,
             drop_response_rate,
             decline_rate,
+            refuse_replay_rate,
         } => fakepsp(
             listen,
             keyhold_fakepsp::PspConfig {
                 data_dir,
                 drop_response_rate,
                 decline_rate,
+                refuse_replay_rate,
             },
         ),
     };
