@@ -2,6 +2,7 @@
 //! the libraries. No logic lives here beyond turning arguments into configs.
 
 mod cmd_admin;
+mod cmd_chaos;
 mod cmd_fingerprint;
 
 use anyhow::Context;
@@ -50,6 +51,9 @@ enum Command {
     /// Send a mix of new, replayed, conflicting and concurrent duplicate orders
     /// and report latencies.
     Loadgen(LoadgenArgs),
+    /// Seeded chaos runs: local clusters, client traffic and faults from one
+    /// seed each, judged by the history checker.
+    Chaos(cmd_chaos::ChaosArgs),
     /// Tenant administration through any node's admin API.
     Tenant {
         #[command(subcommand)]
@@ -247,6 +251,7 @@ fn main() -> ExitCode {
             admin,
         } => admin_call(admin, async move |a| a.cluster_status().await),
         Command::Loadgen(args) => loadgen(args),
+        Command::Chaos(args) => cmd_chaos::run(args),
         Command::Up(args) => up(args.into()),
         Command::Fakepsp {
             listen,
