@@ -2,6 +2,7 @@
 //! the libraries. No logic lives here beyond turning arguments into configs.
 
 mod cmd_admin;
+mod cmd_chaos;
 mod cmd_fingerprint;
 
 use anyhow::Context;
@@ -54,6 +55,9 @@ enum Command {
     /// Send a mix of new, replayed, conflicting and concurrent duplicate orders
     /// and report latencies.
     Loadgen(LoadgenArgs),
+    /// Seeded chaos runs: local clusters, client traffic and faults from one
+    /// seed each, judged by the history checker.
+    Chaos(cmd_chaos::ChaosArgs),
     /// Tenant administration through any node's admin API.
     Tenant {
         #[command(subcommand)]
@@ -251,6 +255,7 @@ fn main() -> ExitCode {
             admin,
         } => admin_call(admin, async move |a| a.cluster_status().await),
         Command::Loadgen(args) => loadgen(args),
+        Command::Chaos(args) => cmd_chaos::run(args),
         Command::Up(args) => up(args.into()),
         Command::Fakepsp {
             listen,
@@ -332,10 +337,19 @@ struct LoadgenArgs {
     /// No live progress bar on stderr.
     #[arg(long)]
     quiet: bool,
-    /// Afterwards, read back every order the run created by client_order_id and
-    /// fail if any is missing or has another order id than acknowledged.
+    /// Record every request and afterwards check the history against the final
+    /// state with the history checker (orders lost, changed or duplicated,
+    /// replays that differ); exits non-zero on any violation.
     #[arg(long)]
     verify: bool,
+    /// With --verify: the admin token (or KEYHOLD_ADMIN_TOKEN), so that
+    /// inventory reservations are checked too (needs --psp-url).
+    #[arg(long, env = "KEYHOLD_ADMIN_TOKEN", hide_env_values = true)]
+    admin_token: Option<String>,
+    /// With --verify: the payment provider's origin, so that charges are
+    /// checked too (needs --admin-token).
+    #[arg(long)]
+    psp_url: Option<String>,
 }
 
 fn loadgen(args: LoadgenArgs) -> anyhow::Result<()> {
@@ -348,6 +362,8 @@ fn loadgen(args: LoadgenArgs) -> anyhow::Result<()> {
         rate: args.rate,
         progress: !args.quiet,
         verify: args.verify,
+        admin_token: args.admin_token,
+        psp_url: args.psp_url.map(|u| u.trim_end_matches('/').to_owned()),
     };
     let report = runtime()?.block_on(keyhold_loadgen::run(load))?;
     let json = serde_json::to_string_pretty(&report)?;
@@ -355,14 +371,11 @@ fn loadgen(args: LoadgenArgs) -> anyhow::Result<()> {
         std::fs::write(&path, &json).with_context(|| format!("cannot write {}", path.display()))?;
     }
     println!("{json}");
-    if let Some(v) = report.verify.filter(|v| !v.is_clean()) {
-        anyhow::bail!(
-            "verify: {} mismatched, {} missing, {} unreadable of {} orders",
-            v.mismatched,
-            v.missing,
-            v.errors,
-            v.checked
-        );
+    if let Some(verdict) = &report.verify {
+        eprintln!("{}", verdict.summary());
+        if !verdict.ok {
+            anyhow::bail!("verify: {} violations", verdict.violations.len());
+        }
     }
     Ok(())
 }
