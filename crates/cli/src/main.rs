@@ -8,6 +8,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use keyhold_server::up::UpConfig;
 use keyhold_server::{parse_duration, Config};
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -19,9 +20,26 @@ use std::time::Duration;
     about = "Safe retries for multi-region APIs"
 )]
 struct Cli {
+    /// How log lines on stderr look: `text` (colours only on a terminal) or
+    /// `json` (one object per line, for log shippers).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// The log filter when `RUST_LOG` is unset: keyhold at info, libraries only
+/// when something is wrong. openraft reports every failed vote while the
+/// registry's members start one after another, which is expected at start-up
+/// and says nothing an operator can act on; its errors still show.
+const LOG_FILTER_DEFAULT: &str =
+    "info,openraft=error,sled=warn,hyper=warn,hyper_util=warn,reqwest=warn,h2=warn,tower=warn,tower_http=warn";
 
 #[derive(Subcommand)]
 enum Command {
@@ -195,13 +213,18 @@ fn duration(text: &str) -> Result<Duration, String> {
     parse_duration(text)
 }
 
-fn init_tracing() {
+fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"));
-    tracing_subscriber::fmt()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(LOG_FILTER_DEFAULT));
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+        // Colour codes only help a person at a terminal; in a file or a pipe
+        // they are noise that breaks grep.
+        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+    }
 }
 
 /// Resolves on Ctrl-C or SIGTERM.
@@ -229,6 +252,7 @@ async fn shutdown_signal() {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let log = cli.log_format;
     let result = match cli.command {
         Command::Canonicalize { file } => cmd_fingerprint::canonicalize(file.as_deref()),
         Command::Fingerprint {
@@ -236,7 +260,7 @@ fn main() -> ExitCode {
             hmac_key_env,
             file,
         } => cmd_fingerprint::fingerprint(&spec, file.as_deref(), hmac_key_env.as_deref()),
-        Command::Serve { config } => serve(config),
+        Command::Serve { config } => serve(config, log),
         Command::Tenant { action, admin } => admin_call(admin, async move |a| match action {
             TenantAction::Create { id, home } => a.create_tenant(&id, &home).await,
             TenantAction::Show { id } => a.show_tenant(&id).await,
@@ -247,13 +271,14 @@ fn main() -> ExitCode {
             admin,
         } => admin_call(admin, async move |a| a.cluster_status().await),
         Command::Loadgen(args) => loadgen(args),
-        Command::Up(args) => up(args.into()),
+        Command::Up(args) => up(args.into(), log),
         Command::Fakepsp {
             listen,
             data_dir,
             drop_response_rate,
             decline_rate,
         } => fakepsp(
+            log,
             listen,
             keyhold_fakepsp::PspConfig {
                 data_dir,
@@ -278,8 +303,8 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("cannot start the async runtime")
 }
 
-fn serve(path: PathBuf) -> anyhow::Result<()> {
-    init_tracing();
+fn serve(path: PathBuf, log: LogFormat) -> anyhow::Result<()> {
+    init_tracing(log);
     let text = std::fs::read_to_string(&path)
         .with_context(|| format!("cannot read config {}", path.display()))?;
     let config = Config::from_toml(&text).with_context(|| format!("in {}", path.display()))?;
@@ -293,8 +318,8 @@ fn serve(path: PathBuf) -> anyhow::Result<()> {
     })
 }
 
-fn up(config: UpConfig) -> anyhow::Result<()> {
-    init_tracing();
+fn up(config: UpConfig, log: LogFormat) -> anyhow::Result<()> {
+    init_tracing(log);
     runtime()?.block_on(async move {
         keyhold_server::up::run(config, shutdown_signal()).await?;
         Ok(())
@@ -361,8 +386,12 @@ fn loadgen(args: LoadgenArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn fakepsp(listen: String, config: keyhold_fakepsp::PspConfig) -> anyhow::Result<()> {
-    init_tracing();
+fn fakepsp(
+    log: LogFormat,
+    listen: String,
+    config: keyhold_fakepsp::PspConfig,
+) -> anyhow::Result<()> {
+    init_tracing(log);
     runtime()?.block_on(async move {
         let listener = tokio::net::TcpListener::bind(&listen)
             .await

@@ -132,7 +132,7 @@ impl Registry {
         )
         .await
         .map_err(|e| Error::Fatal(e.to_string()))?;
-        tracing::info!(node_id = config.node_id, node = %config.node, "registry replica started");
+        tracing::debug!(node_id = config.node_id, node = %config.node, "registry replica started");
         Ok(Self {
             inner: Arc::new(Inner {
                 config,
@@ -383,7 +383,7 @@ impl Registry {
             .await
             .map_err(|e| Error::Fatal(format!("raft shutdown: {e}")))?;
         self.inner.state_machine.flush().await?;
-        tracing::info!(node_id = self.id(), "registry replica stopped");
+        tracing::debug!(node_id = self.id(), "registry replica stopped");
         Ok(())
     }
 }

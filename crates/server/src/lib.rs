@@ -66,6 +66,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let raft_addr = raft_listener.local_addr()?;
     let raft_app = keyhold_registry::raft_router(node.registry().clone());
     let mut raft_stop = stop_rx.clone();
     let raft_server = tokio::spawn(async move {
@@ -84,9 +85,12 @@ pub async fn serve(
         .map(|c| tokio::spawn(downstream::run(node.clone(), c, stop_rx.clone())))
         .collect();
     let app = routes::router(node.clone());
+    // The one start-up line per node: who it is and where it answers.
     tracing::info!(
+        node_id = node.config().node_id,
         region = %node.config().region,
-        addr = %listener.local_addr()?,
+        api = %format!("http://{}", listener.local_addr()?),
+        raft = %raft_addr,
         "keyhold node listening"
     );
     axum::serve(listener, app)

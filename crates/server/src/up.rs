@@ -446,7 +446,21 @@ pub async fn run(
         &up.data_dir.join("cluster.json"),
         &serde_json::to_vec_pretty(&cluster).expect("json"),
     )?;
-    tracing::info!(path = %up.data_dir.join("cluster.json").display(), "cluster ready");
+    // The one summary an operator needs after the per-node lines: where to
+    // point a browser, a client and the admin tools.
+    let first_api = &cluster.regions[0].api_url;
+    tracing::info!(
+        regions = %cluster
+            .regions
+            .iter()
+            .map(|r| format!("{}={}", r.name, r.api_url))
+            .collect::<Vec<_>>()
+            .join(" "),
+        demo = %format!("{first_api}/demo/"),
+        psp = %cluster.psp_url,
+        cluster_json = %up.data_dir.join("cluster.json").display(),
+        "cluster ready"
+    );
 
     shutdown.await;
     drop(proxies);
