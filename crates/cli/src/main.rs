@@ -118,6 +118,10 @@ struct UpArgs {
     /// How long consumers remember processed events, e.g. 35d.
     #[arg(long, value_parser = duration)]
     processed_ttl: Option<Duration>,
+    /// How long the payment provider remembers an Idempotency-Key, e.g. 40d;
+    /// unset: forever (the bundled fake provider keeps every key).
+    #[arg(long, value_parser = duration)]
+    psp_key_retention: Option<Duration>,
     /// Probability (0 to 1) that the fake payment provider loses an answer.
     #[arg(long, default_value_t = 0.0)]
     psp_drop_response_rate: f64,
@@ -145,6 +149,7 @@ impl From<UpArgs> for UpConfig {
             response_ttl: a.response_ttl,
             marker_ttl: a.marker_ttl,
             processed_ttl: a.processed_ttl,
+            psp_key_retention: a.psp_key_retention,
             psp_drop_response_rate: a.psp_drop_response_rate,
             psp_decline_rate: a.psp_decline_rate,
             demo_dir: a.demo_dir,

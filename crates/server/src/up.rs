@@ -51,6 +51,8 @@ pub struct UpConfig {
     pub response_ttl: Option<Duration>,
     pub marker_ttl: Option<Duration>,
     pub processed_ttl: Option<Duration>,
+    /// The payment provider's key retention (`Config::psp_key_retention`).
+    pub psp_key_retention: Option<Duration>,
     /// Probability that the fake provider loses an answer after committing.
     pub psp_drop_response_rate: f64,
     /// Probability that the fake provider declines a charge.
@@ -289,6 +291,7 @@ pub async fn run(
         if let Some(d) = up.processed_ttl {
             config.processed_ttl = d;
         }
+        config.psp_key_retention = up.psp_key_retention;
         config.demo_dir.clone_from(&up.demo_dir);
         config.validate()?;
         let advertised = &everyone[i];

@@ -8,7 +8,7 @@ use axum::extract::State;
 use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use keyhold_core::limits::{KEY_LENGTH_MAX, LEASE_MS_MAX, LEASE_MS_MIN};
-use keyhold_core::Problem;
+use keyhold_core::{Problem, Retention};
 use std::sync::Arc;
 
 /// The OpenAPI document, kept in docs/ and compiled in so every node serves the
@@ -55,6 +55,21 @@ pub async fn policy(State(node): State<Arc<Node>>) -> Response {
         .iter()
         .map(|p| (p.slug().to_owned(), p.status().into()))
         .collect();
+    let horizon = node.config().horizon();
+    let seconds = |r: Retention| r.ms().map(|ms| ms / 1000);
+    let stages: Vec<serde_json::Value> = horizon
+        .stages
+        .iter()
+        .map(|(stage, retention)| {
+            serde_json::json!({
+                "stage": stage.name(),
+                "setting": stage.setting(),
+                "ttl_seconds": seconds(*retention),
+                "guards": stage.guards(),
+            })
+        })
+        .collect();
+    let (first, first_retention) = horizon.ends_first();
     let body = serde_json::json!({
         "response_ttl_seconds": p.response_ttl_ms / 1000,
         "marker_ttl_seconds": p.marker_ttl_ms / 1000,
@@ -64,6 +79,14 @@ pub async fn policy(State(node): State<Arc<Node>>) -> Response {
         "body_bytes_max": node.config().body_bytes_max,
         "lease_ms_min": LEASE_MS_MIN,
         "lease_ms_max": LEASE_MS_MAX,
+        "psp_key_retention_seconds": seconds(horizon.stages[3].1),
+        // Every stage of duplicate protection in the order a duplicate meets
+        // them; the first to forget is the real limit (null: never forgets).
+        "dedupe_horizon": {
+            "stages": stages,
+            "ends_first": first.name(),
+            "window_seconds": seconds(first_retention),
+        },
         "replayed_header": "Idempotent-Replayed",
         "fingerprint_header": "Idempotency-Fingerprint",
         "status_codes": {
