@@ -195,6 +195,30 @@ enum TenantAction {
         #[arg(long)]
         to: String,
     },
+    /// Issue a new token (printed once); the old one keeps working for the
+    /// grace period (default 24h, at most 7d), then is refused.
+    RotateToken {
+        #[arg(long)]
+        id: String,
+        /// How long the old token keeps working, e.g. 1h; 0s ends it at once.
+        #[arg(long, value_parser = duration)]
+        grace: Option<Duration>,
+    },
+    /// Change a tenant's rate limits (either or both).
+    SetLimits {
+        #[arg(long)]
+        id: String,
+        #[arg(long)]
+        requests_per_second: Option<u32>,
+        #[arg(long)]
+        new_keys_per_second: Option<u32>,
+    },
+    /// Delete a tenant: its tokens stop working, every region erases its
+    /// records, markers, orders and undelivered events; the id is never reused.
+    Delete {
+        #[arg(long)]
+        id: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -270,6 +294,16 @@ fn main() -> ExitCode {
             TenantAction::Create { id, home } => a.create_tenant(&id, &home).await,
             TenantAction::Show { id } => a.show_tenant(&id).await,
             TenantAction::Move { id, to } => a.move_tenant(&id, &to).await,
+            TenantAction::RotateToken { id, grace } => a.rotate_token(&id, grace).await,
+            TenantAction::SetLimits {
+                id,
+                requests_per_second,
+                new_keys_per_second,
+            } => {
+                a.set_limits(&id, requests_per_second, new_keys_per_second)
+                    .await
+            }
+            TenantAction::Delete { id } => a.delete_tenant(&id).await,
         }),
         Command::Cluster {
             action: ClusterAction::Status,

@@ -46,7 +46,7 @@ pub use crate::error::Error;
 pub use crate::network::raft_router;
 pub use crate::state::{
     Operation, OperationKind, OperationState, RegionRecord, RegistryState, Rejection, Request,
-    Response, TenantRecord, TenantState,
+    Response, RetiredToken, TenantRecord, TenantState,
 };
 pub use crate::types::{NodeId, NodeInfo, RaftMetrics};
 

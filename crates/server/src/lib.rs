@@ -13,6 +13,7 @@ mod cluster;
 pub mod config;
 mod demo;
 mod downstream;
+mod erase;
 mod inflight;
 pub mod limits;
 mod metrics;
@@ -80,6 +81,7 @@ pub async fn serve(
     let directory = tokio::spawn(cluster::follow_registry(node.clone(), stop_rx.clone()));
     let move_watch = tokio::spawn(routes::resume_stalled_moves(node.clone(), stop_rx.clone()));
     let sweeper = tokio::spawn(sweeper::run(node.clone(), stop_rx.clone()));
+    let eraser = tokio::spawn(erase::run(node.clone(), stop_rx.clone()));
     let relays: Vec<_> = downstream::consumers(&node)
         .into_iter()
         .map(|c| tokio::spawn(downstream::run(node.clone(), c, stop_rx.clone())))
@@ -99,6 +101,7 @@ pub async fn serve(
     let _ = stop_tx.send(true);
     bootstrap.abort();
     let _ = sweeper.await;
+    let _ = eraser.await;
     let _ = directory.await;
     let _ = move_watch.await;
     for relay in relays {
