@@ -55,6 +55,15 @@ pub enum Command {
         entries_max: u32,
         consumers: Vec<String>,
     },
+    /// Erases up to `entries_max` entries of a deleted tenant: its records,
+    /// markers, order index and orders, and its outbox events that some
+    /// consumer in `consumers` has not had yet (delivered events stay, and so
+    /// do the consumers' effects). Repeat until `Erased { more: false }`.
+    EraseTenant {
+        tenant: TenantId,
+        entries_max: u32,
+        consumers: Vec<String>,
+    },
     /// The inventory consumer's effect: reserve the order's item lines, together
     /// with its processed-message entry, unless the event was processed already.
     ConsumeInventory {
@@ -302,5 +311,10 @@ pub enum Applied {
     Fenced,
     Imported {
         entries: u64,
+    },
+    /// `EraseTenant` removed `entries`; `more` when it stopped at its limit.
+    Erased {
+        entries: u64,
+        more: bool,
     },
 }

@@ -178,6 +178,11 @@ impl Machine {
                 entries_max,
                 consumers,
             } => Applied::Sweep(self.sweep(w, *now, *entries_max as usize, consumers)?),
+            Command::EraseTenant {
+                tenant,
+                entries_max,
+                consumers,
+            } => self.erase_tenant(w, tenant, *entries_max as usize, consumers)?,
             Command::ConsumeInventory {
                 event_id,
                 order_id,
@@ -476,6 +481,60 @@ impl Machine {
     /// Walks the expiry index in time order and deletes what is due. An index
     /// entry can be stale (its target was rewritten with a later expiry); then only
     /// the index entry goes.
+    /// A page of `Command::EraseTenant`. Deleting what is gone already is a
+    /// no-op, so a replayed erasure changes nothing.
+    fn erase_tenant(
+        &self,
+        w: &mut Writes,
+        tenant: &TenantId,
+        entries_max: usize,
+        consumers: &[String],
+    ) -> Result<Applied, Error> {
+        let mut doomed: Vec<Vec<u8>> = Vec::new();
+        let full = |doomed: &Vec<Vec<u8>>| doomed.len() >= entries_max;
+        for prefix in keys::tenant_prefixes(tenant) {
+            for item in self.tree.scan_prefix(&prefix) {
+                if full(&doomed) {
+                    break;
+                }
+                let (key, _) = item?;
+                // Orders are keyed by id alone: keep other tenants' orders.
+                if prefix == [keys::ORDER] {
+                    let order: Option<Order> = self.get(&key)?;
+                    if order.is_none_or(|o| &o.tenant != tenant) {
+                        continue;
+                    }
+                }
+                doomed.push(key.to_vec());
+            }
+        }
+        let mut cursors = Vec::with_capacity(consumers.len());
+        for consumer in consumers {
+            cursors.push(self.get::<u64>(&keys::cursor(consumer))?.unwrap_or(0));
+        }
+        for item in self.tree.scan_prefix([keys::OUTBOX]) {
+            if full(&doomed) {
+                break;
+            }
+            let (key, _) = item?;
+            let Some(event) = self.get::<OutboxEvent>(&key)? else {
+                continue;
+            };
+            let pending = cursors.iter().any(|&c| c < event.seq);
+            if &event.tenant == tenant && pending {
+                doomed.push(key.to_vec());
+            }
+        }
+        let more = full(&doomed);
+        for key in &doomed {
+            w.batch.remove(key.as_slice());
+        }
+        Ok(Applied::Erased {
+            entries: doomed.len() as u64,
+            more,
+        })
+    }
+
     fn sweep(
         &self,
         w: &mut Writes,

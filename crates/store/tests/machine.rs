@@ -538,6 +538,11 @@ async fn every_command_is_a_no_op_on_its_own_result() {
             tenant,
             entries: vec![],
         },
+        Command::EraseTenant {
+            tenant: TenantId::parse("t1").unwrap(),
+            entries_max: 1_000,
+            consumers: vec!["inventory".into()],
+        },
     ];
     for command in commands {
         store.execute(command.clone()).await.unwrap();
@@ -614,4 +619,90 @@ async fn a_relay_round_in_flight_cannot_undo_an_outbox_replay() {
         Applied::Cursor(CursorOutcome::Advanced)
     );
     assert_eq!(store.cursor("inventory").await.unwrap(), 4);
+/// The same order command for another tenant.
+fn for_tenant(tenant: &str, mut command: Command) -> Command {
+    if let Command::CreateOrder { scope, order, .. } = &mut command {
+        scope.tenant = TenantId::parse(tenant).unwrap();
+        order.tenant = TenantId::parse(tenant).unwrap();
+    }
+    command
+}
+
+#[tokio::test]
+async fn erasing_a_tenant_keeps_other_tenants_and_delivered_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    // t1: ord_1 (its event delivered to every consumer), then ord_2 and ord_3
+    // (pending); t2: ord_9, pending.
+    order(&store, create("k1", "c1", "fp1", "ord_1", T0)).await;
+    for consumer in ["inventory", "payments"] {
+        let advance = Command::AdvanceCursor {
+            consumer: consumer.into(),
+            seq: 1,
+        };
+        store.execute(advance).await.unwrap();
+    }
+    order(&store, create("k2", "c2", "fp2", "ord_2", T0)).await;
+    order(&store, create("k3", "c3", "fp3", "ord_3", T0)).await;
+    order(
+        &store,
+        for_tenant("t2", create("k1", "c1", "fp1", "ord_9", T0)),
+    )
+    .await;
+    assert_eq!(store.count_prefix(EntryKind::Outbox), 4);
+    let t1 = TenantId::parse("t1").unwrap();
+    let erase = Command::EraseTenant {
+        tenant: t1.clone(),
+        entries_max: 4,
+        consumers: vec!["inventory".into(), "payments".into()],
+    };
+    let mut erased = 0;
+    let mut pages = 0;
+    loop {
+        pages += 1;
+        assert!(pages < 10, "erasure ends");
+        let Applied::Erased { entries, more } = store.execute(erase.clone()).await.unwrap() else {
+            panic!("erase answers Erased")
+        };
+        assert!(entries <= 4, "a page stays within its limit");
+        erased += entries;
+        if !more {
+            break;
+        }
+    }
+    assert!(pages > 1, "the erasure went in pages");
+    // Three records, three markers, three index entries, three orders, and the
+    // two pending events.
+    assert_eq!(erased, 14);
+    assert_eq!(store.tenant_entry_count(&t1).unwrap(), 0);
+    for id in ["ord_1", "ord_2", "ord_3"] {
+        assert_eq!(store.order(id).await.unwrap(), None, "{id}");
+    }
+    assert!(store
+        .order_by_client_order_id(&t1, "c2")
+        .await
+        .unwrap()
+        .is_none());
+    let events = store.outbox_after(0, 10).await.unwrap();
+    let kept: Vec<&str> = events.iter().map(|e| e.order_id.as_str()).collect();
+    assert_eq!(
+        kept,
+        vec!["ord_1", "ord_9"],
+        "delivered events stay delivered"
+    );
+    // The other tenant is untouched, and its order replays.
+    assert!(store.order("ord_9").await.unwrap().is_some());
+    assert!(matches!(
+        order(
+            &store,
+            for_tenant("t2", create("k1", "c1", "fp1", "ord_x", T0))
+        )
+        .await,
+        OrderOutcome::Replayed { .. }
+    ));
+    // A new request of the erased tenant finds nothing: no replay, no marker.
+    assert!(matches!(
+        order(&store, create("k2", "c2", "fp2", "ord_4", T0)).await,
+        OrderOutcome::Created { .. }
+    ));
 }
