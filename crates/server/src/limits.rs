@@ -83,6 +83,12 @@ pub const REGISTRY_READ_WAIT_MS: u64 = 5_000;
 /// apply entries it already holds: about one heartbeat, after which the follower
 /// knows they committed.
 pub const REGISTRY_CATCH_UP_WAIT_MS: u64 = 1_000;
+/// A node that leads the registry is ready only while a quorum acknowledged it
+/// within this long: after an election timeout the others may have elected
+/// another leader.
+pub const READY_QUORUM_ACK_MS_MAX: u64 = 2_000;
+const _: () =
+    assert!(READY_QUORUM_ACK_MS_MAX <= keyhold_registry::limits::ELECTION_TIMEOUT_MAX_MS_DEFAULT);
 /// How long `keyhold up` and a bootstrapping node wait for the registry to elect a
 /// leader and accept the regions.
 pub const REGISTRY_BOOTSTRAP_WAIT_MS: u64 = 30_000;
