@@ -46,7 +46,7 @@ pub use crate::error::Error;
 pub use crate::network::raft_router;
 pub use crate::state::{
     Operation, OperationKind, OperationState, RegionRecord, RegistryState, Rejection, Request,
-    Response, TenantRecord, TenantState,
+    Response, RetiredToken, TenantRecord, TenantState,
 };
 pub use crate::types::{NodeId, NodeInfo, RaftMetrics};
 
@@ -132,7 +132,7 @@ impl Registry {
         )
         .await
         .map_err(|e| Error::Fatal(e.to_string()))?;
-        tracing::info!(node_id = config.node_id, node = %config.node, "registry replica started");
+        tracing::debug!(node_id = config.node_id, node = %config.node, "registry replica started");
         Ok(Self {
             inner: Arc::new(Inner {
                 config,
@@ -383,7 +383,7 @@ impl Registry {
             .await
             .map_err(|e| Error::Fatal(format!("raft shutdown: {e}")))?;
         self.inner.state_machine.flush().await?;
-        tracing::info!(node_id = self.id(), "registry replica stopped");
+        tracing::debug!(node_id = self.id(), "registry replica stopped");
         Ok(())
     }
 }

@@ -57,7 +57,7 @@ pub async fn bootstrap(node: Arc<Node>) {
             match node.registry().write(request).await {
                 Ok(_) => break,
                 Err(e) if Instant::now() < deadline => {
-                    tracing::info!(error = %e, "waiting for a registry leader");
+                    tracing::debug!(error = %e, "waiting for a registry leader");
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
                 Err(e) => {
@@ -67,7 +67,7 @@ pub async fn bootstrap(node: Arc<Node>) {
             }
         }
     }
-    tracing::info!("registry bootstrapped");
+    tracing::debug!("registry bootstrapped");
 }
 
 /// Rebuilds the tenant directory whenever the local replica applies an entry.

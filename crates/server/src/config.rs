@@ -3,7 +3,7 @@
 
 use crate::limits;
 use crate::Error;
-use keyhold_core::Policy;
+use keyhold_core::{Horizon, Policy, Retention};
 use serde::Deserialize;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -39,6 +39,11 @@ pub struct Config {
     pub marker_ttl: Duration,
     #[serde(default = "d_processed_ttl", with = "humantime_serde_compat")]
     pub processed_ttl: Duration,
+    /// How long the payment provider remembers an `Idempotency-Key`; the last
+    /// stage of the dedupe horizon. Unset: it never forgets (the bundled fake
+    /// provider keeps every key).
+    #[serde(default, with = "humantime_serde_option")]
+    pub psp_key_retention: Option<Duration>,
     #[serde(default = "d_inflight_wait", with = "humantime_serde_compat")]
     pub inflight_wait: Duration,
     #[serde(default = "d_sweep_interval", with = "humantime_serde_compat")]
@@ -132,6 +137,18 @@ mod humantime_serde_compat {
     }
 }
 
+mod humantime_serde_option {
+    use serde::{Deserialize, Deserializer};
+    use std::time::Duration;
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        let text = String::deserialize(d)?;
+        super::parse_duration(&text)
+            .map(Some)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
 /// Parses `3s`, `500ms`, `48h`, `30d` and combinations like `1h30m`.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text.trim()).map_err(|e| {
@@ -154,6 +171,7 @@ impl Config {
             response_ttl: d_response_ttl(),
             marker_ttl: d_marker_ttl(),
             processed_ttl: d_processed_ttl(),
+            psp_key_retention: None,
             inflight_wait: d_inflight_wait(),
             sweep_interval: d_sweep_interval(),
             body_bytes_max: d_body_bytes_max(),
@@ -184,9 +202,17 @@ impl Config {
         }
     }
 
+    /// Every stage of duplicate protection, the provider's included.
+    pub fn horizon(&self) -> Horizon {
+        let provider = self.psp_key_retention.map_or(Retention::Unbounded, |d| {
+            Retention::Ms(d.as_millis() as u64)
+        });
+        self.policy().horizon(provider)
+    }
+
     /// Refuses a configuration the node must not run with, naming the rule.
     pub fn validate(&self) -> Result<(), Error> {
-        self.policy()
+        self.horizon()
             .validate()
             .map_err(|e| Error::Config(e.to_string()))?;
         if !self.regions.contains(&self.region) {
@@ -269,6 +295,20 @@ mod tests {
         c.marker_ttl = Duration::from_secs(60);
         let e = c.validate().unwrap_err().to_string();
         assert!(e.contains("marker_ttl"), "{e}");
+    }
+
+    #[test]
+    fn refuses_a_provider_that_forgets_keys_too_early() {
+        let c = Config::from_toml(
+            "region='a'\ndata_dir='x'\nadmin_token='0123456789abcdef0123'\npsp_key_retention='24h'",
+        )
+        .unwrap();
+        assert_eq!(c.psp_key_retention, Some(Duration::from_secs(86_400)));
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("psp_key_retention (1day) must be at least processed_ttl (35days)"),
+            "{e}"
+        );
     }
 
     #[test]

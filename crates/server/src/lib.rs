@@ -13,6 +13,7 @@ mod cluster;
 pub mod config;
 mod demo;
 mod downstream;
+mod erase;
 mod http;
 mod inflight;
 pub mod limits;
@@ -67,6 +68,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let raft_addr = raft_listener.local_addr()?;
     let raft_app = keyhold_registry::raft_router(node.registry().clone());
     let mut raft_stop = stop_rx.clone();
     let raft_server = tokio::spawn(async move {
@@ -80,14 +82,18 @@ pub async fn serve(
     let directory = tokio::spawn(cluster::follow_registry(node.clone(), stop_rx.clone()));
     let move_watch = tokio::spawn(routes::resume_stalled_moves(node.clone(), stop_rx.clone()));
     let sweeper = tokio::spawn(sweeper::run(node.clone(), stop_rx.clone()));
+    let eraser = tokio::spawn(erase::run(node.clone(), stop_rx.clone()));
     let relays: Vec<_> = downstream::consumers(&node)
         .into_iter()
         .map(|c| tokio::spawn(downstream::run(node.clone(), c, stop_rx.clone())))
         .collect();
     let app = routes::router(node.clone());
+    // The one start-up line per node: who it is and where it answers.
     tracing::info!(
+        node_id = node.config().node_id,
         region = %node.config().region,
-        addr = %listener.local_addr()?,
+        api = %format!("http://{}", listener.local_addr()?),
+        raft = %raft_addr,
         "keyhold node listening"
     );
     let limits = http::ConnectionLimits {
@@ -98,6 +104,7 @@ pub async fn serve(
     let _ = stop_tx.send(true);
     bootstrap.abort();
     let _ = sweeper.await;
+    let _ = eraser.await;
     let _ = directory.await;
     let _ = move_watch.await;
     for relay in relays {

@@ -55,7 +55,20 @@ pub const TOKEN_RANDOM_BYTES: usize = 32;
 /// Header values copied into a claim's stored response.
 pub const CLAIM_RESPONSE_HEADERS_MAX: usize = 32;
 
+/// How long a rotated-out tenant token keeps working by default, and at most:
+/// a day lets clients roll the new token out without an outage.
+pub const TOKEN_GRACE_SECONDS_DEFAULT: u64 = 86_400;
+pub const TOKEN_GRACE_SECONDS_MAX: u64 = 7 * 86_400;
+/// The highest per-tenant rate limit the admin API accepts.
+pub const TENANT_RATE_PER_SECOND_MAX: u32 = 1_000_000;
+/// How long the erasure task waits before trying a failed erasure (or its
+/// registry report) again.
+pub const ERASE_RETRY_MS: u64 = 1_000;
+
 const _: () = assert!(INFLIGHT_WAIT_MS_DEFAULT < REQUEST_TIMEOUT_MS);
+const _: () = assert!(TOKEN_GRACE_SECONDS_DEFAULT <= TOKEN_GRACE_SECONDS_MAX);
+const _: () = assert!(DEMO_TENANT_REQUESTS_PER_SECOND <= TENANT_RATE_PER_SECOND_MAX);
+const _: () = assert!(TENANT_REQUESTS_PER_SECOND_DEFAULT <= TENANT_RATE_PER_SECOND_MAX);
 const _: () = assert!(DEMO_TENANT_REQUESTS_PER_SECOND >= 20_000);
 
 /// Outbox events one relay round reads, and how many of them are handled at once.

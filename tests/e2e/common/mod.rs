@@ -258,6 +258,11 @@ impl Cluster {
         }
     }
 
+    /// The whole stderr log of the current process so far.
+    pub fn stderr_log(&self) -> String {
+        std::fs::read_to_string(self.log_path(self.starts, "stderr")).unwrap_or_default()
+    }
+
     /// The last part of the current process's stderr log.
     pub fn stderr_tail(&self) -> String {
         let text =

@@ -18,7 +18,7 @@ use axum::extract::{MatchedPath, Request};
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::Router;
 use keyhold_core::Problem;
 use keyhold_fingerprint::Value;
@@ -50,7 +50,18 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/idempotency-policy", get(meta::policy))
         .route("/v1/fingerprint-specs", get(meta::specs))
         .route("/admin/v1/tenants", post(admin::create_tenant))
-        .route("/admin/v1/tenants/{tenant_id}", get(admin::get_tenant))
+        .route(
+            "/admin/v1/tenants/{tenant_id}",
+            get(admin::get_tenant).delete(admin::delete_tenant),
+        )
+        .route(
+            "/admin/v1/tenants/{tenant_id}/token",
+            post(admin::rotate_token),
+        )
+        .route(
+            "/admin/v1/tenants/{tenant_id}/limits",
+            put(admin::set_limits),
+        )
         .route(
             "/admin/v1/tenants/{tenant_id}/move",
             post(moves::start_move),
