@@ -1109,7 +1109,7 @@ fn the_bad_input_catalogue() {
 /// wait until one closes, and then they are served.
 #[test]
 fn slow_and_idle_connections_are_bounded() {
-    let node = common::ServeNode::start("a", "connections_max = 4\nheader_read_timeout = \"1s\"\n");
+    let node = common::ServeNode::start("a", "connections_max = 4\nheader_read_timeout = \"2s\"\n");
     let addr = node.api.base.trim_start_matches("http://").to_owned();
     let long = Duration::from_secs(15);
     // Half a request head, then silence: closed.
