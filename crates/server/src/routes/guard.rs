@@ -29,6 +29,9 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+/// Paths of the node-to-node endpoints.
+const INTERNAL_PREFIX: &str = "/internal/";
+
 /// Refuses requests whose framing or headers the node will not interpret:
 /// both `Content-Length` and `Transfer-Encoding` (400, and the connection is
 /// closed: what follows on it cannot be trusted), more header lines or bytes
@@ -66,8 +69,14 @@ pub async fn check_message(request: Request, next: Next) -> Response {
 /// Bounds the whole request. A request still running after `REQUEST_TIMEOUT_MS`
 /// waits on the store or on another region (a slow body is refused earlier by
 /// `read_body`), so the answer is 503 `store-unavailable`: the outcome is
-/// unknown and the client retries with its key.
+/// unknown and the client retries with its key. Node-to-node move endpoints
+/// are not clients' requests: a fence waits for the relay (up to
+/// `MOVE_DRAIN_WAIT_MS`) and an import writes a whole page; their callers set
+/// their own timeouts.
 pub async fn bound_time(request: Request, next: Next) -> Response {
+    if request.uri().path().starts_with(INTERNAL_PREFIX) {
+        return next.run(request).await;
+    }
     let limit = Duration::from_millis(REQUEST_TIMEOUT_MS);
     match tokio::time::timeout(limit, next.run(request)).await {
         Ok(response) => response,
