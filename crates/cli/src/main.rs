@@ -2,6 +2,7 @@
 //! the libraries. No logic lives here beyond turning arguments into configs.
 
 mod cmd_admin;
+mod cmd_chaos;
 mod cmd_fingerprint;
 
 use anyhow::Context;
@@ -64,10 +65,17 @@ enum Command {
         /// Probability (0 to 1) that a charge is declined.
         #[arg(long, default_value_t = 0.0)]
         decline_rate: f64,
+        /// Probability (0 to 1) that a retry of a committed charge is refused
+        /// (400) instead of replayed.
+        #[arg(long, default_value_t = 0.0)]
+        refuse_replay_rate: f64,
     },
     /// Send a mix of new, replayed, conflicting and concurrent duplicate orders
     /// and report latencies.
     Loadgen(LoadgenArgs),
+    /// Seeded chaos runs: local clusters, client traffic and faults from one
+    /// seed each, judged by the history checker.
+    Chaos(cmd_chaos::ChaosArgs),
     /// Tenant administration through any node's admin API.
     Tenant {
         #[command(subcommand)]
@@ -311,12 +319,14 @@ fn main() -> ExitCode {
             admin,
         } => admin_call(admin, async move |a| a.cluster_status().await),
         Command::Loadgen(args) => loadgen(args),
+        Command::Chaos(args) => cmd_chaos::run(args),
         Command::Up(args) => up(args.into(), log),
         Command::Fakepsp {
             listen,
             data_dir,
             drop_response_rate,
             decline_rate,
+            refuse_replay_rate,
         } => fakepsp(
             log,
             listen,
@@ -324,6 +334,7 @@ fn main() -> ExitCode {
                 data_dir,
                 drop_response_rate,
                 decline_rate,
+                refuse_replay_rate,
             },
         ),
     };
@@ -391,10 +402,19 @@ struct LoadgenArgs {
     /// No live progress bar on stderr.
     #[arg(long)]
     quiet: bool,
-    /// Afterwards, read back every order the run created by client_order_id and
-    /// fail if any is missing or has another order id than acknowledged.
+    /// Record every request and afterwards check the history against the final
+    /// state with the history checker (orders lost, changed or duplicated,
+    /// replays that differ); exits non-zero on any violation.
     #[arg(long)]
     verify: bool,
+    /// With --verify: the admin token (or KEYHOLD_ADMIN_TOKEN), so that
+    /// inventory reservations are checked too (needs --psp-url).
+    #[arg(long, env = "KEYHOLD_ADMIN_TOKEN", hide_env_values = true)]
+    admin_token: Option<String>,
+    /// With --verify: the payment provider's origin, so that charges are
+    /// checked too (needs --admin-token).
+    #[arg(long)]
+    psp_url: Option<String>,
 }
 
 fn loadgen(args: LoadgenArgs) -> anyhow::Result<()> {
@@ -407,6 +427,8 @@ fn loadgen(args: LoadgenArgs) -> anyhow::Result<()> {
         rate: args.rate,
         progress: !args.quiet,
         verify: args.verify,
+        admin_token: args.admin_token,
+        psp_url: args.psp_url.map(|u| u.trim_end_matches('/').to_owned()),
     };
     let report = runtime()?.block_on(keyhold_loadgen::run(load))?;
     let json = serde_json::to_string_pretty(&report)?;
@@ -414,14 +436,11 @@ fn loadgen(args: LoadgenArgs) -> anyhow::Result<()> {
         std::fs::write(&path, &json).with_context(|| format!("cannot write {}", path.display()))?;
     }
     println!("{json}");
-    if let Some(v) = report.verify.filter(|v| !v.is_clean()) {
-        anyhow::bail!(
-            "verify: {} mismatched, {} missing, {} unreadable of {} orders",
-            v.mismatched,
-            v.missing,
-            v.errors,
-            v.checked
-        );
+    if let Some(verdict) = &report.verify {
+        eprintln!("{}", verdict.summary());
+        if !verdict.ok {
+            anyhow::bail!("verify: {} violations", verdict.violations.len());
+        }
     }
     Ok(())
 }

@@ -212,6 +212,7 @@ pub async fn run(
         data_dir: up.data_dir.join("psp"),
         drop_response_rate: up.psp_drop_response_rate,
         decline_rate: up.psp_decline_rate,
+        refuse_replay_rate: 0.0,
     };
 
     // The nodes: first one store-owning registry voter per region (ids 1..=R),

@@ -3,59 +3,15 @@
 
 use keyhold_core::scope::Namespace;
 use keyhold_core::{
-    IdempotencyKey, Operation, Order, OrderRequest, OrderStatus, Outcome, OwnerToken, RecordState,
-    Scope, StoredResponse, TenantId, UnixMillis,
+    OrderStatus, Outcome, OwnerToken, RecordState, StoredResponse, TenantId, UnixMillis,
 };
 use keyhold_store::{
     Applied, ClaimOutcome, Command, CompleteOutcome, EntryKind, HeartbeatOutcome, OrderOutcome,
     Store,
 };
 
-const HOUR_MS: u64 = 3_600_000;
-const T0: UnixMillis = UnixMillis(1_800_000_000_000);
-
-fn scope(namespace: Namespace, key: &str) -> Scope {
-    Scope {
-        namespace,
-        tenant: TenantId::parse("t1").unwrap(),
-        operation: Operation::orders_create(),
-        key: IdempotencyKey::parse(key).unwrap(),
-    }
-}
-
-fn create(
-    key: &str,
-    client_order_id: &str,
-    fingerprint: &str,
-    order_id: &str,
-    now: UnixMillis,
-) -> Command {
-    Command::CreateOrder {
-        scope: scope(Namespace::Orders, key),
-        fingerprint: fingerprint.into(),
-        order: Box::new(Order {
-            order_id: order_id.into(),
-            tenant: TenantId::parse("t1").unwrap(),
-            request: OrderRequest {
-                client_order_id: client_order_id.into(),
-                cart_id: "cart".into(),
-                amount: 100,
-                currency: "EUR".into(),
-                shipping_address_id: None,
-                items: vec![],
-                quote_id: None,
-                metadata: None,
-            },
-            status: OrderStatus::Confirmed,
-            home_region: "eu".into(),
-            created_at: now,
-        }),
-        now,
-        response_ttl_ms: HOUR_MS,
-        marker_ttl_ms: 24 * HOUR_MS,
-        processed_ttl_ms: 48 * HOUR_MS,
-    }
-}
+mod common;
+use common::{create, scope, HOUR_MS, T0};
 
 async fn order(store: &Store, command: Command) -> OrderOutcome {
     match store.execute(command).await.unwrap() {
@@ -360,6 +316,7 @@ async fn consumers_apply_once_and_replay_rewinds_cursors() {
     let advance = Command::AdvanceCursor {
         consumer: "inventory".into(),
         seq: 1,
+        generation: 0,
     };
     store.execute(advance).await.unwrap();
     assert_eq!(store.cursor("inventory").await.unwrap(), 1);
@@ -372,6 +329,8 @@ async fn consumers_apply_once_and_replay_rewinds_cursors() {
         Applied::Replayed { events: 1 }
     );
     assert_eq!(store.cursor("inventory").await.unwrap(), 0);
+    let generation = store.cursor_at("inventory").await.unwrap().generation;
+    assert_ne!(generation, 0, "a replay moves the generation on");
 
     // Past its expiry, an event the payments consumer has not acknowledged stays.
     let late = T0.plus_ms(100 * HOUR_MS);
@@ -391,6 +350,7 @@ async fn consumers_apply_once_and_replay_rewinds_cursors() {
         let advance = Command::AdvanceCursor {
             consumer: consumer.into(),
             seq: 1,
+            generation,
         };
         store.execute(advance).await.unwrap();
     }
@@ -560,6 +520,7 @@ async fn every_command_is_a_no_op_on_its_own_result() {
         Command::AdvanceCursor {
             consumer: "inventory".into(),
             seq: 1,
+            generation: 0,
         },
         Command::ReplayOutbox {
             from_seq: 1,
@@ -595,6 +556,69 @@ async fn every_command_is_a_no_op_on_its_own_result() {
     }
 }
 
+/// Review defect 9: a relay round reads the cursor, an outbox replay rewinds it
+/// while the round delivers, and the round then reports its progress. The
+/// round's move must not undo the replay, or the replayed events would never be
+/// delivered again although the replay answered with their count.
+#[tokio::test]
+async fn a_relay_round_in_flight_cannot_undo_an_outbox_replay() {
+    use keyhold_store::CursorOutcome;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    for i in 0..3 {
+        order(
+            &store,
+            create(
+                &format!("k{i}"),
+                &format!("c{i}"),
+                "fp",
+                &format!("ord_{i}"),
+                T0,
+            ),
+        )
+        .await;
+    }
+    // A first round delivers everything.
+    let read = store.cursor_at("inventory").await.unwrap();
+    let advance = |seq, generation| Command::AdvanceCursor {
+        consumer: "inventory".into(),
+        seq,
+        generation,
+    };
+    assert_eq!(
+        store.execute(advance(3, read.generation)).await.unwrap(),
+        Applied::Cursor(CursorOutcome::Advanced)
+    );
+    // The next round reads the cursor (events 4.. would follow) ...
+    order(&store, create("k3", "c3", "fp", "ord_3", T0)).await;
+    let in_flight = store.cursor_at("inventory").await.unwrap();
+    assert_eq!(in_flight.seq, 3);
+    // ... an operator replays everything ...
+    let replay = Command::ReplayOutbox {
+        from_seq: 1,
+        consumers: vec!["inventory".into()],
+    };
+    assert_eq!(
+        store.execute(replay).await.unwrap(),
+        Applied::Replayed { events: 4 }
+    );
+    // ... and the round finishes with event 4.
+    assert_eq!(
+        store
+            .execute(advance(4, in_flight.generation))
+            .await
+            .unwrap(),
+        Applied::Cursor(CursorOutcome::Superseded)
+    );
+    let after = store.cursor_at("inventory").await.unwrap();
+    assert_eq!(after.seq, 0, "the replay's rewind stands");
+    assert_eq!(store.outbox_after(after.seq, 10).await.unwrap().len(), 4);
+    // A round that read the cursor after the replay moves it as usual.
+    assert_eq!(
+        store.execute(advance(4, after.generation)).await.unwrap(),
+        Applied::Cursor(CursorOutcome::Advanced)
+    );
+    assert_eq!(store.cursor("inventory").await.unwrap(), 4);
 /// The same order command for another tenant.
 fn for_tenant(tenant: &str, mut command: Command) -> Command {
     if let Command::CreateOrder { scope, order, .. } = &mut command {
