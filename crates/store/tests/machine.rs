@@ -619,6 +619,8 @@ async fn a_relay_round_in_flight_cannot_undo_an_outbox_replay() {
         Applied::Cursor(CursorOutcome::Advanced)
     );
     assert_eq!(store.cursor("inventory").await.unwrap(), 4);
+}
+
 /// The same order command for another tenant.
 fn for_tenant(tenant: &str, mut command: Command) -> Command {
     if let Command::CreateOrder { scope, order, .. } = &mut command {
@@ -639,6 +641,7 @@ async fn erasing_a_tenant_keeps_other_tenants_and_delivered_events() {
         let advance = Command::AdvanceCursor {
             consumer: consumer.into(),
             seq: 1,
+            generation: 0,
         };
         store.execute(advance).await.unwrap();
     }
