@@ -86,17 +86,6 @@ pub async fn follow_registry(node: Arc<Node>, mut stop: watch::Receiver<bool>) {
     }
 }
 
-/// True once this replica knows every configured region: the node can place
-/// requests. A leader is not needed for that (only for registry writes), so an
-/// election does not make a serving node unready.
-pub fn is_serving(node: &Node) -> bool {
-    let regions = node.registry().regions();
-    node.config()
-        .regions
-        .iter()
-        .all(|r| regions.iter().any(|k| &k.name == r))
-}
-
 /// True once this replica knows a leader and every configured region.
 pub fn is_ready(node: &Node) -> bool {
     let registry = node.registry();

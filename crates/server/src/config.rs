@@ -54,6 +54,14 @@ pub struct Config {
     pub tenant_requests_per_second: u32,
     #[serde(default = "d_new_keys_per_second")]
     pub tenant_new_keys_per_second: u32,
+    /// Open connections of the API listener; past this the node stops accepting
+    /// until one closes.
+    #[serde(default = "d_connections_max")]
+    pub connections_max: usize,
+    /// A connection must send a whole request head within this long of opening
+    /// or of its previous answer, else it is closed (also the keep-alive idle limit).
+    #[serde(default = "d_header_read_timeout", with = "humantime_serde_compat")]
+    pub header_read_timeout: Duration,
     /// Origin of the payment provider the payments consumer charges; without it
     /// the payments consumer does not run.
     #[serde(default)]
@@ -111,6 +119,12 @@ fn d_requests_per_second() -> u32 {
 fn d_new_keys_per_second() -> u32 {
     limits::TENANT_NEW_KEYS_PER_SECOND_DEFAULT
 }
+fn d_connections_max() -> usize {
+    limits::CONNECTIONS_MAX_DEFAULT
+}
+fn d_header_read_timeout() -> Duration {
+    Duration::from_millis(limits::HEADER_READ_TIMEOUT_MS_DEFAULT)
+}
 
 /// Durations are written like `3s`, `500ms`, `48h`, `30d` (contract section 9).
 mod humantime_serde_compat {
@@ -163,6 +177,8 @@ impl Config {
             body_bytes_max: d_body_bytes_max(),
             tenant_requests_per_second: d_requests_per_second(),
             tenant_new_keys_per_second: d_new_keys_per_second(),
+            connections_max: d_connections_max(),
+            header_read_timeout: d_header_read_timeout(),
             fingerprint_hmac_key_env: None,
             psp_url: None,
             demo_dir: None,
@@ -228,6 +244,16 @@ impl Config {
         if self.body_bytes_max == 0 {
             return Err(Error::Config(
                 "body_bytes_max must be greater than zero".into(),
+            ));
+        }
+        if self.connections_max == 0 {
+            return Err(Error::Config(
+                "connections_max must be greater than zero".into(),
+            ));
+        }
+        if self.header_read_timeout.is_zero() {
+            return Err(Error::Config(
+                "header_read_timeout must be greater than zero".into(),
             ));
         }
         if self.tenant_requests_per_second == 0 || self.tenant_new_keys_per_second == 0 {

@@ -14,6 +14,7 @@ pub mod config;
 mod demo;
 mod downstream;
 mod erase;
+mod http;
 mod inflight;
 pub mod limits;
 mod metrics;
@@ -95,9 +96,11 @@ pub async fn serve(
         raft = %raft_addr,
         "keyhold node listening"
     );
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await?;
+    let limits = http::ConnectionLimits {
+        connections_max: node.config().connections_max,
+        header_read_timeout: node.config().header_read_timeout,
+    };
+    http::serve(listener, app, limits, shutdown).await?;
     let _ = stop_tx.send(true);
     bootstrap.abort();
     let _ = sweeper.await;

@@ -99,21 +99,44 @@ pub fn sha256(text: &str) -> [u8; 32] {
     Sha256::digest(text.as_bytes()).into()
 }
 
+/// Every tenant token starts with this.
+const TOKEN_PREFIX: &str = "kh_";
+
 /// A new bearer token: `kh_` and 32 random bytes in unpadded base64url.
 pub fn new_token() -> String {
     let mut bytes = [0u8; TOKEN_RANDOM_BYTES];
     rand::thread_rng().fill_bytes(&mut bytes);
     format!(
-        "kh_{}",
+        "{TOKEN_PREFIX}{}",
         base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
     )
 }
 
-/// The bearer token of an `Authorization` header, if well-formed.
+/// The bearer token of an `Authorization` header, if well-formed. A header
+/// given more than once is ambiguous (which caller is it?) and reads as none.
 pub fn bearer(headers: &HeaderMap) -> Option<&str> {
-    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let mut values = headers.get_all(header::AUTHORIZATION).iter();
+    let value = values.next()?.to_str().ok()?;
+    if values.next().is_some() {
+        return None;
+    }
     let (scheme, token) = value.split_once(' ')?;
     (scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty()).then(|| token.trim())
+}
+
+/// Whether the request's bearer token has the form of a tenant token
+/// ([`new_token`]): only such a token can belong to a tenant created a moment
+/// ago, so only it is worth waiting for the registry.
+pub fn has_tenant_token_form(headers: &HeaderMap) -> bool {
+    let encoded_len = (TOKEN_RANDOM_BYTES * 4).div_ceil(3);
+    bearer(headers)
+        .and_then(|t| t.strip_prefix(TOKEN_PREFIX))
+        .is_some_and(|random| {
+            random.len() == encoded_len
+                && random
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        })
 }
 
 impl Tenants {
@@ -313,5 +336,49 @@ mod tests {
             .is_err());
         assert!(tenants.get(&TenantId::parse("t1").unwrap()).is_none());
         assert_eq!(tenants.len(), 1);
+    }
+
+    use axum::http::HeaderValue;
+
+    fn with_auth(values: &[&str]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for v in values {
+            headers.append(header::AUTHORIZATION, HeaderValue::from_str(v).unwrap());
+        }
+        headers
+    }
+
+    #[test]
+    fn authorization_given_twice_is_no_token() {
+        let token = new_token();
+        let one = format!("Bearer {token}");
+        assert_eq!(bearer(&with_auth(&[&one])), Some(token.as_str()));
+        assert_eq!(bearer(&with_auth(&[&one, &one])), None);
+        assert_eq!(bearer(&with_auth(&[&one, "Bearer other"])), None);
+        assert_eq!(bearer(&with_auth(&["Bearer other", &one])), None);
+    }
+
+    #[test]
+    fn only_tenant_shaped_tokens_are_worth_a_registry_wait() {
+        let token = new_token();
+        assert!(has_tenant_token_form(&with_auth(&[&format!(
+            "Bearer {token}"
+        )])));
+        for bad in [
+            String::new(),
+            "Bearer".to_owned(),
+            format!("Basic {token}"),
+            format!("Bearer {token}x"),
+            format!("Bearer {}", &token[..token.len() - 1]),
+            format!("Bearer kh_{}", "+".repeat(43)),
+            "Bearer admin-token-of-some-length".to_owned(),
+        ] {
+            let headers = if bad.is_empty() {
+                HeaderMap::new()
+            } else {
+                with_auth(&[&bad])
+            };
+            assert!(!has_tenant_token_form(&headers), "{bad}");
+        }
     }
 }

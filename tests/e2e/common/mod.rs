@@ -9,6 +9,8 @@
 
 #![allow(dead_code)]
 
+pub mod raw;
+
 use reqwest::blocking::{Client, RequestBuilder};
 use reqwest::header::HeaderMap;
 use serde_json::Value;

@@ -20,12 +20,22 @@ pub async fn healthz() -> Response {
     json_response(200, br#"{"status":"ok"}"#.to_vec())
 }
 
+/// Ready: the store is healthy and this node's registry replica knows a leader
+/// and every region. Without a leader no tenant can be created or moved and the
+/// replica may be cut off from the cluster, so a load balancer should prefer
+/// another node.
 pub async fn readyz(State(node): State<Arc<Node>>) -> Response {
-    if node.store().is_healthy() && crate::cluster::is_serving(&node) {
-        json_response(200, br#"{"status":"ready"}"#.to_vec())
-    } else {
-        ApiError::new(Problem::StoreUnavailable).into_response()
+    if !node.store().is_healthy() {
+        return ApiError::new(Problem::StoreUnavailable)
+            .detail("the region store is not healthy")
+            .into_response();
     }
+    if !crate::cluster::is_ready(&node) {
+        return ApiError::new(Problem::StoreUnavailable)
+            .detail("registry: this node knows no leader, or not every region yet")
+            .into_response();
+    }
+    json_response(200, br#"{"status":"ready"}"#.to_vec())
 }
 
 pub async fn metrics(State(node): State<Arc<Node>>) -> Response {
