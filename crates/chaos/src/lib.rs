@@ -356,7 +356,7 @@ pub async fn run_seed(seed: u64, options: &Options) -> SeedReport {
     let started = Instant::now();
     let dir = options.out_dir.join(format!("seed-{seed}"));
     let plan = Plan::new(seed);
-    let recorder = Recorder::new(usize::MAX);
+    let recorder = Recorder::new(limits::HISTORY_OPS_MAX);
     let mut faults = BTreeMap::new();
     let prepared = (|| {
         let _ = std::fs::remove_dir_all(&dir);
