@@ -53,7 +53,10 @@ fn startup_log_is_quiet_plain_and_names_the_urls() {
             region.api_url
         );
     }
-    assert!(ready[0].contains("/demo/"), "{log}");
+    assert!(
+        ready[0].contains("/demo/") && ready[0].contains("/admin/"),
+        "{log}"
+    );
     // Library chatter (openraft's start-up vote warnings among it) stays below
     // the default level; nothing else is logged on a clean start.
     assert!(
