@@ -90,13 +90,13 @@ pub async fn serve(
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        metrics::gauge!("keyhold_http_connections")
-            .set((limits.connections_max - permits.available_permits()) as f64);
+        let open = OpenConnection::open();
         let app = app.clone();
         let builder = builder.clone();
         let mut closing = closing_rx.clone();
         tokio::spawn(async move {
-            let _permit = permit;
+            // Both released however the connection ends.
+            let _held = (permit, open);
             let framing = Framing(Arc::new(AtomicBool::new(false)));
             let io = TokioIo::new(Sniffed::new(stream, framing.clone()));
             let service =
@@ -128,6 +128,22 @@ pub async fn serve(
         tracing::warn!("connections still open at shutdown; leaving them");
     }
     Ok(())
+}
+
+/// One open connection in the `keyhold_http_connections` gauge.
+struct OpenConnection;
+
+impl OpenConnection {
+    fn open() -> OpenConnection {
+        metrics::gauge!("keyhold_http_connections").increment(1.0);
+        OpenConnection
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        metrics::gauge!("keyhold_http_connections").decrement(1.0);
+    }
 }
 
 /// The connection's byte stream, watched for request heads that declare their
