@@ -132,6 +132,7 @@ impl Registry {
         )
         .await
         .map_err(|e| Error::Fatal(e.to_string()))?;
+        tokio::spawn(heartbeats(raft.clone(), config.heartbeat_interval()));
         tracing::debug!(node_id = config.node_id, node = %config.node, "registry replica started");
         Ok(Self {
             inner: Arc::new(Inner {
@@ -385,6 +386,20 @@ impl Registry {
         self.inner.state_machine.flush().await?;
         tracing::debug!(node_id = self.id(), "registry replica stopped");
         Ok(())
+    }
+}
+
+/// Sends the leader's heartbeats every `interval` (a no-op on followers) until
+/// the Raft instance stops. openraft's own heartbeat is off because its period
+/// is also its RPC timeout; this keeps the two apart.
+async fn heartbeats(raft: Raft, interval: Duration) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        if raft.trigger().heartbeat().await.is_err() {
+            return;
+        }
     }
 }
 
