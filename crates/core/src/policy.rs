@@ -157,9 +157,9 @@ impl Horizon {
             if later_ttl < earlier_ttl {
                 return Err(PolicyError::ChainBroken {
                     later: later.setting(),
-                    later_ttl: human(*later_ttl),
+                    later_ttl: human(later_ttl),
                     earlier: earlier.setting(),
-                    earlier_ttl: human(*earlier_ttl),
+                    earlier_ttl: human(earlier_ttl),
                     why: later.backs(),
                 });
             }
