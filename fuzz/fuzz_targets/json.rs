@@ -69,8 +69,9 @@ fuzz_target!(|data: &[u8]| {
     }
     if let Ok(value) = ours {
         let canonical = canonicalize(&value);
+        // Member order and -0 are not kept (RFC 8785 sorts and writes 0): the
+        // canonical text itself is what must not move.
         let again = parse(canonical.as_bytes()).expect("canonical output parses");
-        assert_eq!(again, value, "canonical output reads back as another value");
         assert_eq!(canonicalize(&again), canonical, "canonical form is not a fixed point");
     }
 });

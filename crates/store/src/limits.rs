@@ -22,6 +22,11 @@ pub const SLED_FLUSH_EVERY_MS: u64 = 5_000;
 /// durable before reporting the store unavailable.
 pub const READ_DURABLE_WAIT_MS: u64 = 5_000;
 
+/// The largest command (or imported payload) the store decodes; a length prefix
+/// claiming more is refused before anything is allocated for it. Above the
+/// largest command the server builds: a move's import page (64 MiB body).
+pub const COMMAND_BYTES_MAX: usize = 128 * 1024 * 1024;
+
 const _: () = assert!(BATCH_COMMANDS_MAX <= QUEUE_COMMANDS_MAX);
 const _: () = assert!(SWEEP_ENTRIES_MAX <= BATCH_COMMANDS_MAX);
 const _: () = assert!(ERASE_ENTRIES_MAX <= BATCH_COMMANDS_MAX);

@@ -29,6 +29,7 @@ use std::path::Path;
 pub const WAL_BYTES_MAX: u64 = 64 * 1024 * 1024;
 /// A record larger than this is corrupt (a batch is bounded by its command count).
 const RECORD_BYTES_MAX: usize = 512 * 1024 * 1024;
+const _: () = assert!(crate::limits::COMMAND_BYTES_MAX <= RECORD_BYTES_MAX);
 
 pub struct Wal {
     file: File,

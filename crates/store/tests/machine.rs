@@ -255,6 +255,25 @@ fn commands_round_trip_through_their_encoding() {
     assert!(Command::decode(b"\xff\xff").is_err());
 }
 
+/// Found by fuzzing (`store_command`): a length prefix is refused when it claims
+/// more than a command may hold, before anything is allocated for it. Without
+/// the limit the first input asks the allocator for 2^62 bytes and aborts.
+#[test]
+fn a_length_prefix_claiming_too_much_is_refused_not_allocated() {
+    let fence = Command::Fence {
+        tenant: TenantId::parse("a").unwrap(),
+    }
+    .encode();
+    // [variant, 1, b'a']: the same variant with a tenant name of 2^62 bytes.
+    let mut huge = vec![fence[0], 0xfd];
+    huge.extend_from_slice(&(1u64 << 62).to_le_bytes());
+    assert!(Command::decode(&huge).is_err());
+    // The fuzzer's own input: a name of 2.2 GB, 11 bytes in all.
+    let mut found = vec![fence[0], 0xfc];
+    found.extend_from_slice(&[0xd0, 0x85, 0x85, 0x85, 0x85, 0x85, 0x00, 0x00, 0x2f]);
+    assert!(Command::decode(&found).is_err());
+}
+
 #[tokio::test]
 async fn consumers_apply_once_and_replay_rewinds_cursors() {
     use keyhold_core::Item;
