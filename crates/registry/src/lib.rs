@@ -25,6 +25,7 @@
 
 mod codec;
 mod config;
+pub mod credential;
 mod error;
 pub mod limits;
 pub mod network;
@@ -42,6 +43,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 pub use crate::config::{RegistryConfig, GROUP};
+pub use crate::credential::{NodeCredentials, NODE_CREDENTIAL_HEADER};
 pub use crate::error::Error;
 pub use crate::network::raft_router;
 pub use crate::state::{
@@ -122,7 +124,7 @@ impl Registry {
             tokio::task::spawn_blocking(move || store::open(&data_dir))
                 .await
                 .map_err(|e| Error::Storage(format!("open task: {e}")))??;
-        let network = HttpNetwork::new(client.clone(), config.node_id);
+        let network = HttpNetwork::new(client.clone(), config.node_id, config.credentials.clone());
         let raft = Raft::new(
             config.node_id,
             raft_config,
@@ -146,6 +148,11 @@ impl Registry {
     /// This replica's node id.
     pub fn id(&self) -> NodeId {
         self.inner.config.node_id
+    }
+
+    /// The node credentials this replica sends and accepts.
+    pub fn credentials(&self) -> &NodeCredentials {
+        &self.inner.config.credentials
     }
 
     /// This replica's region and addresses.
@@ -255,18 +262,20 @@ impl Registry {
     ) -> Result<Option<Written>, Retry> {
         let url = rpc_url(&node.raft_addr, "write");
         let timeout = self.inner.config.write_forward_timeout();
-        let reply: WriteReply = match exchange(&self.inner.client, &url, request, timeout).await {
-            Ok(reply) => reply,
-            Err(Exchange::Unreachable(e)) => {
-                return Err(Retry(format!("leader {leader} unreachable: {e}")))
-            }
-            Err(Exchange::TimedOut) => {
-                return Err(Retry(format!(
-                    "leader {leader} timed out after {timeout:?}"
-                )))
-            }
-            Err(Exchange::Failed(e)) => return Err(Retry(format!("leader {leader}: {e}"))),
-        };
+        let credentials = &self.inner.config.credentials;
+        let reply: WriteReply =
+            match exchange(&self.inner.client, credentials, &url, request, timeout).await {
+                Ok(reply) => reply,
+                Err(Exchange::Unreachable(e)) => {
+                    return Err(Retry(format!("leader {leader} unreachable: {e}")))
+                }
+                Err(Exchange::TimedOut) => {
+                    return Err(Retry(format!(
+                        "leader {leader} timed out after {timeout:?}"
+                    )))
+                }
+                Err(Exchange::Failed(e)) => return Err(Retry(format!("leader {leader}: {e}"))),
+            };
         match reply {
             Ok(written) => Ok(Some(written)),
             Err(RaftError::APIError(OpenraftClientWriteError::ForwardToLeader(_))) => Ok(None),

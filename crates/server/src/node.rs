@@ -9,7 +9,8 @@ use crate::Error;
 use keyhold_core::{Policy, TenantId, UnixMillis};
 use keyhold_fingerprint::{Fingerprint, Spec, Value};
 use keyhold_registry::{
-    NodeId, NodeInfo, Registry, RegistryConfig, Request, Response, TenantRecord, TenantState,
+    NodeCredentials, NodeId, NodeInfo, Registry, RegistryConfig, Request, Response, TenantRecord,
+    TenantState,
 };
 use keyhold_store::Store;
 use std::net::SocketAddr;
@@ -99,8 +100,12 @@ impl Node {
             api_addr.to_string(),
             raft_addr.to_string(),
         );
-        let registry_config =
-            RegistryConfig::new(config.node_id, info, config.data_dir.join("registry"));
+        let registry_config = RegistryConfig::new(
+            config.node_id,
+            info,
+            config.data_dir.join("registry"),
+            config.node_credentials()?,
+        );
         let registry = Registry::start_with_client(registry_config, Some(http.clone()))
             .await
             .map_err(|e| Error::Config(format!("registry: {e}")))?;
@@ -125,6 +130,12 @@ impl Node {
 
     pub fn registry(&self) -> &Registry {
         &self.registry
+    }
+
+    /// The cluster's node credentials (the registry's: one secret for every
+    /// inter-node call).
+    pub fn credentials(&self) -> &NodeCredentials {
+        self.registry.credentials()
     }
 
     /// Waits, bounded, for this replica to apply at least one more registry entry,

@@ -941,6 +941,8 @@ pub struct ServeMember {
     child: Option<Child>,
     starts: u32,
     stopped: bool,
+    /// Environment variables set on this member's next start (fault injection).
+    pub env: Vec<(String, String)>,
 }
 
 impl ServeMember {
@@ -959,6 +961,7 @@ impl ServeMember {
             .arg("serve")
             .arg("--config")
             .arg(self.config_path())
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr)
@@ -996,6 +999,8 @@ impl ServeMember {
 pub struct ServeCluster {
     tmp: tempfile::TempDir,
     pub admin_token: String,
+    /// The cluster's node credential (in every config's `node_credential_file`).
+    pub node_credential: String,
     pub members: Vec<ServeMember>,
 }
 
@@ -1018,9 +1023,13 @@ impl ServeCluster {
             .tempdir()
             .expect("tempdir");
         let admin_token = format!("admin-{:016x}{:016x}", random_u64(), random_u64());
+        let node_credential = format!("node-{:016x}{:016x}", random_u64(), random_u64());
+        std::fs::write(tmp.path().join("node-credential"), &node_credential)
+            .expect("write the node credential");
         let mut cluster = ServeCluster {
             tmp,
             admin_token,
+            node_credential,
             members: Vec::new(),
         };
         let mut last = String::new();
@@ -1080,9 +1089,10 @@ impl ServeCluster {
             let dir = self.tmp.path().join(format!("try{n}-node{id}-{region}"));
             std::fs::create_dir_all(&dir).expect("node dir");
             let config = format!(
-                "region = \"{region}\"\nregions = [{regions_toml}]\ndata_dir = \"{}\"\nlisten = \"{api}\"\nnode_id = {id}\nraft_listen = \"{raft}\"\nadmin_token = \"{}\"\n{extra_toml}\n{members_toml}",
+                "region = \"{region}\"\nregions = [{regions_toml}]\ndata_dir = \"{}\"\nlisten = \"{api}\"\nnode_id = {id}\nraft_listen = \"{raft}\"\nadmin_token = \"{}\"\nnode_credential_file = \"{}\"\n{extra_toml}\n{members_toml}",
                 dir.join("data").display(),
-                self.admin_token
+                self.admin_token,
+                self.tmp.path().join("node-credential").display(),
             );
             std::fs::write(dir.join("node.toml"), config).expect("write config");
             self.members.push(ServeMember {
@@ -1094,6 +1104,7 @@ impl ServeCluster {
                 child: None,
                 starts: 0,
                 stopped: false,
+                env: Vec::new(),
             });
         }
     }

@@ -8,6 +8,12 @@
 //! not the owner at that epoch answers 421; this node then waits for its
 //! replica to reach the home's registry index and places the request once more.
 //! An unreachable home is 503 `owner-unreachable`: never local execution.
+//!
+//! A forward carries the cluster's node credential; only then does the home
+//! trust `Keyhold-Epoch`. A client cannot set it: without the credential the
+//! header is ignored (the request is placed like any other), with a wrong one
+//! the answer is 401 `unauthenticated`. Forwards copy an allow-list of the
+//! client's headers, so nothing internal a client sent travels on.
 
 use super::{read_body, KEYHOLD_REGION};
 use crate::limits::{FORWARD_ATTEMPTS_MAX, FORWARD_TIMEOUT_MS, REGISTRY_READ_WAIT_MS};
@@ -19,6 +25,7 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use keyhold_core::Problem;
+use keyhold_registry::NODE_CREDENTIAL_HEADER;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -65,11 +72,13 @@ pub async fn route(State(node): State<Arc<Node>>, request: Request, next: Next) 
             return e.into_response();
         }
     };
-    let believed_epoch = request
-        .headers()
-        .get(KEYHOLD_EPOCH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
+    let believed_epoch = match forwarded_epoch(&node, request.headers()) {
+        Ok(epoch) => epoch,
+        Err(e) => {
+            super::drain(request.into_body()).await;
+            return e.into_response();
+        }
+    };
     match (node.placement(&tenant.record), believed_epoch) {
         (Placement::Moving, _) => ApiError::new(Problem::TenantMoving).into_response(),
         // A forwarder that believes another epoch must refresh first, whether it
@@ -80,6 +89,26 @@ pub async fn route(State(node): State<Arc<Node>>, request: Request, next: Next) 
         (Placement::Remote { .. }, Some(_)) => misdirected(&node),
         (Placement::Remote { region }, None) => forward(node, request, next, region).await,
     }
+}
+
+/// The epoch a forwarding node believes, trusted only from a caller holding the
+/// node credential. No credential header: a client's request, whose
+/// `Keyhold-Epoch` (if any) means nothing. A credential that is not accepted:
+/// 401, whatever else the request carries.
+fn forwarded_epoch(node: &Node, headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
+    if !headers.contains_key(NODE_CREDENTIAL_HEADER) {
+        return Ok(None);
+    }
+    if !node.credentials().check(headers) {
+        metrics::counter!("keyhold_node_credential_refused_total").increment(1);
+        return Err(
+            ApiError::new(Problem::Unauthenticated).detail("the node credential is not accepted")
+        );
+    }
+    Ok(headers
+        .get(KEYHOLD_EPOCH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok()))
 }
 
 async fn forward(node: Arc<Node>, request: Request, next: Next, region: String) -> Response {
@@ -122,6 +151,7 @@ async fn forward(node: Arc<Node>, request: Request, next: Next, region: String) 
             )
             .timeout(Duration::from_millis(FORWARD_TIMEOUT_MS))
             .header(KEYHOLD_EPOCH, tenant.record.epoch)
+            .header(NODE_CREDENTIAL_HEADER, node.credentials().current())
             .body(bytes.clone());
         for name in FORWARDED_HEADERS {
             for value in parts.headers.get_all(name) {

@@ -29,6 +29,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use keyhold_core::{Problem, TenantId, UnixMillis};
+use keyhold_registry::NODE_CREDENTIAL_HEADER;
 use keyhold_registry::{
     Operation, OperationState, Rejection, Request, Response as RegistryResponse, TenantState,
 };
@@ -100,13 +101,17 @@ pub async fn resume_stalled(node: Arc<Node>, mut stop: tokio::sync::watch::Recei
     }
 }
 
-/// The node-to-node routes, authenticated with the cluster's admin token.
-pub fn internal_router() -> Router<Arc<Node>> {
+/// The node-to-node routes, open only to callers holding the node credential.
+pub fn internal_router(node: Arc<Node>) -> Router<Arc<Node>> {
     Router::new()
         .route("/internal/v1/moves/{tenant_id}/fence", post(fence))
         .route("/internal/v1/moves/{tenant_id}/export", get(export))
         .route("/internal/v1/moves/{tenant_id}/import", post(import))
         .route("/internal/v1/moves/{tenant_id}/unfence", post(unfence))
+        .route_layer(axum::middleware::from_fn_with_state(
+            node,
+            super::require_node_credential,
+        ))
 }
 
 fn operation_json(op: &Operation) -> serde_json::Value {
@@ -292,7 +297,7 @@ async fn internal_within(
     timeout_ms: u64,
 ) -> Result<reqwest::Response, String> {
     let response = builder
-        .bearer_auth(&node.config().admin_token)
+        .header(NODE_CREDENTIAL_HEADER, node.credentials().current())
         .timeout(Duration::from_millis(timeout_ms))
         .send()
         .await
@@ -429,11 +434,9 @@ struct FenceQuery {
 /// store, let the relay deliver, and report how many entries will travel.
 async fn fence(
     State(node): State<Arc<Node>>,
-    headers: HeaderMap,
     Path(tenant_id): Path<String>,
     Query(q): Query<FenceQuery>,
 ) -> Result<Response, ApiError> {
-    authenticate_admin(&headers, node.admin_token_sha256())?;
     let tenant = tenant_param(&tenant_id)?;
     node.registry()
         .wait_applied(
@@ -490,11 +493,9 @@ struct ExportQuery {
 
 async fn export(
     State(node): State<Arc<Node>>,
-    headers: HeaderMap,
     Path(tenant_id): Path<String>,
     Query(q): Query<ExportQuery>,
 ) -> Result<Response, ApiError> {
-    authenticate_admin(&headers, node.admin_token_sha256())?;
     let tenant = tenant_param(&tenant_id)?;
     let after = match q.after {
         None => None,
@@ -530,7 +531,6 @@ async fn import(
     Path(tenant_id): Path<String>,
     body: Body,
 ) -> Result<Response, ApiError> {
-    authenticate_admin(&headers, node.admin_token_sha256())?;
     let tenant = tenant_param(&tenant_id)?;
     let bytes = read_body(&headers, body, IMPORT_BODY_BYTES_MAX).await?;
     let entries = decode(&bytes).map_err(|e| ApiError::invalid("", e))?;
@@ -550,10 +550,8 @@ async fn import(
 
 async fn unfence(
     State(node): State<Arc<Node>>,
-    headers: HeaderMap,
     Path(tenant_id): Path<String>,
 ) -> Result<Response, ApiError> {
-    authenticate_admin(&headers, node.admin_token_sha256())?;
     let tenant = tenant_param(&tenant_id)?;
     let command = Command::Import {
         tenant,
