@@ -248,10 +248,11 @@ impl Config {
                 )));
             }
         }
-        if self.body_bytes_max == 0 {
-            return Err(Error::Config(
-                "body_bytes_max must be greater than zero".into(),
-            ));
+        if self.body_bytes_max == 0 || self.body_bytes_max > limits::MOVE_PAGE_BYTES_MAX {
+            return Err(Error::Config(format!(
+                "body_bytes_max must be from 1 to {} (a stored entry must fit a move's page)",
+                limits::MOVE_PAGE_BYTES_MAX
+            )));
         }
         if self.tenant_requests_per_second == 0 || self.tenant_new_keys_per_second == 0 {
             return Err(Error::Config(

@@ -16,6 +16,7 @@ mod downstream;
 mod inflight;
 pub mod limits;
 mod metrics;
+mod mover;
 mod node;
 mod problem;
 mod routes;
@@ -77,7 +78,7 @@ pub async fn serve(
     });
     let bootstrap = tokio::spawn(cluster::bootstrap(node.clone()));
     let directory = tokio::spawn(cluster::follow_registry(node.clone(), stop_rx.clone()));
-    let move_watch = tokio::spawn(routes::resume_stalled_moves(node.clone(), stop_rx.clone()));
+    let move_watch = tokio::spawn(mover::resume_stalled(node.clone(), stop_rx.clone()));
     let sweeper = tokio::spawn(sweeper::run(node.clone(), stop_rx.clone()));
     let relays: Vec<_> = downstream::consumers(&node)
         .into_iter()
@@ -94,6 +95,9 @@ pub async fn serve(
         .await?;
     let _ = stop_tx.send(true);
     bootstrap.abort();
+    // A stopped driver's move stays running in the registry; the watchdog of
+    // the registry leader's node resumes it.
+    node.drivers.stop_all();
     let _ = sweeper.await;
     let _ = directory.await;
     let _ = move_watch.await;

@@ -1143,7 +1143,7 @@ impl ServeCluster {
         }
     }
 
-    fn exited(&mut self, i: usize) -> Option<ExitStatus> {
+    pub fn exited(&mut self, i: usize) -> Option<ExitStatus> {
         let child = self.members[i].child.as_mut()?;
         child.try_wait().expect("try_wait")
     }

@@ -19,6 +19,7 @@ use super::{read_body, KEYHOLD_REGION};
 use crate::limits::{FORWARD_ATTEMPTS_MAX, FORWARD_TIMEOUT_MS, REGISTRY_READ_WAIT_MS};
 use crate::node::{Node, Placement};
 use crate::problem::ApiError;
+use crate::tenants::Tenant;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
@@ -28,6 +29,19 @@ use keyhold_core::Problem;
 use keyhold_registry::NODE_CREDENTIAL_HEADER;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// Executes here, once the store owns the tenant at the epoch the registry
+/// replica shows (lifting the guard an ended move left); a store that knows a
+/// later epoch refuses, and nothing executes.
+async fn run_local(node: &Node, tenant: &Tenant, request: Request, next: Next) -> Response {
+    match node.ensure_owned(tenant.id(), tenant.record.epoch).await {
+        Ok(true) => next.run(request).await,
+        Ok(false) => ApiError::new(Problem::TenantMoving)
+            .detail("this node's registry replica is behind the store")
+            .into_response(),
+        Err(e) => ApiError::from(e).into_response(),
+    }
+}
 
 /// The epoch a forwarding node believes the tenant is at.
 pub const KEYHOLD_EPOCH: HeaderName = HeaderName::from_static("keyhold-epoch");
@@ -84,7 +98,7 @@ pub async fn route(State(node): State<Arc<Node>>, request: Request, next: Next) 
         // A forwarder that believes another epoch must refresh first, whether it
         // is behind or (after a move back) ahead.
         (Placement::Local, Some(e)) if e != tenant.record.epoch => misdirected(&node),
-        (Placement::Local, _) => next.run(request).await,
+        (Placement::Local, _) => run_local(&node, &tenant, request, next).await,
         // Forwarded to a node that is not home: never forward twice.
         (Placement::Remote { .. }, Some(_)) => misdirected(&node),
         (Placement::Remote { region }, None) => forward(node, request, next, region).await,
@@ -133,7 +147,7 @@ async fn forward(node: Arc<Node>, request: Request, next: Next, region: String) 
                 // After a refresh the tenant turned out to live here.
                 Placement::Local => {
                     let request = Request::from_parts(parts, Body::from(bytes));
-                    return next.run(request).await;
+                    return run_local(&node, &tenant, request, next).await;
                 }
                 Placement::Remote { region: r } => region = r,
             }

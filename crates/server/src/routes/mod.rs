@@ -4,11 +4,12 @@
 mod admin;
 mod claims;
 mod forward;
+mod internal;
 mod meta;
 mod moves;
-
-pub use moves::resume_stalled as resume_stalled_moves;
 mod orders;
+
+pub(crate) use internal::NEXT_CURSOR;
 
 use crate::node::Node;
 use crate::problem::ApiError;
@@ -45,7 +46,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route_layer(middleware::from_fn_with_state(node.clone(), forward::route));
     Router::new()
         .merge(tenant_routes)
-        .merge(moves::internal_router(node.clone()))
+        .merge(internal::router(node.clone()))
         .route("/v1/idempotency-policy", get(meta::policy))
         .route("/v1/fingerprint-specs", get(meta::specs))
         .route("/admin/v1/tenants", post(admin::create_tenant))
