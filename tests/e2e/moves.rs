@@ -4,7 +4,8 @@
 //! credential and change nothing; a client's `Keyhold-Epoch` has no effect; an
 //! old export page replayed after a move is refused; a tenant with large claim
 //! responses moves; an old home killed right after fencing, whose move was
-//! aborted meanwhile, serves the tenant again after its restart.
+//! aborted meanwhile, serves the tenant again after its restart; of two racing
+//! drivers exactly one wins and the new home's content equals the old one's.
 
 mod common;
 
@@ -262,7 +263,7 @@ fn an_old_page_replayed_after_the_move_is_refused_and_changes_nothing() {
     // The replayed pages, with the node credential and the finished move's scope.
     let http = reqwest::blocking::Client::new();
     let import = format!(
-        "{}/internal/v1/moves/{t}/import?operation_id={op}&epoch=1",
+        "{}/internal/v1/moves/{t}/import?operation_id={op}&epoch=1&generation=1&registry_index=0",
         cluster.region("b").api_url
     );
     for page in pages {
@@ -398,4 +399,96 @@ fn an_old_home_down_when_its_move_was_aborted_lifts_its_fence_after_restart() {
         .expecting("a")
         .create_order(&tenant.token, &key, &order_body(&coid, 3));
     assert_eq!((again.status, &again.body), (201, &first.body));
+}
+
+/// The concatenated export pages of a tenant on one node (its stored content).
+fn content(api_url: &str, credential: &str, tenant_id: &str) -> Vec<u8> {
+    export_pages(api_url, credential, tenant_id).concat()
+}
+
+/// Moves (4): two drivers race. The node that accepted the move stalls after
+/// the fence without renewing its lease (fault hook), so the registry leader's
+/// node takes the move over once the lease expired and completes it; when the
+/// first driver wakes, its imports and its FinishMove are refused. Exactly one
+/// driver wins, and the new home's content equals the old home's.
+#[test]
+fn two_drivers_race_one_wins_and_the_new_home_equals_the_old() {
+    let mut sc = ServeCluster::start(&["a", "b", "c"], "move_driver_lease = \"2s\"");
+    let admin = sc.admin_token.clone();
+    let credential = sc.node_credential.clone();
+    let leader = common::poll(Duration::from_secs(10), "a registry leader", || {
+        sc.leader_seen_by(0)
+    });
+    let leader = sc.index_of_id(leader);
+    // The first driver runs on a node that is not the leader (whose watchdog
+    // takes over); the tenant moves from a to b.
+    let slow = (0..3).find(|&i| i != leader).expect("a follower");
+    let tenant = sc.create_tenant(slow, "a");
+    let (a, b) = (sc.index("a"), sc.index("b"));
+    let mut made = Vec::new();
+    for n in 0..20 {
+        let (key, coid) = (unique("k"), unique("co"));
+        let body = order_body(&coid, 100 + n);
+        let r = common::poll(Duration::from_secs(10), "the tenant on a", || {
+            let r = sc
+                .api(a)
+                .expecting("a")
+                .create_order(&tenant.token, &key, &body);
+            (r.status == 201).then_some(r)
+        });
+        made.push((key, body, r));
+    }
+    sc.members[slow]
+        .env
+        .push(("KEYHOLD_FAULT_DRIVER_PAUSE_MS".into(), "8000".into()));
+    sc.kill9(slow);
+    sc.restart(slow);
+    sc.wait_ready(slow, Duration::from_secs(20));
+    let op = start_move(&sc.api(slow), &admin, &tenant.tenant_id, "b");
+    let done = wait_finished(&sc.api(leader), &admin, &op, Duration::from_secs(60));
+    assert_eq!(done["state"], "done", "{done}");
+
+    // The first driver wakes (8 s after the fence) and is refused everywhere.
+    let superseded = || {
+        let r = sc.api(slow).get("/metrics", None);
+        r.text()
+            .lines()
+            .find(|l| l.starts_with("keyhold_move_driver_superseded_total"))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+    };
+    common::poll(
+        Duration::from_secs(30),
+        "the stale driver to be refused",
+        || superseded().filter(|n| *n >= 1.0),
+    );
+    let op_now = sc
+        .api(b)
+        .get(&format!("/admin/v1/operations/{op}"), Some(&admin));
+    assert_eq!(
+        op_now.json()["state"],
+        "done",
+        "the stale driver changed nothing"
+    );
+    let old = content(
+        &format!("http://{}", sc.members[a].api_addr),
+        &credential,
+        &tenant.tenant_id,
+    );
+    let new = content(
+        &format!("http://{}", sc.members[b].api_addr),
+        &credential,
+        &tenant.tenant_id,
+    );
+    assert!(!old.is_empty());
+    assert_eq!(
+        new, old,
+        "the new home holds exactly the old home's content"
+    );
+    for (key, body, first) in &made {
+        let again = sc
+            .api(leader)
+            .expecting("b")
+            .create_order(&tenant.token, key, body);
+        assert_eq!((again.status, &again.body), (201, &first.body));
+    }
 }

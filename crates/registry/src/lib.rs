@@ -47,8 +47,8 @@ pub use crate::credential::{NodeCredentials, NODE_CREDENTIAL_HEADER};
 pub use crate::error::Error;
 pub use crate::network::raft_router;
 pub use crate::state::{
-    Operation, OperationKind, OperationState, RegionRecord, RegistryState, Rejection, Request,
-    Response, TenantRecord, TenantState,
+    DriverLease, Operation, OperationKind, OperationState, RegionRecord, RegistryState, Rejection,
+    Request, Response, TenantRecord, TenantState,
 };
 pub use crate::types::{NodeId, NodeInfo, RaftMetrics};
 
@@ -245,7 +245,9 @@ impl Registry {
     }
 
     /// `client_write` on this node only (no forwarding); served at `/raft/registry/write`.
-    pub(crate) async fn write_here(&self, request: Request) -> WriteReply {
+    pub(crate) async fn write_here(&self, mut request: Request) -> WriteReply {
+        // Only the leader's client_write succeeds, so this is the leader's clock.
+        request.stamp_leader_time(unix_now_ms());
         let response = self.inner.raft.client_write(request).await?;
         Ok(Written {
             log_index: response.log_id.index,
@@ -395,6 +397,13 @@ impl Registry {
         tracing::info!(node_id = self.id(), "registry replica stopped");
         Ok(())
     }
+}
+
+/// The wall clock in Unix milliseconds, read only to stamp driver leases.
+fn unix_now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// A forwarding failure worth another attempt, with its description.

@@ -53,6 +53,10 @@ pub struct Config {
     pub inflight_wait: Duration,
     #[serde(default = "d_sweep_interval", with = "humantime_serde_compat")]
     pub sweep_interval: Duration,
+    /// Lease of a move's driver in the registry: a successor takes a move over
+    /// only after its driver stayed silent this long.
+    #[serde(default = "d_move_driver_lease", with = "humantime_serde_compat")]
+    pub move_driver_lease: Duration,
     #[serde(default = "d_body_bytes_max")]
     pub body_bytes_max: usize,
     #[serde(default = "d_requests_per_second")]
@@ -107,6 +111,9 @@ fn d_inflight_wait() -> Duration {
 fn d_sweep_interval() -> Duration {
     Duration::from_millis(limits::SWEEP_INTERVAL_MS_DEFAULT)
 }
+fn d_move_driver_lease() -> Duration {
+    Duration::from_millis(limits::MOVE_DRIVER_LEASE_MS_DEFAULT)
+}
 fn d_body_bytes_max() -> usize {
     limits::BODY_BYTES_MAX_DEFAULT
 }
@@ -154,6 +161,7 @@ impl Config {
             processed_ttl: d_processed_ttl(),
             inflight_wait: d_inflight_wait(),
             sweep_interval: d_sweep_interval(),
+            move_driver_lease: d_move_driver_lease(),
             body_bytes_max: d_body_bytes_max(),
             tenant_requests_per_second: d_requests_per_second(),
             tenant_new_keys_per_second: d_new_keys_per_second(),
@@ -252,6 +260,12 @@ impl Config {
             return Err(Error::Config(format!(
                 "body_bytes_max must be from 1 to {} (a stored entry must fit a move's page)",
                 limits::MOVE_PAGE_BYTES_MAX
+            )));
+        }
+        if self.move_driver_lease < Duration::from_millis(limits::MOVE_DRIVER_LEASE_MS_MIN) {
+            return Err(Error::Config(format!(
+                "move_driver_lease must be at least {} ms",
+                limits::MOVE_DRIVER_LEASE_MS_MIN
             )));
         }
         if self.tenant_requests_per_second == 0 || self.tenant_new_keys_per_second == 0 {

@@ -76,21 +76,20 @@ pub const MOVE_DRAIN_WAIT_MS: u64 = 300_000;
 pub const MOVE_DRAIN_POLL_MS: u64 = 20;
 /// One call between nodes during a move (a page export or import).
 pub const MOVE_CALL_TIMEOUT_MS: u64 = 60_000;
-/// While a long step runs, the driver reports this often that it is alive.
-pub const MOVE_HEARTBEAT_MS: u64 = 15_000;
-/// Pages copied between two progress reports (each is a registry write).
+/// Pages copied between two progress reports (each is a registry write that
+/// also renews the driver's lease).
 pub const MOVE_PROGRESS_EVERY_PAGES: u64 = 10;
-/// An operation whose driver has not reported for this long is taken over by
-/// the registry leader's node (the driver may have died with its node), which
-/// looks this often.
-pub const MOVE_STALL_MS: u64 = 60_000;
-pub const MOVE_WATCH_INTERVAL_MS: u64 = 10_000;
+/// Default lease of a move's driver in the registry (`move_driver_lease`). A
+/// driver renews it every third of it; the registry leader's node looks for
+/// expired leases as often, and a successor takes over only after expiry.
+pub const MOVE_DRIVER_LEASE_MS_DEFAULT: u64 = 30_000;
+pub const MOVE_DRIVER_LEASE_MS_MIN: u64 = 300;
+pub const MOVE_DRIVER_RENEWALS_PER_LEASE: u64 = 3;
 
 const _: () = assert!(BODY_BYTES_MAX_DEFAULT <= MOVE_PAGE_BYTES_MAX);
 const _: () = assert!(2 * MOVE_PAGE_BYTES_MAX < MOVE_IMPORT_BODY_BYTES_MAX);
 const _: () = assert!(MOVE_DRAIN_POLL_MS * 100 <= MOVE_DRAIN_WAIT_MS);
-const _: () = assert!(MOVE_HEARTBEAT_MS < MOVE_STALL_MS);
-const _: () = assert!(MOVE_WATCH_INTERVAL_MS < MOVE_STALL_MS);
-const _: () = assert!(MOVE_CALL_TIMEOUT_MS <= MOVE_STALL_MS);
+const _: () = assert!(MOVE_DRIVER_LEASE_MS_MIN <= MOVE_DRIVER_LEASE_MS_DEFAULT);
+const _: () = assert!(MOVE_DRIVER_RENEWALS_PER_LEASE >= 2);
 
 const _: () = assert!(INFLIGHT_WAIT_MS_DEFAULT < FORWARD_TIMEOUT_MS);

@@ -2,6 +2,14 @@
 //! moves whose driver went silent. Drivers are tracked background tasks of the
 //! node (`Drivers`): at most one per operation on a node, stopped with it.
 //!
+//! One driver per move in the whole cluster: a driver first takes the move's
+//! lease in the registry (`AcquireDriver`: holder and expiry by the registry
+//! leader's clock) and renews it with every progress report. A successor (the
+//! registry leader's watchdog) gets the lease only once it expired, with a
+//! higher generation; from then on the registry refuses the old driver's
+//! reports and its `FinishMove`, and the new home refuses its imports, so a
+//! driver that was only slow can no longer write anything.
+//!
 //! A move is four steps, each safe to repeat:
 //! 1. `BeginMove` in the registry (by the admin endpoint): the tenant is
 //!    `moving` at its current epoch, so no node places requests for it (503
@@ -23,13 +31,13 @@
 //! it when it comes back.
 
 use crate::limits::{
-    MOVE_CALL_TIMEOUT_MS, MOVE_DRAIN_WAIT_MS, MOVE_HEARTBEAT_MS, MOVE_PAGE_BYTES_MAX,
-    MOVE_PROGRESS_EVERY_PAGES, MOVE_STALL_MS, MOVE_WATCH_INTERVAL_MS,
+    MOVE_CALL_TIMEOUT_MS, MOVE_DRAIN_WAIT_MS, MOVE_DRIVER_RENEWALS_PER_LEASE, MOVE_PAGE_BYTES_MAX,
+    MOVE_PROGRESS_EVERY_PAGES,
 };
 use crate::node::{now, Node};
 use crate::routes::NEXT_CURSOR;
 use keyhold_registry::{
-    Operation, OperationState, Request, Response as RegistryResponse, TenantState,
+    Operation, OperationState, Rejection, Request, Response as RegistryResponse, TenantState,
     NODE_CREDENTIAL_HEADER,
 };
 use std::collections::HashMap;
@@ -98,12 +106,22 @@ fn job_of(node: &Node, op: &Operation, begin_index: u64) -> Option<MoveJob> {
     }
 }
 
-/// On the registry leader's node: re-drives moves whose driver went silent
-/// (it may have died with its node). Every step of a move is safe to repeat.
+/// The lease of a move's driver, and how often it is renewed.
+fn lease_ms(node: &Node) -> u64 {
+    node.config().move_driver_lease.as_millis() as u64
+}
+
+fn renew_every(node: &Node) -> Duration {
+    Duration::from_millis(lease_ms(node) / MOVE_DRIVER_RENEWALS_PER_LEASE)
+}
+
+/// On the registry leader's node: re-drives moves whose driver's lease expired
+/// (it may have died with its node, or stalled). The registry grants the lease
+/// to the successor only if it really expired by the leader's clock.
 pub async fn resume_stalled(node: Arc<Node>, mut stop: tokio::sync::watch::Receiver<bool>) {
     loop {
         tokio::select! {
-            _ = tokio::time::sleep(Duration::from_millis(MOVE_WATCH_INTERVAL_MS)) => {}
+            _ = tokio::time::sleep(renew_every(&node)) => {}
             _ = stop.changed() => return,
         }
         let registry = node.registry();
@@ -115,7 +133,11 @@ pub async fn resume_stalled(node: Arc<Node>, mut stop: tokio::sync::watch::Recei
             s.operations
                 .values()
                 .filter(|op| !op.state.is_terminal())
-                .filter(|op| at.saturating_sub(op.updated_at_ms) > MOVE_STALL_MS)
+                .filter(|op| match s.drivers.get(&op.operation_id) {
+                    Some(lease) => lease.expires_at_ms <= at,
+                    // Never driven: its first driver may still be starting.
+                    None => at.saturating_sub(op.updated_at_ms) > lease_ms(&node),
+                })
                 .cloned()
                 .collect()
         });
@@ -124,43 +146,84 @@ pub async fn resume_stalled(node: Arc<Node>, mut stop: tokio::sync::watch::Recei
                 continue;
             };
             if node.drivers.start(node.clone(), job) {
-                tracing::warn!(operation = %op.operation_id, tenant = %op.tenant_id, "resuming a stalled move");
-                metrics::counter!("keyhold_move_driver_takeovers_total").increment(1);
+                tracing::warn!(operation = %op.operation_id, tenant = %op.tenant_id, "taking over a move whose driver's lease expired");
             }
         }
     }
 }
 
-/// Drives one move to `done`, or aborts it.
-async fn drive(node: Arc<Node>, job: MoveJob) {
-    let started = Instant::now();
-    metrics::gauge!("keyhold_moves_running").increment(1.0);
-    let result = copy(&node, &job).await;
-    let registry = node.registry();
-    let (request, what) = match result {
-        Ok(()) => (
-            Request::CompleteMove {
-                tenant_id: job.tenant_id.clone(),
-                operation_id: job.operation_id.clone(),
-                now_ms: now().0,
-            },
-            "complete",
-        ),
-        Err(error) => {
-            tracing::error!(tenant = %job.tenant_id, from = %job.from, to = %job.to, error, "tenant move failed; aborting");
-            metrics::counter!("keyhold_moves_failed_total").increment(1);
-            (
-                Request::AbortMove {
-                    tenant_id: job.tenant_id.clone(),
-                    operation_id: job.operation_id.clone(),
-                    error,
-                    now_ms: now().0,
-                },
-                "abort",
-            )
+/// Set in a node's environment (milliseconds), its drivers stall that long
+/// after the fence without renewing their lease: the one way tests make a
+/// driver that is alive but lost its lease.
+const FAULT_DRIVER_PAUSE_MS: &str = "KEYHOLD_FAULT_DRIVER_PAUSE_MS";
+
+/// A driver holding the lease of one move at `generation`.
+struct Driver<'a> {
+    node: &'a Node,
+    job: MoveJob,
+    generation: u64,
+    /// The registry entry that granted the lease.
+    lease_index: u64,
+    renewed: Instant,
+}
+
+/// Takes the move's lease; `None` when another driver holds it (or the move
+/// ended, or the registry cannot be written: the watchdog tries again).
+async fn acquire(node: &Node, job: MoveJob) -> Option<Driver<'_>> {
+    let request = Request::AcquireDriver {
+        operation_id: job.operation_id.clone(),
+        holder: node.registry().id(),
+        lease_ms: lease_ms(node),
+        now_ms: now().0,
+    };
+    let written = match node.registry().write(request).await {
+        Ok(written) => written,
+        Err(e) => {
+            tracing::warn!(operation = %job.operation_id, error = %e, "driver lease not taken");
+            return None;
         }
     };
-    match registry.write(request).await {
+    match written.response {
+        RegistryResponse::DriverLeased { lease } => {
+            if lease.generation > 1 {
+                metrics::counter!("keyhold_move_driver_takeovers_total").increment(1);
+            }
+            Some(Driver {
+                node,
+                job,
+                generation: lease.generation,
+                lease_index: written.log_index,
+                renewed: Instant::now(),
+            })
+        }
+        other => {
+            tracing::info!(operation = %job.operation_id, ?other, "another driver holds the move");
+            None
+        }
+    }
+}
+
+/// Drives one move to `done`, or aborts it, if it gets the move's lease.
+async fn drive(node: Arc<Node>, job: MoveJob) {
+    let Some(mut driver) = acquire(&node, job).await else {
+        return;
+    };
+    let started = Instant::now();
+    metrics::gauge!("keyhold_moves_running").increment(1.0);
+    let result = driver.copy().await;
+    let job = &driver.job;
+    if let Err(error) = &result {
+        tracing::error!(tenant = %job.tenant_id, from = %job.from, to = %job.to, error, "tenant move failed; aborting");
+        metrics::counter!("keyhold_moves_failed_total").increment(1);
+    }
+    let request = Request::FinishMove {
+        tenant_id: job.tenant_id.clone(),
+        operation_id: job.operation_id.clone(),
+        generation: driver.generation,
+        error: result.err(),
+        now_ms: now().0,
+    };
+    match node.registry().write(request).await {
         Ok(written) => match written.response {
             RegistryResponse::MoveUpdated { operation, .. } => {
                 // The tenant was fenced (503 tenant-moving) from BeginMove on.
@@ -173,18 +236,19 @@ async fn drive(node: Arc<Node>, job: MoveJob) {
                 }
             }
             RegistryResponse::Rejected { reason } => {
-                // Another driver finished the move first (or the other way):
-                // this one's work is void, and it must not report success.
+                // Another driver took the move over (or finished it): this
+                // one's work is void, and it must not report success.
                 metrics::counter!("keyhold_move_driver_superseded_total").increment(1);
-                tracing::error!(tenant = %job.tenant_id, %reason, what, "the registry refused to finish the move");
+                tracing::error!(tenant = %job.tenant_id, %reason, "the registry refused to finish the move");
             }
             other => {
-                tracing::error!(tenant = %job.tenant_id, ?other, what, "unexpected registry answer")
+                tracing::error!(tenant = %job.tenant_id, ?other, "unexpected registry answer")
             }
         },
-        // The operation stays running; the watchdog resumes it.
+        // The operation stays running; the watchdog resumes it once the
+        // lease expired.
         Err(e) => {
-            tracing::error!(tenant = %job.tenant_id, error = %e, what, "move not finished in the registry")
+            tracing::error!(tenant = %job.tenant_id, error = %e, "move not finished in the registry")
         }
     }
     metrics::gauge!("keyhold_moves_running").decrement(1.0);
@@ -210,113 +274,136 @@ async fn call(
     Err(format!("{status}: {text}"))
 }
 
-/// Reports progress; a refusal means the operation ended under this driver
-/// (another one finished it), which stops the copy.
-async fn progress(node: &Node, operation_id: &str, fraction: f64) -> Result<(), String> {
-    let request = Request::UpdateOperation {
-        operation_id: operation_id.to_owned(),
-        state: OperationState::Running,
-        progress: fraction.clamp(0.0, 0.99),
-        error: None,
-        now_ms: now().0,
-    };
-    match node.registry().write(request).await {
-        Ok(written) => match written.response.rejection() {
-            Some(reason) => Err(format!("the operation ended: {reason}")),
-            None => Ok(()),
-        },
-        Err(e) => {
-            tracing::warn!(operation_id, error = %e, "progress not recorded");
-            Ok(())
+impl Driver<'_> {
+    /// Reports progress and renews the lease; a refusal means this driver lost
+    /// the lease (a successor took over) or the move ended, which stops it.
+    async fn report(&mut self, fraction: f64) -> Result<(), String> {
+        let request = Request::ReportMove {
+            operation_id: self.job.operation_id.clone(),
+            generation: self.generation,
+            progress: fraction.clamp(0.0, 0.99),
+            lease_ms: lease_ms(self.node),
+            now_ms: now().0,
+        };
+        match self.node.registry().write(request).await {
+            Ok(written) => match written.response.rejection() {
+                Some(reason @ Rejection::NotDriver { .. }) => {
+                    Err(format!("this driver lost the lease: {reason}"))
+                }
+                Some(reason) => Err(format!("the operation ended: {reason}")),
+                None => {
+                    self.renewed = Instant::now();
+                    Ok(())
+                }
+            },
+            Err(e) => {
+                tracing::warn!(operation = %self.job.operation_id, error = %e, "progress not recorded");
+                Ok(())
+            }
         }
     }
-}
 
-async fn copy(node: &Node, job: &MoveJob) -> Result<(), String> {
-    progress(node, &job.operation_id, 0.0).await?;
-    let (_, old) = node
-        .store_node_of(&job.from)
-        .ok_or(format!("no node of region {}", job.from))?;
-    let (_, new) = node
-        .store_node_of(&job.to)
-        .ok_or(format!("no node of region {}", job.to))?;
-    let (t, op, epoch) = (&job.tenant_id, &job.operation_id, job.epoch);
-    let scope = format!("operation_id={op}&epoch={epoch}");
-    let fence_url = format!(
-        "http://{}/internal/v1/moves/{t}/fence?{scope}&registry_index={}",
-        old.api_addr, job.begin_index
-    );
-    // Fencing includes letting the old home's relay deliver the tenant's events.
-    let fence = call(
-        node,
-        node.http().post(fence_url),
-        MOVE_DRAIN_WAIT_MS + MOVE_CALL_TIMEOUT_MS,
-    );
-    let fenced: serde_json::Value = alive_while(node, op, fence)
-        .await?
-        .json()
-        .await
-        .map_err(|e| e.to_string())?;
-    let estimate = fenced["entries"].as_u64().unwrap_or(0).max(1) as f64;
-    let import_url = format!(
-        "http://{}/internal/v1/moves/{t}/import?{scope}",
-        new.api_addr
-    );
-    let mut cursor: Option<String> = None;
-    let (mut copied, mut pages) = (0u64, 0u64);
-    loop {
-        let mut url = format!(
-            "http://{}/internal/v1/moves/{t}/export?bytes_max={MOVE_PAGE_BYTES_MAX}",
+    async fn copy(&mut self) -> Result<(), String> {
+        self.report(0.0).await?;
+        let node = self.node;
+        let job = self.job.clone();
+        let (_, old) = node
+            .store_node_of(&job.from)
+            .ok_or(format!("no node of region {}", job.from))?;
+        let (_, new) = node
+            .store_node_of(&job.to)
+            .ok_or(format!("no node of region {}", job.to))?;
+        let (t, op, epoch) = (&job.tenant_id, &job.operation_id, job.epoch);
+        // The lease was granted after the move began: waiting for it covers both.
+        let scope = format!(
+            "operation_id={op}&epoch={epoch}&generation={}&registry_index={}",
+            self.generation,
+            self.lease_index.max(job.begin_index)
+        );
+        let fence_url = format!(
+            "http://{}/internal/v1/moves/{t}/fence?{scope}",
             old.api_addr
         );
-        if let Some(c) = &cursor {
-            url.push_str("&after=");
-            url.push_str(c);
-        }
-        let page = call(node, node.http().get(url), MOVE_CALL_TIMEOUT_MS).await?;
-        let next = page
-            .headers()
-            .get(NEXT_CURSOR)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
-        let bytes = page.bytes().await.map_err(|e| e.to_string())?;
-        let imported: serde_json::Value = call(
+        // Fencing includes letting the old home's relay deliver the tenant's events.
+        let fence = call(
             node,
-            node.http().post(&import_url).body(bytes),
-            MOVE_CALL_TIMEOUT_MS,
-        )
-        .await?
-        .json()
-        .await
-        .map_err(|e| e.to_string())?;
-        copied += imported["imported"].as_u64().unwrap_or(0);
-        pages += 1;
-        // A registry write per page would cost a Raft round trip each.
-        if pages.is_multiple_of(MOVE_PROGRESS_EVERY_PAGES) {
-            progress(node, op, copied as f64 / estimate).await?;
+            node.http().post(fence_url),
+            MOVE_DRAIN_WAIT_MS + MOVE_CALL_TIMEOUT_MS,
+        );
+        let fenced: serde_json::Value = self
+            .alive_while(fence)
+            .await?
+            .json()
+            .await
+            .map_err(|e| e.to_string())?;
+        if let Some(ms) = std::env::var(FAULT_DRIVER_PAUSE_MS)
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+        {
+            tracing::error!("{FAULT_DRIVER_PAUSE_MS} is set: stalling {ms} ms without renewing");
+            tokio::time::sleep(Duration::from_millis(ms)).await;
         }
-        match next {
-            Some(c) => cursor = Some(c),
-            None => break,
+        let estimate = fenced["entries"].as_u64().unwrap_or(0).max(1) as f64;
+        let import_url = format!(
+            "http://{}/internal/v1/moves/{t}/import?{scope}",
+            new.api_addr
+        );
+        let mut cursor: Option<String> = None;
+        let (mut copied, mut pages) = (0u64, 0u64);
+        loop {
+            let mut url = format!(
+                "http://{}/internal/v1/moves/{t}/export?bytes_max={MOVE_PAGE_BYTES_MAX}",
+                old.api_addr
+            );
+            if let Some(c) = &cursor {
+                url.push_str("&after=");
+                url.push_str(c);
+            }
+            let page = call(node, node.http().get(url), MOVE_CALL_TIMEOUT_MS).await?;
+            let next = page
+                .headers()
+                .get(NEXT_CURSOR)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            let bytes = page.bytes().await.map_err(|e| e.to_string())?;
+            let imported: serde_json::Value = call(
+                node,
+                node.http().post(&import_url).body(bytes),
+                MOVE_CALL_TIMEOUT_MS,
+            )
+            .await?
+            .json()
+            .await
+            .map_err(|e| e.to_string())?;
+            copied += imported["imported"].as_u64().unwrap_or(0);
+            pages += 1;
+            // A registry write per page would cost a Raft round trip each; the
+            // lease is renewed in time either way.
+            if pages.is_multiple_of(MOVE_PROGRESS_EVERY_PAGES)
+                || self.renewed.elapsed() >= renew_every(node)
+            {
+                self.report(copied as f64 / estimate).await?;
+            }
+            match next {
+                Some(c) => cursor = Some(c),
+                None => break,
+            }
         }
+        tracing::info!(tenant = %t, copied, pages, "tenant data copied");
+        Ok(())
     }
-    tracing::info!(tenant = %t, copied, pages, "tenant data copied");
-    Ok(())
-}
 
-/// Runs `step`, reporting progress 0 every `MOVE_HEARTBEAT_MS` meanwhile, so the
-/// leader's watchdog knows this driver is alive.
-async fn alive_while<T>(
-    node: &Node,
-    operation_id: &str,
-    step: impl std::future::Future<Output = Result<T, String>>,
-) -> Result<T, String> {
-    tokio::pin!(step);
-    loop {
-        tokio::select! {
-            out = &mut step => return out,
-            _ = tokio::time::sleep(Duration::from_millis(MOVE_HEARTBEAT_MS)) => {
-                progress(node, operation_id, 0.0).await?;
+    /// Runs `step`, renewing the lease meanwhile, so that no successor takes over
+    /// while it runs.
+    async fn alive_while<T>(
+        &mut self,
+        step: impl std::future::Future<Output = Result<T, String>>,
+    ) -> Result<T, String> {
+        tokio::pin!(step);
+        loop {
+            tokio::select! {
+                out = &mut step => return out,
+                _ = tokio::time::sleep(renew_every(self.node)) => self.report(0.0).await?,
             }
         }
     }

@@ -49,11 +49,16 @@ pub fn router(node: Arc<Node>) -> Router<Arc<Node>> {
         ))
 }
 
-/// Which move a call belongs to.
+/// Which move a call belongs to, and which driver makes it.
 #[derive(Deserialize)]
 struct MoveScope {
     operation_id: String,
     epoch: u64,
+    /// The generation of the caller's driver lease: a driver that lost the
+    /// lease is refused.
+    generation: u64,
+    /// The registry entry that granted that lease, for this replica to wait for.
+    registry_index: u64,
 }
 
 /// Which end of the move this node must be.
@@ -67,14 +72,22 @@ fn tenant_param(tenant_id: &str) -> Result<TenantId, ApiError> {
     TenantId::parse(tenant_id).map_err(|_| ApiError::new(Problem::NotFound))
 }
 
-/// 409 `conflict` unless this node's registry replica shows the move `scope`
-/// of `tenant_id` running, with this node's region at `end`.
-fn check_running(
+/// 409 `conflict` unless this node's registry replica, once it has applied the
+/// entry that granted the caller's lease, shows the move `scope` of
+/// `tenant_id` running under that lease, with this node's region at `end`.
+async fn check_running(
     node: &Node,
     tenant_id: &str,
     scope: &MoveScope,
     end: End,
 ) -> Result<(), ApiError> {
+    node.registry()
+        .wait_applied(
+            scope.registry_index,
+            Duration::from_millis(REGISTRY_READ_WAIT_MS),
+        )
+        .await
+        .map_err(|e| ApiError::new(Problem::StoreUnavailable).detail(e.to_string()))?;
     let not_running = |why: &str| {
         metrics::counter!("keyhold_move_calls_refused_total").increment(1);
         Err(ApiError::new(Problem::Conflict).detail(format!(
@@ -90,6 +103,12 @@ fn check_running(
     };
     if operation_id != &scope.operation_id || record.epoch != scope.epoch {
         return not_running("another operation or epoch");
+    }
+    let lease = node
+        .registry()
+        .read(|s| s.drivers.get(&scope.operation_id).copied());
+    if lease.is_none_or(|l| l.generation != scope.generation) {
+        return not_running("the caller does not hold the driver lease");
     }
     let here = node.region();
     let ok = match end {
@@ -117,35 +136,16 @@ fn guard_answer(applied: Applied) -> Result<u64, ApiError> {
     }
 }
 
-#[derive(Deserialize)]
-struct FenceQuery {
-    operation_id: String,
-    epoch: u64,
-    /// The registry entry that began the move, for this replica to wait for.
-    registry_index: u64,
-}
-
-/// On the old home: wait for the registry entry that began the move, fence the
-/// store for it, let the relay deliver the tenant's events (so order states are
+/// On the old home: wait for the registry entry that granted the caller's
+/// lease, fence the store for the move, let the relay deliver the tenant's events (so order states are
 /// final before they travel), and report how many entries will travel.
 async fn fence(
     State(node): State<Arc<Node>>,
     Path(tenant_id): Path<String>,
-    Query(q): Query<FenceQuery>,
+    Query(scope): Query<MoveScope>,
 ) -> Result<Response, ApiError> {
     let tenant = tenant_param(&tenant_id)?;
-    node.registry()
-        .wait_applied(
-            q.registry_index,
-            Duration::from_millis(REGISTRY_READ_WAIT_MS),
-        )
-        .await
-        .map_err(|e| ApiError::new(Problem::StoreUnavailable).detail(e.to_string()))?;
-    let scope = MoveScope {
-        operation_id: q.operation_id,
-        epoch: q.epoch,
-    };
-    check_running(&node, &tenant_id, &scope, End::From)?;
+    check_running(&node, &tenant_id, &scope, End::From).await?;
     let command = Command::Fence {
         tenant: tenant.clone(),
         operation_id: scope.operation_id,
@@ -228,7 +228,7 @@ async fn import(
 ) -> Result<Response, ApiError> {
     let tenant = tenant_param(&tenant_id)?;
     let bytes = read_body(&headers, body, MOVE_IMPORT_BODY_BYTES_MAX).await?;
-    check_running(&node, &tenant_id, &scope, End::To)?;
+    check_running(&node, &tenant_id, &scope, End::To).await?;
     let entries =
         ExportEntry::decode_page(&bytes).map_err(|e| ApiError::invalid("", e.to_string()))?;
     let command = Command::Import {
