@@ -10,7 +10,7 @@
 mod common;
 
 use common::{assert_order, assert_same_order, order_body, poll, run_to_exit, unique, Cluster};
-use serde_json::json;
+use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
 /// The sum of `keyhold_sweeper_deleted_total{kind="record"}` series in a
@@ -160,7 +160,7 @@ fn ttl_rule_violations_refuse_to_start() {
     let data = dir.path().join("data");
     let data = data.to_str().unwrap();
     let port = common::free_base_port(1).to_string();
-    let cases: [(&[&str], &str); 3] = [
+    let cases: [(&[&str], &str); 5] = [
         (
             &["--response-ttl", "48h", "--marker-ttl", "1h"],
             "marker_ttl",
@@ -169,6 +169,16 @@ fn ttl_rule_violations_refuse_to_start() {
         (
             &["--response-ttl", "1h", "--processed-ttl", "30m"],
             "processed_ttl",
+        ),
+        // The whole chain: consumers must outlive markers, and the provider
+        // must keep keys as long as events may be retried.
+        (
+            &["--marker-ttl", "40d"],
+            "processed_ttl (35days) must be at least marker_ttl (40days)",
+        ),
+        (
+            &["--psp-key-retention", "24h"],
+            "psp_key_retention (1day) must be at least processed_ttl (35days)",
         ),
     ];
     for (extra, rule) in cases {
@@ -204,6 +214,11 @@ fn ttl_rule_violations_refuse_to_start() {
             "response_ttl = \"1h\"\nprocessed_ttl = \"30m\"\n",
             "processed_ttl",
         ),
+        (
+            "marker_ttl = \"40d\"\n",
+            "processed_ttl (35days) must be at least marker_ttl (40days)",
+        ),
+        ("psp_key_retention = \"24h\"\n", "psp_key_retention (1day)"),
     ] {
         let config = dir.path().join("node.toml");
         std::fs::write(
@@ -232,12 +247,42 @@ fn ttl_rule_violations_refuse_to_start() {
             "1h",
             "--processed-ttl",
             "1h",
+            "--psp-key-retention",
+            "2h",
         ],
     );
     let policy = cluster.api("a").get("/v1/idempotency-policy", None).json();
     assert_eq!(policy["response_ttl_seconds"], 3600);
     assert_eq!(policy["marker_ttl_seconds"], 3600);
     assert_eq!(policy["processed_ttl_seconds"], 3600);
+    assert_eq!(policy["psp_key_retention_seconds"], 7200);
+    // The whole window on one line: every stage in chain order, and the first
+    // to forget (a tie goes to the earliest stage).
+    let horizon = &policy["dedupe_horizon"];
+    let stages: Vec<(&str, &str, Value)> = horizon["stages"]
+        .as_array()
+        .expect("stages")
+        .iter()
+        .map(|s| {
+            (
+                s["stage"].as_str().unwrap(),
+                s["setting"].as_str().unwrap(),
+                s["ttl_seconds"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        stages,
+        vec![
+            ("response_cache", "response_ttl", json!(3600)),
+            ("marker", "marker_ttl", json!(3600)),
+            ("processed_messages", "processed_ttl", json!(3600)),
+            ("provider_key", "psp_key_retention", json!(7200)),
+        ],
+        "{policy}"
+    );
+    assert_eq!(horizon["ends_first"], "response_cache", "{policy}");
+    assert_eq!(horizon["window_seconds"], 3600, "{policy}");
 }
 
 #[test]

@@ -643,6 +643,12 @@ fn unauthenticated_meta_endpoints() {
     assert_eq!(p["processed_ttl_seconds"], 35 * 86_400, "{p}");
     assert_eq!(p["inflight_wait_ms"], 2000, "{p}");
     assert_eq!(p["key_max_length"], 255, "{p}");
+    // By default the bundled provider never forgets a key, so the stored
+    // response is the first stage to end.
+    assert_eq!(p["psp_key_retention_seconds"], Value::Null, "{p}");
+    assert_eq!(p["dedupe_horizon"]["ends_first"], "response_cache", "{p}");
+    assert_eq!(p["dedupe_horizon"]["window_seconds"], 48 * 3600, "{p}");
+    assert_eq!(p["dedupe_horizon"]["stages"][3]["ttl_seconds"], Value::Null);
     // "and the status codes above": every slug of the contract with its status.
     let text = policy.text();
     for (slug, status) in [

@@ -1,4 +1,5 @@
-//! `keyhold tenant create|show|move` and `keyhold cluster status`: the admin API
+//! `keyhold tenant create|show|move|rotate-token|set-limits|delete` and
+//! `keyhold cluster status`: the admin API
 //! from the command line. Any node answers (admin calls act through the
 //! registry); a move is followed to its end with a progress bar.
 
@@ -61,6 +62,54 @@ impl Admin {
         let url = format!("{}/admin/v1/tenants/{id}", self.base);
         let (_, tenant) = self.call(self.http.get(url)).await?;
         println!("{}", serde_json::to_string_pretty(&tenant)?);
+        Ok(())
+    }
+
+    /// A new token (printed once); the old one works for `grace` more.
+    pub async fn rotate_token(&self, id: &str, grace: Option<Duration>) -> anyhow::Result<()> {
+        let url = format!("{}/admin/v1/tenants/{id}/token", self.base);
+        let body = match grace {
+            Some(g) => json!({"grace_seconds": g.as_secs()}),
+            None => json!({}),
+        };
+        let (_, tenant) = self.call(self.http.post(url).json(&body)).await?;
+        println!("{}", serde_json::to_string_pretty(&tenant)?);
+        eprintln!(
+            "the new token is shown only this once; the old one works until {}",
+            tenant["previous_token_valid_until"]
+                .as_str()
+                .unwrap_or("now")
+        );
+        Ok(())
+    }
+
+    pub async fn set_limits(
+        &self,
+        id: &str,
+        requests_per_second: Option<u32>,
+        new_keys_per_second: Option<u32>,
+    ) -> anyhow::Result<()> {
+        if requests_per_second.is_none() && new_keys_per_second.is_none() {
+            bail!("give --requests-per-second, --new-keys-per-second or both");
+        }
+        let mut body = json!({});
+        if let Some(n) = requests_per_second {
+            body["requests_per_second"] = n.into();
+        }
+        if let Some(n) = new_keys_per_second {
+            body["new_keys_per_second"] = n.into();
+        }
+        let url = format!("{}/admin/v1/tenants/{id}/limits", self.base);
+        let (_, tenant) = self.call(self.http.put(url).json(&body)).await?;
+        println!("{}", serde_json::to_string_pretty(&tenant)?);
+        Ok(())
+    }
+
+    pub async fn delete_tenant(&self, id: &str) -> anyhow::Result<()> {
+        let url = format!("{}/admin/v1/tenants/{id}", self.base);
+        let (_, tenant) = self.call(self.http.delete(url)).await?;
+        println!("{}", serde_json::to_string_pretty(&tenant)?);
+        eprintln!("tenant {id} deleted: its tokens no longer work; every region erases its data");
         Ok(())
     }
 

@@ -2,12 +2,14 @@
 //! the libraries. No logic lives here beyond turning arguments into configs.
 
 mod cmd_admin;
+mod cmd_chaos;
 mod cmd_fingerprint;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use keyhold_server::up::UpConfig;
 use keyhold_server::{parse_duration, Config};
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -19,9 +21,26 @@ use std::time::Duration;
     about = "Safe retries for multi-region APIs"
 )]
 struct Cli {
+    /// How log lines on stderr look: `text` (colours only on a terminal) or
+    /// `json` (one object per line, for log shippers).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// The log filter when `RUST_LOG` is unset: keyhold at info, libraries only
+/// when something is wrong. openraft reports every failed vote while the
+/// registry's members start one after another, which is expected at start-up
+/// and says nothing an operator can act on; its errors still show.
+const LOG_FILTER_DEFAULT: &str =
+    "info,openraft=error,sled=warn,hyper=warn,hyper_util=warn,reqwest=warn,h2=warn,tower=warn,tower_http=warn";
 
 #[derive(Subcommand)]
 enum Command {
@@ -46,10 +65,17 @@ enum Command {
         /// Probability (0 to 1) that a charge is declined.
         #[arg(long, default_value_t = 0.0)]
         decline_rate: f64,
+        /// Probability (0 to 1) that a retry of a committed charge is refused
+        /// (400) instead of replayed.
+        #[arg(long, default_value_t = 0.0)]
+        refuse_replay_rate: f64,
     },
     /// Send a mix of new, replayed, conflicting and concurrent duplicate orders
     /// and report latencies.
     Loadgen(LoadgenArgs),
+    /// Seeded chaos runs: local clusters, client traffic and faults from one
+    /// seed each, judged by the history checker.
+    Chaos(cmd_chaos::ChaosArgs),
     /// Tenant administration through any node's admin API.
     Tenant {
         #[command(subcommand)]
@@ -100,6 +126,10 @@ struct UpArgs {
     /// How long consumers remember processed events, e.g. 35d.
     #[arg(long, value_parser = duration)]
     processed_ttl: Option<Duration>,
+    /// How long the payment provider remembers an Idempotency-Key, e.g. 40d;
+    /// unset: forever (the bundled fake provider keeps every key).
+    #[arg(long, value_parser = duration)]
+    psp_key_retention: Option<Duration>,
     /// Probability (0 to 1) that the fake payment provider loses an answer.
     #[arg(long, default_value_t = 0.0)]
     psp_drop_response_rate: f64,
@@ -127,6 +157,7 @@ impl From<UpArgs> for UpConfig {
             response_ttl: a.response_ttl,
             marker_ttl: a.marker_ttl,
             processed_ttl: a.processed_ttl,
+            psp_key_retention: a.psp_key_retention,
             psp_drop_response_rate: a.psp_drop_response_rate,
             psp_decline_rate: a.psp_decline_rate,
             demo_dir: a.demo_dir,
@@ -172,6 +203,30 @@ enum TenantAction {
         #[arg(long)]
         to: String,
     },
+    /// Issue a new token (printed once); the old one keeps working for the
+    /// grace period (default 24h, at most 7d), then is refused.
+    RotateToken {
+        #[arg(long)]
+        id: String,
+        /// How long the old token keeps working, e.g. 1h; 0s ends it at once.
+        #[arg(long, value_parser = duration)]
+        grace: Option<Duration>,
+    },
+    /// Change a tenant's rate limits (either or both).
+    SetLimits {
+        #[arg(long)]
+        id: String,
+        #[arg(long)]
+        requests_per_second: Option<u32>,
+        #[arg(long)]
+        new_keys_per_second: Option<u32>,
+    },
+    /// Delete a tenant: its tokens stop working, every region erases its
+    /// records, markers, orders and undelivered events; the id is never reused.
+    Delete {
+        #[arg(long)]
+        id: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -195,13 +250,18 @@ fn duration(text: &str) -> Result<Duration, String> {
     parse_duration(text)
 }
 
-fn init_tracing() {
+fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"));
-    tracing_subscriber::fmt()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(LOG_FILTER_DEFAULT));
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+        // Colour codes only help a person at a terminal; in a file or a pipe
+        // they are noise that breaks grep.
+        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+    }
 }
 
 /// Resolves on Ctrl-C or SIGTERM.
@@ -229,6 +289,7 @@ async fn shutdown_signal() {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let log = cli.log_format;
     let result = match cli.command {
         Command::Canonicalize { file } => cmd_fingerprint::canonicalize(file.as_deref()),
         Command::Fingerprint {
@@ -236,29 +297,43 @@ fn main() -> ExitCode {
             hmac_key_env,
             file,
         } => cmd_fingerprint::fingerprint(&spec, file.as_deref(), hmac_key_env.as_deref()),
-        Command::Serve { config } => serve(config),
+        Command::Serve { config } => serve(config, log),
         Command::Tenant { action, admin } => admin_call(admin, async move |a| match action {
             TenantAction::Create { id, home } => a.create_tenant(&id, &home).await,
             TenantAction::Show { id } => a.show_tenant(&id).await,
             TenantAction::Move { id, to } => a.move_tenant(&id, &to).await,
+            TenantAction::RotateToken { id, grace } => a.rotate_token(&id, grace).await,
+            TenantAction::SetLimits {
+                id,
+                requests_per_second,
+                new_keys_per_second,
+            } => {
+                a.set_limits(&id, requests_per_second, new_keys_per_second)
+                    .await
+            }
+            TenantAction::Delete { id } => a.delete_tenant(&id).await,
         }),
         Command::Cluster {
             action: ClusterAction::Status,
             admin,
         } => admin_call(admin, async move |a| a.cluster_status().await),
         Command::Loadgen(args) => loadgen(args),
-        Command::Up(args) => up(args.into()),
+        Command::Chaos(args) => cmd_chaos::run(args),
+        Command::Up(args) => up(args.into(), log),
         Command::Fakepsp {
             listen,
             data_dir,
             drop_response_rate,
             decline_rate,
+            refuse_replay_rate,
         } => fakepsp(
+            log,
             listen,
             keyhold_fakepsp::PspConfig {
                 data_dir,
                 drop_response_rate,
                 decline_rate,
+                refuse_replay_rate,
             },
         ),
     };
@@ -278,8 +353,8 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("cannot start the async runtime")
 }
 
-fn serve(path: PathBuf) -> anyhow::Result<()> {
-    init_tracing();
+fn serve(path: PathBuf, log: LogFormat) -> anyhow::Result<()> {
+    init_tracing(log);
     let text = std::fs::read_to_string(&path)
         .with_context(|| format!("cannot read config {}", path.display()))?;
     let config = Config::from_toml(&text).with_context(|| format!("in {}", path.display()))?;
@@ -293,8 +368,8 @@ fn serve(path: PathBuf) -> anyhow::Result<()> {
     })
 }
 
-fn up(config: UpConfig) -> anyhow::Result<()> {
-    init_tracing();
+fn up(config: UpConfig, log: LogFormat) -> anyhow::Result<()> {
+    init_tracing(log);
     runtime()?.block_on(async move {
         keyhold_server::up::run(config, shutdown_signal()).await?;
         Ok(())
@@ -326,10 +401,19 @@ struct LoadgenArgs {
     /// No live progress bar on stderr.
     #[arg(long)]
     quiet: bool,
-    /// Afterwards, read back every order the run created by client_order_id and
-    /// fail if any is missing or has another order id than acknowledged.
+    /// Record every request and afterwards check the history against the final
+    /// state with the history checker (orders lost, changed or duplicated,
+    /// replays that differ); exits non-zero on any violation.
     #[arg(long)]
     verify: bool,
+    /// With --verify: the admin token (or KEYHOLD_ADMIN_TOKEN), so that
+    /// inventory reservations are checked too (needs --psp-url).
+    #[arg(long, env = "KEYHOLD_ADMIN_TOKEN", hide_env_values = true)]
+    admin_token: Option<String>,
+    /// With --verify: the payment provider's origin, so that charges are
+    /// checked too (needs --admin-token).
+    #[arg(long)]
+    psp_url: Option<String>,
 }
 
 fn loadgen(args: LoadgenArgs) -> anyhow::Result<()> {
@@ -342,6 +426,8 @@ fn loadgen(args: LoadgenArgs) -> anyhow::Result<()> {
         rate: args.rate,
         progress: !args.quiet,
         verify: args.verify,
+        admin_token: args.admin_token,
+        psp_url: args.psp_url.map(|u| u.trim_end_matches('/').to_owned()),
     };
     let report = runtime()?.block_on(keyhold_loadgen::run(load))?;
     let json = serde_json::to_string_pretty(&report)?;
@@ -349,20 +435,21 @@ fn loadgen(args: LoadgenArgs) -> anyhow::Result<()> {
         std::fs::write(&path, &json).with_context(|| format!("cannot write {}", path.display()))?;
     }
     println!("{json}");
-    if let Some(v) = report.verify.filter(|v| !v.is_clean()) {
-        anyhow::bail!(
-            "verify: {} mismatched, {} missing, {} unreadable of {} orders",
-            v.mismatched,
-            v.missing,
-            v.errors,
-            v.checked
-        );
+    if let Some(verdict) = &report.verify {
+        eprintln!("{}", verdict.summary());
+        if !verdict.ok {
+            anyhow::bail!("verify: {} violations", verdict.violations.len());
+        }
     }
     Ok(())
 }
 
-fn fakepsp(listen: String, config: keyhold_fakepsp::PspConfig) -> anyhow::Result<()> {
-    init_tracing();
+fn fakepsp(
+    log: LogFormat,
+    listen: String,
+    config: keyhold_fakepsp::PspConfig,
+) -> anyhow::Result<()> {
+    init_tracing(log);
     runtime()?.block_on(async move {
         let listener = tokio::net::TcpListener::bind(&listen)
             .await

@@ -25,6 +25,13 @@ impl OwnerToken {
         if nonce.len() != 16 || generation.is_empty() || generation.len() > 20 {
             return Err(Error::OwnerToken);
         }
+        // Only the form the server writes (decimal digits, lowercase hex): a
+        // token is compared as issued, so `+3` or upper-case hex is malformed
+        // (400), not some other owner's token (409).
+        let lower_hex = |b: u8| b.is_ascii_digit() || (b'a'..=b'f').contains(&b);
+        if !generation.bytes().all(|b| b.is_ascii_digit()) || !nonce.bytes().all(lower_hex) {
+            return Err(Error::OwnerToken);
+        }
         let generation = generation.parse().map_err(|_| Error::OwnerToken)?;
         let nonce = u64::from_str_radix(nonce, 16).map_err(|_| Error::OwnerToken)?;
         Ok(OwnerToken { generation, nonce })
@@ -183,6 +190,9 @@ mod tests {
             ".00000000deadbeef",
             "x.00000000deadbeef",
             "7.deadbeef",
+            "7.00000000DEADBEEF",
+            "+7.00000000deadbeef",
+            "7.+0000000deadbeef",
         ] {
             assert_eq!(OwnerToken::parse(bad), Err(Error::OwnerToken), "{bad}");
         }

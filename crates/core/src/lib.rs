@@ -24,7 +24,7 @@ pub use claim::{
 pub use order::{
     decide_order, FieldError, Item, Marker, Order, OrderDecision, OrderRequest, OrderStatus,
 };
-pub use policy::{Policy, PolicyError};
+pub use policy::{Horizon, Policy, PolicyError, Retention, Stage};
 pub use problem::Problem;
 pub use record::{Record, RecordState, StoredResponse};
 pub use scope::{IdempotencyKey, Operation, Scope, ScopeError, TenantId};

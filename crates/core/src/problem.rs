@@ -30,10 +30,15 @@ pub enum Problem {
     /// sender believes. The sender refreshes its registry and places the request
     /// again; clients never see it.
     Misdirected,
+    /// The client did not deliver the request body within the node's body read
+    /// limit: a slow or unfinished body.
+    RequestTimeout,
+    /// More header lines, or more header bytes, than the node accepts.
+    HeadersTooLarge,
 }
 
 impl Problem {
-    pub const ALL: [Problem; 20] = [
+    pub const ALL: [Problem; 22] = [
         Problem::Unauthenticated,
         Problem::IdempotencyKeyMissing,
         Problem::IdempotencyKeyInvalid,
@@ -54,6 +59,8 @@ impl Problem {
         Problem::TenantMoving,
         Problem::Internal,
         Problem::Misdirected,
+        Problem::RequestTimeout,
+        Problem::HeadersTooLarge,
     ];
 
     pub fn status(self) -> u16 {
@@ -76,6 +83,8 @@ impl Problem {
             Problem::StoreUnavailable | Problem::OwnerUnreachable | Problem::TenantMoving => 503,
             Problem::Internal => 500,
             Problem::Misdirected => 421,
+            Problem::RequestTimeout => 408,
+            Problem::HeadersTooLarge => 431,
         }
     }
 
@@ -101,6 +110,8 @@ impl Problem {
             Problem::TenantMoving => "tenant-moving",
             Problem::Internal => "internal-error",
             Problem::Misdirected => "misdirected-request",
+            Problem::RequestTimeout => "request-timeout",
+            Problem::HeadersTooLarge => "headers-too-large",
         }
     }
 
@@ -132,6 +143,8 @@ impl Problem {
             Problem::TenantMoving => "The tenant is moving to another region",
             Problem::Internal => "Internal error",
             Problem::Misdirected => "This node is not the tenant's owner at that epoch",
+            Problem::RequestTimeout => "The request body did not arrive in time",
+            Problem::HeadersTooLarge => "The request headers are too large",
         }
     }
 

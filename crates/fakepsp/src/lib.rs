@@ -6,6 +6,10 @@
 //! the same key and body gets the stored answer again, and the same key with
 //! another body is refused. With probability `drop_response_rate` the answer is
 //! lost after the charge is committed, so clients must retry with the same key.
+//! With probability `refuse_replay_rate` a retry of a committed charge is refused
+//! (400 `idempotency_key_expired`) instead of replayed, as a provider whose keys
+//! expired would: a client that lost the first answer must then look the charge
+//! up with `GET /v1/charges/by-key/{key}` before it decides anything.
 //! `GET /v1/charges` lists every charge, oldest first. `run(config, listener,
 //! shutdown)` is the whole provider; tests start it on port 0 through it.
 //!
@@ -53,6 +57,9 @@ pub struct PspConfig {
     pub drop_response_rate: f64,
     /// Probability, in `0..=1`, that a new charge is declined.
     pub decline_rate: f64,
+    /// Probability, in `0..=1`, that a retry of a committed charge (same key,
+    /// same body) is refused with 400 instead of answered with the stored charge.
+    pub refuse_replay_rate: f64,
 }
 
 impl PspConfig {
@@ -62,6 +69,7 @@ impl PspConfig {
             data_dir: data_dir.into(),
             drop_response_rate: 0.0,
             decline_rate: 0.0,
+            refuse_replay_rate: 0.0,
         }
     }
 
@@ -69,6 +77,7 @@ impl PspConfig {
         for (name, rate) in [
             ("drop_response_rate", self.drop_response_rate),
             ("decline_rate", self.decline_rate),
+            ("refuse_replay_rate", self.refuse_replay_rate),
         ] {
             if !(0.0..=1.0).contains(&rate) {
                 return Err(Error::Config(format!(
@@ -93,6 +102,7 @@ pub async fn run(
         store: store.clone(),
         drop_response_rate: config.drop_response_rate,
         decline_rate: config.decline_rate,
+        refuse_replay_rate: config.refuse_replay_rate,
     });
     tracing::info!(
         addr = %listener.local_addr()?,

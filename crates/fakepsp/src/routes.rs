@@ -1,4 +1,5 @@
-//! The HTTP surface: `POST /v1/charges`, `GET /v1/charges`, `GET /healthz`.
+//! The HTTP surface: `POST /v1/charges`, `GET /v1/charges`,
+//! `GET /v1/charges/by-key/{key}`, `GET /healthz`.
 //!
 //! Handlers validate, decide the random parts (decline, lost answer), hand the
 //! durable part to the store on a blocking thread, and turn its outcome into
@@ -12,7 +13,7 @@ use crate::store::{Outcome, Store, Stored};
 use crate::Error;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{ConnectInfo, DefaultBodyLimit, State};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -29,11 +30,13 @@ pub struct App {
     pub store: Store,
     pub drop_response_rate: f64,
     pub decline_rate: f64,
+    pub refuse_replay_rate: f64,
 }
 
 pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/v1/charges", get(list_charges).post(create_charge))
+        .route("/v1/charges/by-key/{key}", get(charge_by_key))
         .route("/healthz", get(healthz))
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))
         .with_state(app)
@@ -97,6 +100,14 @@ async fn create_charge(
     };
     let (stored, replayed) = match outcome {
         Outcome::Created(stored) => (stored, false),
+        Outcome::Replayed(_) if rand::thread_rng().gen_bool(app.refuse_replay_rate) => {
+            tracing::info!(idempotency_key = %key, "replay refused (fault injection)");
+            let invalid = Invalid {
+                code: "idempotency_key_expired",
+                message: "this Idempotency-Key is no longer known here".into(),
+            };
+            return refuse(StatusCode::BAD_REQUEST, &invalid);
+        }
         Outcome::Replayed(stored) => (stored, true),
         Outcome::KeyReused => {
             let invalid = Invalid {
@@ -128,6 +139,27 @@ async fn list_charges(State(app): State<Arc<App>>) -> Response {
         StatusCode::OK,
         format!("{{\"data\":[{}]}}", bodies.join(",")),
     )
+}
+
+/// The charge created under one idempotency key: how a client that lost an
+/// answer learns what happened without sending the charge again.
+async fn charge_by_key(State(app): State<Arc<App>>, Path(key): Path<String>) -> Response {
+    let store = app.store.clone();
+    let found = match tokio::task::spawn_blocking(move || store.by_key(&key)).await {
+        Ok(Ok(found)) => found,
+        Ok(Err(error)) => return internal(&error),
+        Err(join) => return internal(&Error::Task(join.to_string())),
+    };
+    match found {
+        Some(stored) => json(StatusCode::OK, stored.body),
+        None => {
+            let invalid = Invalid {
+                code: "not_found",
+                message: "no charge was made with this Idempotency-Key".into(),
+            };
+            refuse(StatusCode::NOT_FOUND, &invalid)
+        }
+    }
 }
 
 fn answer(stored: Stored, replayed: bool) -> Response {

@@ -143,6 +143,16 @@ impl Store {
         Ok(())
     }
 
+    /// The charge stored under `key`, once it is durable (a lookup never
+    /// reports a charge a crash could still take back).
+    pub fn by_key(&self, key: &str) -> Result<Option<Stored>, Error> {
+        let Some(bytes) = self.charges.get(key)? else {
+            return Ok(None);
+        };
+        self.durable()?;
+        Ok(Some(decode(&bytes)?))
+    }
+
     /// Every stored charge, oldest first.
     pub fn list(&self) -> Result<Vec<Stored>, Error> {
         let mut all = Vec::new();

@@ -18,11 +18,15 @@ struct Psp {
 
 impl Psp {
     async fn start(data_dir: &Path, drop_response_rate: f64, decline_rate: f64) -> Psp {
-        let config = PspConfig {
-            data_dir: data_dir.to_path_buf(),
+        Psp::start_with(PspConfig {
             drop_response_rate,
             decline_rate,
-        };
+            ..PspConfig::new(data_dir)
+        })
+        .await
+    }
+
+    async fn start_with(config: PspConfig) -> Psp {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr: SocketAddr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
@@ -110,6 +114,36 @@ async fn same_key_same_body_is_one_charge_and_an_identical_replay() {
     assert_eq!(third, first);
 
     assert_eq!(psp.charges().await, vec![charge]);
+    psp.stop().await;
+}
+
+/// A client that lost an answer and then had its retry refused learns what
+/// happened from the lookup by key, which sends nothing new.
+#[tokio::test]
+async fn a_refused_replay_leaves_the_charge_to_be_found_by_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let psp = Psp::start_with(PspConfig {
+        refuse_replay_rate: 1.0,
+        ..PspConfig::new(dir.path())
+    })
+    .await;
+    let (status, _, first) = psp.charge("evt/3", &order("o3", 700)).await;
+    assert_eq!(status, 201);
+    let (status, replayed, refused) = psp.charge("evt/3", &order("o3", 700)).await;
+    assert_eq!((status, replayed), (400, None));
+    assert_eq!(json(&refused)["error"], "idempotency_key_expired");
+
+    let found = reqwest::get(psp.url("/v1/charges/by-key/evt%2F3"))
+        .await
+        .unwrap();
+    assert_eq!(found.status().as_u16(), 200);
+    assert_eq!(found.bytes().await.unwrap().to_vec(), first);
+    let missing = reqwest::get(psp.url("/v1/charges/by-key/evt-none"))
+        .await
+        .unwrap();
+    assert_eq!(missing.status().as_u16(), 404);
+    assert_eq!(missing.json::<Value>().await.unwrap()["error"], "not_found");
+    assert_eq!(psp.charges().await.len(), 1);
     psp.stop().await;
 }
 
@@ -284,9 +318,8 @@ async fn rates_outside_zero_to_one_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let config = PspConfig {
-        data_dir: dir.path().to_path_buf(),
-        drop_response_rate: 0.0,
         decline_rate: -0.1,
+        ..PspConfig::new(dir.path())
     };
     let error = run(config, listener, async {}).await.unwrap_err();
     assert!(matches!(error, Error::Config(_)), "{error}");

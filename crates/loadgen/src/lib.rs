@@ -11,15 +11,20 @@
 //! `Idempotent-Replayed: true` and the first answer's order id, a conflict must
 //! be 422, and a duplicate group must get exactly one non-replayed 201 with every
 //! other member replaying it; anything else counts as `unexpected`. With
-//! `verify`, every order the run created is read back afterwards by its
-//! client_order_id and compared with the acknowledged order id.
+//! `verify`, every request and its fate go into a `keyhold-checker` history,
+//! and afterwards the checker reads the final state (every client_order_id
+//! sent, every acknowledged order, one more replay of every acknowledged key,
+//! and with an admin token and the provider's origin the charges and
+//! reservations) and gives its verdict.
 
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use keyhold_checker::history::{Outcome, Recorder, Request, Sender};
+use keyhold_checker::{ReadOptions, Target, Verdict};
 use serde::Serialize;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Limits of one run, units last.
@@ -33,11 +38,13 @@ const _: () = assert!(REQUEST_TIMEOUT_MS * 1000 <= LATENCY_US_MAX);
 /// Requests of one concurrent-duplicate group: they share a fresh key and are
 /// sent at once, so one `dup` pick puts this many requests in flight.
 pub const DUP_GROUP_SIZE: usize = 4;
-/// Orders remembered for `verify`; past this, orders are counted as unverified
-/// rather than growing memory without bound.
-pub const VERIFY_ORDERS_MAX: usize = 1_000_000;
-/// Concurrent reads of the verify pass (at most the run's own concurrency).
-pub const VERIFY_CONCURRENCY_MAX: usize = 64;
+/// Requests recorded for `verify`; past this, requests are counted as
+/// unverified rather than growing memory without bound.
+pub const VERIFY_OPS_MAX: usize = 1_000_000;
+/// How long `verify` waits for downstream work (charges, reservations) to settle.
+pub const VERIFY_SETTLE_WAIT_MS: u64 = 30_000;
+/// The tenant name the history uses for the run's one token.
+const HISTORY_TENANT: &str = "loadgen";
 /// How often the progress bar is redrawn.
 const PROGRESS_TICK_MS: u64 = 200;
 
@@ -47,8 +54,8 @@ pub enum Error {
     Invalid(String),
     #[error("http client: {0}")]
     Client(#[from] reqwest::Error),
-    #[error("verify client: {0}")]
-    Verify(#[from] keyhold_client::Error),
+    #[error("verify: {0}")]
+    Verify(#[from] keyhold_checker::Error),
 }
 
 /// Relative weights of the request kinds.
@@ -112,10 +119,13 @@ pub struct Load {
     pub rate: Option<f64>,
     /// Draw a live progress bar on stderr.
     pub progress: bool,
-    /// Afterwards, read back every order this run created by its client_order_id
-    /// and compare it with the acknowledged one (the target must serve
-    /// `GET /v1/orders?client_order_id=`).
+    /// Record every request, and afterwards check the history against the
+    /// final state with `keyhold-checker`.
     pub verify: bool,
+    /// With `verify`: the admin token and the payment provider's origin, so
+    /// that charges and reservations are checked too.
+    pub admin_token: Option<String>,
+    pub psp_url: Option<String>,
 }
 
 impl Load {
@@ -136,6 +146,8 @@ impl Load {
             rate: None,
             progress: false,
             verify: false,
+            admin_token: None,
+            psp_url: None,
         }
     }
 }
@@ -183,28 +195,6 @@ pub struct DupSummary {
     pub other: u64,
 }
 
-/// The verify pass: every order this run created, read back.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct VerifySummary {
-    pub checked: u64,
-    pub matched: u64,
-    /// Found, but with another order id than the acknowledged one.
-    pub mismatched: u64,
-    /// No order for the client_order_id.
-    pub missing: u64,
-    /// The read failed even after retries.
-    pub errors: u64,
-    /// Created past [`VERIFY_ORDERS_MAX`], not checked.
-    pub unverified: u64,
-}
-
-impl VerifySummary {
-    /// Whether every checked order was found with its acknowledged id.
-    pub fn is_clean(&self) -> bool {
-        self.mismatched == 0 && self.missing == 0 && self.errors == 0
-    }
-}
-
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     pub target: String,
@@ -223,8 +213,12 @@ pub struct Report {
     pub created: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dup: Option<DupSummary>,
+    /// The checker's verdict on the whole run (with `verify`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub verify: Option<VerifySummary>,
+    pub verify: Option<Verdict>,
+    /// Requests not recorded for `verify` past [`VERIFY_OPS_MAX`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unverified: Option<u64>,
 }
 
 struct Acked {
@@ -245,9 +239,6 @@ struct Tally {
     outcomes: Histograms,
     kinds: Histograms,
     dup: DupSummary,
-    /// (client_order_id, order_id) of every order created, for `verify`.
-    created: Vec<(String, String)>,
-    unverified: u64,
 }
 
 impl Tally {
@@ -260,18 +251,6 @@ impl Tally {
             map.entry(name)
                 .or_insert_with(histogram)
                 .saturating_record(us);
-        }
-    }
-
-    fn created(&mut self, verify: bool, client_order_id: &str, order_id: &str) {
-        if !verify {
-            return;
-        }
-        if self.created.len() < VERIFY_ORDERS_MAX {
-            self.created
-                .push((client_order_id.to_owned(), order_id.to_owned()));
-        } else {
-            self.unverified += 1;
         }
     }
 
@@ -291,10 +270,6 @@ impl Tally {
         self.dup.exactly_one_created += other.dup.exactly_one_created;
         self.dup.created_more_than_once += other.dup.created_more_than_once;
         self.dup.other += other.dup.other;
-        let room = VERIFY_ORDERS_MAX.saturating_sub(self.created.len());
-        let overflow = other.created.len().saturating_sub(room) as u64;
-        self.created.extend(other.created.into_iter().take(room));
-        self.unverified += other.unverified + overflow;
     }
 }
 
@@ -305,28 +280,78 @@ struct Answer {
     order_id: Option<String>,
 }
 
+/// Where a worker records its requests (with `verify`).
+#[derive(Clone)]
+struct Record {
+    recorder: Recorder,
+    client: u32,
+}
+
+/// Sends one order request; with a record, notes it and its fate.
 async fn send(
     client: &reqwest::Client,
     load: &Load,
+    record: Option<&Record>,
     key: &str,
     body: &serde_json::Value,
 ) -> Option<Answer> {
-    let response = client
-        .post(format!("{}/v1/orders", load.target))
-        .bearer_auth(&load.token)
-        .header("Idempotency-Key", key)
-        .json(body)
-        .send()
-        .await
-        .ok()?;
-    let status = response.status().as_u16();
-    let replayed = response.headers().contains_key("idempotent-replayed");
-    let json: Option<serde_json::Value> = response.json().await.ok();
-    let order_id = json
-        .as_ref()
-        .and_then(|j| j.get("order_id"))
-        .and_then(|v| v.as_str())
-        .map(str::to_owned);
+    let text = body.to_string();
+    let pending = record.map(|r| {
+        let sender = Sender {
+            client: r.client,
+            tenant: HISTORY_TENANT,
+            region: &load.target,
+        };
+        let request = Request::CreateOrder {
+            key: key.to_owned(),
+            client_order_id: body["client_order_id"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            body: text.clone(),
+            fingerprint: None,
+        };
+        (r, r.recorder.invoke(&sender, request))
+    });
+    let result = async {
+        let response = client
+            .post(format!("{}/v1/orders", load.target))
+            .bearer_auth(&load.token)
+            .header("Idempotency-Key", key)
+            .header("content-type", "application/json")
+            .body(text)
+            .send()
+            .await?;
+        let status = response.status().as_u16();
+        let replayed = response.headers().contains_key("idempotent-replayed");
+        Ok::<_, reqwest::Error>((status, replayed, response.text().await?))
+    }
+    .await;
+    if let Some((r, pending)) = pending {
+        let outcome = match &result {
+            Ok((status, replayed, body)) => Outcome::Ok {
+                status: *status,
+                replayed: *replayed,
+                body: body.clone(),
+            },
+            // A refused connection carried nothing: certainly not executed.
+            Err(e) if e.is_connect() => Outcome::Fail {
+                reason: e.to_string(),
+            },
+            Err(e) => Outcome::Unknown {
+                reason: e.to_string(),
+            },
+        };
+        r.recorder.complete(pending, outcome);
+    }
+    let (status, replayed, text) = result.ok()?;
+    let order_id = serde_json::from_str::<serde_json::Value>(&text)
+        .ok()
+        .and_then(|j| {
+            j.get("order_id")
+                .and_then(|v| v.as_str())
+                .map(str::to_owned)
+        });
     Some(Answer {
         status,
         replayed,
@@ -342,6 +367,7 @@ struct Worker {
     acked: Option<Acked>,
     tally: Tally,
     sent: Arc<AtomicU64>,
+    record: Option<Record>,
 }
 
 fn body(client_order_id: &str, amount: u64) -> serde_json::Value {
@@ -377,11 +403,11 @@ impl Worker {
         }
     }
 
-    fn fresh(&mut self, run_id: &str) -> (String, String, serde_json::Value) {
+    fn fresh(&mut self, run_id: &str) -> (String, serde_json::Value) {
         self.seq += 1;
         let coid = format!("{run_id}-{}-{}", self.id, self.seq);
         let body = body(&coid, 1000 + self.seq);
-        (format!("k-{coid}"), coid, body)
+        (format!("k-{coid}"), body)
     }
 
     async fn one(&mut self, run_id: &str) {
@@ -389,37 +415,30 @@ impl Worker {
         if kind == Kind::Dup {
             return self.dup_group(run_id).await;
         }
-        let (key, coid, body) = match (kind, &self.acked) {
-            (Kind::Replay, Some(a)) => (a.key.clone(), String::new(), a.body.clone()),
+        let (key, body) = match (kind, &self.acked) {
+            (Kind::Replay, Some(a)) => (a.key.clone(), a.body.clone()),
             (Kind::Conflict, Some(a)) => {
                 let mut changed = a.body.clone();
                 changed["amount"] = serde_json::json!(1);
-                (a.key.clone(), String::new(), changed)
+                (a.key.clone(), changed)
             }
             _ => self.fresh(run_id),
         };
         let started = Instant::now();
-        let answer = send(&self.client, &self.load, &key, &body).await;
+        let answer = send(&self.client, &self.load, self.record.as_ref(), &key, &body).await;
         let latency = started.elapsed();
         self.sent.fetch_add(1, Ordering::Relaxed);
         let outcome = match answer {
             None => "transport_error",
-            Some(a) => {
-                if kind == Kind::New && a.status == 201 && !a.replayed {
-                    if let Some(order_id) = &a.order_id {
-                        self.tally.created(self.load.verify, &coid, order_id);
-                    }
-                }
-                classify(
-                    kind,
-                    a.status,
-                    a.replayed,
-                    a.order_id,
-                    &mut self.acked,
-                    key,
-                    body,
-                )
-            }
+            Some(a) => classify(
+                kind,
+                a.status,
+                a.replayed,
+                a.order_id,
+                &mut self.acked,
+                key,
+                body,
+            ),
         };
         self.tally.record(kind, outcome, latency);
     }
@@ -427,18 +446,19 @@ impl Worker {
     /// Sends one fresh key [`DUP_GROUP_SIZE`] times at once and checks that
     /// exactly one answer created the order and every other one replayed it.
     async fn dup_group(&mut self, run_id: &str) {
-        let (key, coid, body) = self.fresh(run_id);
+        let (key, body) = self.fresh(run_id);
         let mut set = tokio::task::JoinSet::new();
         for _ in 0..DUP_GROUP_SIZE {
-            let (client, load, key, body) = (
+            let (client, load, key, body, record) = (
                 self.client.clone(),
                 self.load.clone(),
                 key.clone(),
                 body.clone(),
+                self.record.clone(),
             );
             set.spawn(async move {
                 let started = Instant::now();
-                let answer = send(&client, &load, &key, &body).await;
+                let answer = send(&client, &load, record.as_ref(), &key, &body).await;
                 (answer, started.elapsed())
             });
         }
@@ -475,7 +495,6 @@ impl Worker {
         match (&first, firsts.len()) {
             (Some(order_id), _) if all_replay_first => {
                 self.tally.dup.exactly_one_created += 1;
-                self.tally.created(self.load.verify, &coid, order_id);
                 self.acked = Some(Acked {
                     key,
                     body,
@@ -562,6 +581,7 @@ pub async fn run(load: Load) -> Result<Report, Error> {
         .build()?;
     let run_id = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
     let load = Arc::new(load);
+    let recorder = load.verify.then(|| Recorder::new(VERIFY_OPS_MAX));
     let sent = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let deadline = started + load.duration;
@@ -575,6 +595,10 @@ pub async fn run(load: Load) -> Result<Report, Error> {
             acked: None,
             tally: Tally::default(),
             sent: sent.clone(),
+            record: recorder.as_ref().map(|recorder| Record {
+                recorder: recorder.clone(),
+                client: id as u32,
+            }),
         };
         let run_id = run_id.clone();
         tasks.push(tokio::spawn(async move {
@@ -638,10 +662,12 @@ pub async fn run(load: Load) -> Result<Report, Error> {
         .filter_map(|o| outcomes.get(*o))
         .map(|s| s.count)
         .sum();
-    let verify = if load.verify {
-        Some(verify(&load, tally.created, tally.unverified).await?)
-    } else {
-        None
+    let (verify, unverified) = match &recorder {
+        Some(recorder) => (
+            Some(verify(&load, recorder).await?),
+            Some(recorder.dropped()),
+        ),
+        None => (None, None),
     };
     Ok(Report {
         target: load.target.clone(),
@@ -652,6 +678,7 @@ pub async fn run(load: Load) -> Result<Report, Error> {
         created,
         dup: (load.mix.dup > 0).then_some(tally.dup),
         verify,
+        unverified,
         outcomes,
         kinds,
     })
@@ -669,59 +696,26 @@ fn summary(h: &Histogram<u64>, elapsed_s: f64) -> Summary {
     }
 }
 
-/// Reads every created order back by its client_order_id (through the SDK, so
-/// 429/503 are retried) and compares order ids.
-async fn verify(
-    load: &Load,
-    created: Vec<(String, String)>,
-    unverified: u64,
-) -> Result<VerifySummary, Error> {
-    let client = keyhold_client::Client::new(&load.target, &load.token)?;
+/// Checks the run's history against the final state the target shows.
+async fn verify(load: &Load, recorder: &Recorder) -> Result<Verdict, Error> {
     let bar = progress_bar(
         load,
-        created.len() as u64,
-        "{spinner} verify [{elapsed_precise}] [{bar:40}] {pos}/{len}",
+        1,
+        "{spinner} verify [{elapsed_precise}] reading the final state",
     );
-    let created = Arc::new(created);
-    let next = Arc::new(AtomicUsize::new(0));
-    let summary = Arc::new(Mutex::new(VerifySummary {
-        unverified,
-        ..VerifySummary::default()
-    }));
-    let mut set = tokio::task::JoinSet::new();
-    for _ in 0..load.concurrency.min(VERIFY_CONCURRENCY_MAX) {
-        let (client, created, next, summary, bar) = (
-            client.clone(),
-            created.clone(),
-            next.clone(),
-            summary.clone(),
-            bar.clone(),
-        );
-        set.spawn(async move {
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some((coid, order_id)) = created.get(i) else {
-                    return;
-                };
-                let found = client.find_by_client_order_id(coid).await;
-                let mut s = summary.lock().unwrap_or_else(|p| p.into_inner());
-                s.checked += 1;
-                match found {
-                    Ok(Some(order)) if &order.order_id == order_id => s.matched += 1,
-                    Ok(Some(_)) => s.mismatched += 1,
-                    Ok(None) => s.missing += 1,
-                    Err(_) => s.errors += 1,
-                }
-                bar.inc(1);
-            }
-        });
-    }
-    while let Some(joined) = set.join_next().await {
-        joined.expect("a verify task does not panic");
-    }
+    bar.enable_steady_tick(Duration::from_millis(PROGRESS_TICK_MS));
+    let target = Target {
+        regions: vec![(load.target.clone(), load.target.clone())],
+        tokens: [(HISTORY_TENANT.to_owned(), load.token.clone())].into(),
+        admin_token: load.admin_token.clone(),
+        psp_url: load.psp_url.clone(),
+    };
+    let options = ReadOptions {
+        settle_wait: Duration::from_millis(VERIFY_SETTLE_WAIT_MS),
+    };
+    let checked = keyhold_checker::read_and_check(&target, &recorder.history(), options).await;
     bar.finish_and_clear();
-    let summary = summary.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    Ok(summary)
+    Ok(checked?.1)
 }
 
 #[cfg(test)]
@@ -793,18 +787,14 @@ mod tests {
     }
 
     #[test]
-    fn merged_tallies_keep_the_verify_bound() {
+    fn merged_tallies_add_up() {
         let mut a = Tally::default();
-        a.created(true, "c1", "o1");
         a.record(Kind::New, "new", Duration::from_millis(1));
         let mut b = Tally::default();
-        b.created(true, "c2", "o2");
-        b.created(false, "c3", "o3");
         b.record(Kind::Dup, "dup_new", Duration::from_millis(2));
         b.dup.groups = 1;
         b.dup.exactly_one_created = 1;
         a.merge(b);
-        assert_eq!(a.created.len(), 2);
         assert_eq!(a.dup.exactly_one_created, 1);
         assert_eq!(a.kinds.len(), 2);
         assert_eq!(a.outcomes["dup_new"].len(), 1);

@@ -10,12 +10,14 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use keyhold_registry::{raft_router, NodeInfo, Registry, RegistryConfig};
+//! use keyhold_registry::{raft_router, NodeCredentials, NodeInfo, Registry, RegistryConfig};
 //! // Bind the Raft listener first so that its address can go into the NodeInfo.
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:7101").await?;
 //! let raft_addr = listener.local_addr()?.to_string();
 //! let info = NodeInfo::new("eu", "127.0.0.1:7001", raft_addr);
-//! let config = RegistryConfig::new(1, info.clone(), "/var/lib/keyhold/registry");
+//! // Every member shares the node credential; the first listed is sent.
+//! let credentials = NodeCredentials::parse(&std::env::var("KEYHOLD_NODE_CREDENTIAL")?)?;
+//! let config = RegistryConfig::new(1, info.clone(), "/var/lib/keyhold/registry", credentials);
 //! let registry = Registry::start(config).await?;
 //! let router = raft_router(registry.clone());
 //! tokio::spawn(async move { axum::serve(listener, router).await });
@@ -48,7 +50,7 @@ pub use crate::error::Error;
 pub use crate::network::raft_router;
 pub use crate::state::{
     DriverLease, Operation, OperationKind, OperationState, RegionRecord, RegistryState, Rejection,
-    Request, Response, TenantRecord, TenantState,
+    Request, Response, RetiredToken, TenantRecord, TenantState,
 };
 pub use crate::types::{NodeId, NodeInfo, RaftMetrics};
 
@@ -134,7 +136,7 @@ impl Registry {
         )
         .await
         .map_err(|e| Error::Fatal(e.to_string()))?;
-        tracing::info!(node_id = config.node_id, node = %config.node, "registry replica started");
+        tracing::debug!(node_id = config.node_id, node = %config.node, "registry replica started");
         Ok(Self {
             inner: Arc::new(Inner {
                 config,
@@ -394,7 +396,7 @@ impl Registry {
             .await
             .map_err(|e| Error::Fatal(format!("raft shutdown: {e}")))?;
         self.inner.state_machine.flush().await?;
-        tracing::info!(node_id = self.id(), "registry replica stopped");
+        tracing::debug!(node_id = self.id(), "registry replica stopped");
         Ok(())
     }
 }

@@ -1,6 +1,8 @@
 //! The registry's replicated state and its deterministic transition function: regions,
 //! member nodes, tenants (home region, epoch, token hash, limits, move state) and
-//! tenant-move operations. `RegistryState::apply` never reads a clock or does I/O;
+//! tenant-move operations, and the tenant lifecycle (token rotation with a grace
+//! period for the old token, limit changes, deletion leaving a tombstone so the
+//! id is never reused). `RegistryState::apply` never reads a clock or does I/O;
 //! callers put the time into the `Request`, so every replica computes the same result.
 //!
 //! Every request is safe to apply twice: `Registry::write` retries a forwarded write
@@ -31,6 +33,21 @@ pub enum TenantState {
     /// Fenced: no region executes the tenant's requests until the move completes or is
     /// aborted (both bump the epoch).
     Moving { to: String, operation_id: String },
+    /// Deleted: no token authenticates, no region executes, every store erases
+    /// the tenant's data, and the id is never given to a new tenant.
+    /// `erased_in` lists the regions whose store has erased the tenant's data.
+    Deleted {
+        deleted_at_ms: u64,
+        erased_in: Vec<String>,
+    },
+}
+
+/// A token replaced by a rotation, still accepted until `valid_until_ms` so
+/// that clients can roll the new one out without an outage.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetiredToken {
+    pub token_sha256: String,
+    pub valid_until_ms: u64,
 }
 
 /// Everything the cluster knows about one tenant.
@@ -48,12 +65,18 @@ pub struct TenantRecord {
     pub new_keys_per_second: u32,
     pub state: TenantState,
     pub created_at_ms: u64,
+    /// The token the last rotation replaced, while (and after) its grace period.
+    pub previous_token: Option<RetiredToken>,
 }
 
 impl TenantRecord {
     /// True when the home region may execute requests for this tenant.
     pub fn is_active(&self) -> bool {
         matches!(self.state, TenantState::Active)
+    }
+
+    pub fn is_deleted(&self) -> bool {
+        matches!(self.state, TenantState::Deleted { .. })
     }
 }
 
@@ -182,6 +205,24 @@ pub enum Request {
         error: String,
         now_ms: u64,
     },
+    /// Makes `token_sha256` the tenant's token; the one it replaces stays valid
+    /// until `previous_valid_until_ms`. Replaying it (same new hash) changes nothing.
+    RotateToken {
+        tenant_id: String,
+        token_sha256: String,
+        previous_valid_until_ms: u64,
+    },
+    /// Sets the tenant's rate limits (each at least 1).
+    SetLimits {
+        tenant_id: String,
+        requests_per_second: u32,
+        new_keys_per_second: u32,
+    },
+    /// Marks the tenant deleted (a tombstone). Refused while it moves; a replay
+    /// (same `now_ms`) answers as the first, a second deletion is refused.
+    DeleteTenant { tenant_id: String, now_ms: u64 },
+    /// `region`'s store has erased the deleted tenant's data. Idempotent.
+    TenantErased { tenant_id: String, region: String },
     /// Takes or renews the lease on driving move `operation_id` for `holder`,
     /// `lease_ms` from `now_ms` (the registry leader stamps its own clock). Granted
     /// when nobody holds it, when `holder` holds it (a renewal), or when it expired;
@@ -224,6 +265,8 @@ pub enum Response {
         record: TenantRecord,
         operation: Operation,
     },
+    /// A lifecycle change (rotation, limits, deletion) took effect; the tenant after it.
+    TenantUpdated { record: TenantRecord },
     /// `UpdateOperation` took effect.
     OperationUpdated { operation: Operation },
     /// `AcquireDriver` (or `ReportMove`) granted or renewed this lease.
@@ -263,6 +306,8 @@ pub enum Rejection {
         operation_id: String,
         state: OperationState,
     },
+    #[error("tenant {tenant_id} was deleted")]
+    TenantDeleted { tenant_id: String },
     #[error("invalid request: {reason}")]
     Invalid { reason: String },
     #[error("operation {operation_id} is driven by node {holder} until {expires_at_ms}")]
@@ -307,6 +352,10 @@ impl Request {
         match self {
             Request::AddRegion { name, .. } => vec![StateKey::Region(name.clone())],
             Request::CreateTenant { record } => vec![StateKey::Tenant(record.tenant_id.clone())],
+            Request::RotateToken { tenant_id, .. }
+            | Request::SetLimits { tenant_id, .. }
+            | Request::DeleteTenant { tenant_id, .. }
+            | Request::TenantErased { tenant_id, .. } => vec![StateKey::Tenant(tenant_id.clone())],
             Request::UpdateOperation { operation_id, .. } => {
                 vec![StateKey::Operation(operation_id.clone())]
             }
@@ -389,6 +438,19 @@ impl fmt::Display for Request {
                 operation_id,
                 ..
             } => write!(f, "AbortMove({tenant_id}, {operation_id})"),
+            Request::RotateToken { tenant_id, .. } => write!(f, "RotateToken({tenant_id})"),
+            Request::SetLimits {
+                tenant_id,
+                requests_per_second,
+                new_keys_per_second,
+            } => write!(
+                f,
+                "SetLimits({tenant_id}, {requests_per_second}/s, {new_keys_per_second} new keys/s)"
+            ),
+            Request::DeleteTenant { tenant_id, .. } => write!(f, "DeleteTenant({tenant_id})"),
+            Request::TenantErased { tenant_id, region } => {
+                write!(f, "TenantErased({tenant_id} in {region})")
+            }
             Request::AcquireDriver {
                 operation_id,
                 holder,
@@ -463,6 +525,18 @@ impl RegistryState {
                 error,
                 now_ms,
             } => self.finish_move(tenant_id, operation_id, Some(error), *now_ms),
+            Request::RotateToken {
+                tenant_id,
+                token_sha256,
+                previous_valid_until_ms,
+            } => self.rotate_token(tenant_id, token_sha256, *previous_valid_until_ms),
+            Request::SetLimits {
+                tenant_id,
+                requests_per_second,
+                new_keys_per_second,
+            } => self.set_limits(tenant_id, *requests_per_second, *new_keys_per_second),
+            Request::DeleteTenant { tenant_id, now_ms } => self.delete_tenant(tenant_id, *now_ms),
+            Request::TenantErased { tenant_id, region } => self.tenant_erased(tenant_id, region),
             Request::AcquireDriver {
                 operation_id,
                 holder,
@@ -550,6 +624,118 @@ impl RegistryState {
         })
     }
 
+    /// The live (not deleted) tenant a lifecycle request names.
+    fn live_tenant(&mut self, tenant_id: &str) -> Result<&mut TenantRecord, Rejection> {
+        let tenant = self
+            .tenants
+            .get_mut(tenant_id)
+            .ok_or_else(|| Rejection::UnknownTenant {
+                tenant_id: tenant_id.to_string(),
+            })?;
+        if tenant.is_deleted() {
+            return Err(Rejection::TenantDeleted {
+                tenant_id: tenant_id.to_string(),
+            });
+        }
+        Ok(tenant)
+    }
+
+    fn rotate_token(
+        &mut self,
+        tenant_id: &str,
+        token_sha256: &str,
+        previous_valid_until_ms: u64,
+    ) -> Result<Response, Rejection> {
+        check_sha256_hex(token_sha256)?;
+        let tenant = self.live_tenant(tenant_id)?;
+        // A replay finds its own token in place and changes nothing.
+        if tenant.token_sha256 != token_sha256 {
+            tenant.previous_token = Some(RetiredToken {
+                token_sha256: std::mem::replace(&mut tenant.token_sha256, token_sha256.to_string()),
+                valid_until_ms: previous_valid_until_ms,
+            });
+        }
+        Ok(Response::TenantUpdated {
+            record: tenant.clone(),
+        })
+    }
+
+    fn set_limits(
+        &mut self,
+        tenant_id: &str,
+        requests_per_second: u32,
+        new_keys_per_second: u32,
+    ) -> Result<Response, Rejection> {
+        if requests_per_second == 0 || new_keys_per_second == 0 {
+            return Err(Rejection::Invalid {
+                reason: "rate limits must be at least 1 per second".to_string(),
+            });
+        }
+        let tenant = self.live_tenant(tenant_id)?;
+        tenant.requests_per_second = requests_per_second;
+        tenant.new_keys_per_second = new_keys_per_second;
+        Ok(Response::TenantUpdated {
+            record: tenant.clone(),
+        })
+    }
+
+    fn delete_tenant(&mut self, tenant_id: &str, now_ms: u64) -> Result<Response, Rejection> {
+        let tenant = self
+            .tenants
+            .get_mut(tenant_id)
+            .ok_or_else(|| Rejection::UnknownTenant {
+                tenant_id: tenant_id.to_string(),
+            })?;
+        match &tenant.state {
+            // The retried write of this very deletion answers as the first did.
+            TenantState::Deleted { deleted_at_ms, .. } if *deleted_at_ms == now_ms => {}
+            TenantState::Deleted { .. } => {
+                return Err(Rejection::TenantDeleted {
+                    tenant_id: tenant_id.to_string(),
+                })
+            }
+            TenantState::Moving { operation_id, .. } => {
+                return Err(Rejection::TenantMoving {
+                    tenant_id: tenant_id.to_string(),
+                    operation_id: operation_id.clone(),
+                })
+            }
+            TenantState::Active => {
+                tenant.state = TenantState::Deleted {
+                    deleted_at_ms: now_ms,
+                    erased_in: Vec::new(),
+                };
+                // No token of a deleted tenant may authenticate, the old one
+                // in its grace period included.
+                tenant.previous_token = None;
+            }
+        }
+        Ok(Response::TenantUpdated {
+            record: tenant.clone(),
+        })
+    }
+
+    fn tenant_erased(&mut self, tenant_id: &str, region: &str) -> Result<Response, Rejection> {
+        let tenant = self
+            .tenants
+            .get_mut(tenant_id)
+            .ok_or_else(|| Rejection::UnknownTenant {
+                tenant_id: tenant_id.to_string(),
+            })?;
+        let TenantState::Deleted { erased_in, .. } = &mut tenant.state else {
+            return Err(Rejection::Invalid {
+                reason: format!("tenant {tenant_id} is not deleted"),
+            });
+        };
+        if !erased_in.iter().any(|r| r == region) {
+            erased_in.push(region.to_string());
+            erased_in.sort();
+        }
+        Ok(Response::TenantUpdated {
+            record: tenant.clone(),
+        })
+    }
+
     fn begin_move(
         &mut self,
         tenant_id: &str,
@@ -575,6 +761,11 @@ impl RegistryState {
             return Err(Rejection::TenantMoving {
                 tenant_id: tenant_id.to_string(),
                 operation_id: moving_op.clone(),
+            });
+        }
+        if tenant.is_deleted() {
+            return Err(Rejection::TenantDeleted {
+                tenant_id: tenant_id.to_string(),
             });
         }
         if self.operations.contains_key(operation_id) {
@@ -823,6 +1014,7 @@ mod tests {
             new_keys_per_second: 10,
             state: TenantState::Active,
             created_at_ms: 5,
+            previous_token: None,
         }
     }
 
@@ -1046,6 +1238,119 @@ mod tests {
                 })
                 .rejection(),
             Some(Rejection::Invalid { .. })
+        ));
+    }
+
+    const OTHER: &str = "2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae";
+
+    fn delete(tenant_id: &str, now_ms: u64) -> Request {
+        Request::DeleteTenant {
+            tenant_id: tenant_id.to_string(),
+            now_ms,
+        }
+    }
+
+    #[test]
+    fn lifecycle_rotation_limits_and_deletion() {
+        let mut state = two_regions();
+        state.apply(&Request::CreateTenant {
+            record: tenant("t1", "eu"),
+        });
+        let rotate = Request::RotateToken {
+            tenant_id: "t1".to_string(),
+            token_sha256: OTHER.to_string(),
+            previous_valid_until_ms: 99,
+        };
+        let Response::TenantUpdated { record } = state.apply(&rotate) else {
+            panic!("rotation applies");
+        };
+        assert_eq!(record.token_sha256, OTHER);
+        let retired = RetiredToken {
+            token_sha256: TOKEN.to_string(),
+            valid_until_ms: 99,
+        };
+        assert_eq!(record.previous_token, Some(retired.clone()));
+        // A replayed rotation keeps the retired token as it was.
+        state.apply(&rotate);
+        assert_eq!(state.tenants["t1"].previous_token, Some(retired));
+
+        let limits = |rps, nkps| Request::SetLimits {
+            tenant_id: "t1".to_string(),
+            requests_per_second: rps,
+            new_keys_per_second: nkps,
+        };
+        assert!(matches!(
+            state.apply(&limits(0, 5)).rejection(),
+            Some(Rejection::Invalid { .. })
+        ));
+        state.apply(&limits(7, 5));
+        assert_eq!(
+            (
+                state.tenants["t1"].requests_per_second,
+                state.tenants["t1"].new_keys_per_second
+            ),
+            (7, 5)
+        );
+
+        let Response::TenantUpdated { record } = state.apply(&delete("t1", 50)) else {
+            panic!("deletion applies");
+        };
+        assert_eq!(
+            record.state,
+            TenantState::Deleted {
+                deleted_at_ms: 50,
+                erased_in: vec![]
+            }
+        );
+        assert_eq!(record.previous_token, None, "no grace after deletion");
+        // The retried write answers as the first; a second deletion is refused,
+        // and so is every other change, a move and the id's reuse.
+        assert!(state.apply(&delete("t1", 50)).rejection().is_none());
+        for request in [
+            delete("t1", 51),
+            limits(1, 1),
+            rotate.clone(),
+            begin("t1", "us", "op9"),
+        ] {
+            assert!(
+                matches!(
+                    state.apply(&request).rejection(),
+                    Some(Rejection::TenantDeleted { .. })
+                ),
+                "{request}"
+            );
+        }
+        assert!(matches!(
+            state
+                .apply(&Request::CreateTenant {
+                    record: tenant("t1", "eu"),
+                })
+                .rejection(),
+            Some(Rejection::TenantExists { .. })
+        ));
+        assert!(matches!(
+            state.apply(&delete("nobody", 1)).rejection(),
+            Some(Rejection::UnknownTenant { .. })
+        ));
+        // Each region reports its erasure once, however often it says so.
+        for region in ["us", "eu", "us"] {
+            state.apply(&Request::TenantErased {
+                tenant_id: "t1".to_string(),
+                region: region.to_string(),
+            });
+        }
+        assert!(matches!(
+            &state.tenants["t1"].state,
+            TenantState::Deleted { erased_in, .. } if erased_in == &["eu", "us"]
+        ));
+        // A moving tenant is not deleted under its move.
+        state.apply(&Request::CreateTenant {
+            record: tenant("t2", "eu"),
+        });
+        state.apply(&begin("t2", "us", "op2"));
+        assert!(matches!(
+            state.apply(&delete("t2", 1)).rejection(),
+            Some(Rejection::TenantMoving { .. })
         ));
     }
 

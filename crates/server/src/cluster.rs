@@ -57,7 +57,7 @@ pub async fn bootstrap(node: Arc<Node>) {
             match node.registry().write(request).await {
                 Ok(_) => break,
                 Err(e) if Instant::now() < deadline => {
-                    tracing::info!(error = %e, "waiting for a registry leader");
+                    tracing::debug!(error = %e, "waiting for a registry leader");
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
                 Err(e) => {
@@ -67,7 +67,7 @@ pub async fn bootstrap(node: Arc<Node>) {
             }
         }
     }
-    tracing::info!("registry bootstrapped");
+    tracing::debug!("registry bootstrapped");
 }
 
 /// Rebuilds the tenant directory whenever the local replica applies an entry,
@@ -115,17 +115,6 @@ async fn reconcile_guards(node: &Node) {
             tracing::warn!(tenant = %tenant.as_str(), error = %e, "fence not lifted yet");
         }
     }
-}
-
-/// True once this replica knows every configured region: the node can place
-/// requests. A leader is not needed for that (only for registry writes), so an
-/// election does not make a serving node unready.
-pub fn is_serving(node: &Node) -> bool {
-    let regions = node.registry().regions();
-    node.config()
-        .regions
-        .iter()
-        .all(|r| regions.iter().any(|k| &k.name == r))
 }
 
 /// True once this replica knows a leader and every configured region.

@@ -3,7 +3,7 @@
 
 use crate::limits;
 use crate::Error;
-use keyhold_core::Policy;
+use keyhold_core::{Horizon, Policy, Retention};
 use keyhold_registry::NodeCredentials;
 use serde::Deserialize;
 use std::path::PathBuf;
@@ -49,6 +49,11 @@ pub struct Config {
     pub marker_ttl: Duration,
     #[serde(default = "d_processed_ttl", with = "humantime_serde_compat")]
     pub processed_ttl: Duration,
+    /// How long the payment provider remembers an `Idempotency-Key`; the last
+    /// stage of the dedupe horizon. Unset: it never forgets (the bundled fake
+    /// provider keeps every key).
+    #[serde(default, with = "humantime_serde_option")]
+    pub psp_key_retention: Option<Duration>,
     #[serde(default = "d_inflight_wait", with = "humantime_serde_compat")]
     pub inflight_wait: Duration,
     #[serde(default = "d_sweep_interval", with = "humantime_serde_compat")]
@@ -63,6 +68,14 @@ pub struct Config {
     pub tenant_requests_per_second: u32,
     #[serde(default = "d_new_keys_per_second")]
     pub tenant_new_keys_per_second: u32,
+    /// Open connections of the API listener; past this the node stops accepting
+    /// until one closes.
+    #[serde(default = "d_connections_max")]
+    pub connections_max: usize,
+    /// A connection must send a whole request head within this long of opening
+    /// or of its previous answer, else it is closed (also the keep-alive idle limit).
+    #[serde(default = "d_header_read_timeout", with = "humantime_serde_compat")]
+    pub header_read_timeout: Duration,
     /// Origin of the payment provider the payments consumer charges; without it
     /// the payments consumer does not run.
     #[serde(default)]
@@ -123,6 +136,12 @@ fn d_requests_per_second() -> u32 {
 fn d_new_keys_per_second() -> u32 {
     limits::TENANT_NEW_KEYS_PER_SECOND_DEFAULT
 }
+fn d_connections_max() -> usize {
+    limits::CONNECTIONS_MAX_DEFAULT
+}
+fn d_header_read_timeout() -> Duration {
+    Duration::from_millis(limits::HEADER_READ_TIMEOUT_MS_DEFAULT)
+}
 
 /// Durations are written like `3s`, `500ms`, `48h`, `30d` (contract section 9).
 mod humantime_serde_compat {
@@ -132,6 +151,18 @@ mod humantime_serde_compat {
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         let text = String::deserialize(d)?;
         super::parse_duration(&text).map_err(serde::de::Error::custom)
+    }
+}
+
+mod humantime_serde_option {
+    use serde::{Deserialize, Deserializer};
+    use std::time::Duration;
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        let text = String::deserialize(d)?;
+        super::parse_duration(&text)
+            .map(Some)
+            .map_err(serde::de::Error::custom)
     }
 }
 
@@ -159,12 +190,15 @@ impl Config {
             response_ttl: d_response_ttl(),
             marker_ttl: d_marker_ttl(),
             processed_ttl: d_processed_ttl(),
+            psp_key_retention: None,
             inflight_wait: d_inflight_wait(),
             sweep_interval: d_sweep_interval(),
             move_driver_lease: d_move_driver_lease(),
             body_bytes_max: d_body_bytes_max(),
             tenant_requests_per_second: d_requests_per_second(),
             tenant_new_keys_per_second: d_new_keys_per_second(),
+            connections_max: d_connections_max(),
+            header_read_timeout: d_header_read_timeout(),
             fingerprint_hmac_key_env: None,
             psp_url: None,
             demo_dir: None,
@@ -209,9 +243,17 @@ impl Config {
         }
     }
 
+    /// Every stage of duplicate protection, the provider's included.
+    pub fn horizon(&self) -> Horizon {
+        let provider = self.psp_key_retention.map_or(Retention::Unbounded, |d| {
+            Retention::Ms(d.as_millis() as u64)
+        });
+        self.policy().horizon(provider)
+    }
+
     /// Refuses a configuration the node must not run with, naming the rule.
     pub fn validate(&self) -> Result<(), Error> {
-        self.policy()
+        self.horizon()
             .validate()
             .map_err(|e| Error::Config(e.to_string()))?;
         if !self.regions.contains(&self.region) {
@@ -267,6 +309,16 @@ impl Config {
                 "move_driver_lease must be at least {} ms",
                 limits::MOVE_DRIVER_LEASE_MS_MIN
             )));
+        }
+        if self.connections_max == 0 {
+            return Err(Error::Config(
+                "connections_max must be greater than zero".into(),
+            ));
+        }
+        if self.header_read_timeout.is_zero() {
+            return Err(Error::Config(
+                "header_read_timeout must be greater than zero".into(),
+            ));
         }
         if self.tenant_requests_per_second == 0 || self.tenant_new_keys_per_second == 0 {
             return Err(Error::Config(
@@ -332,6 +384,20 @@ mod tests {
         // Alone, a node makes up its own.
         let alone = Config::new("a", "/tmp/x".into(), "0123456789abcdef0123".into());
         assert!(alone.node_credentials().is_ok());
+    }
+
+    #[test]
+    fn refuses_a_provider_that_forgets_keys_too_early() {
+        let c = Config::from_toml(
+            "region='a'\ndata_dir='x'\nadmin_token='0123456789abcdef0123'\npsp_key_retention='24h'",
+        )
+        .unwrap();
+        assert_eq!(c.psp_key_retention, Some(Duration::from_secs(86_400)));
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("psp_key_retention (1day) must be at least processed_ttl (35days)"),
+            "{e}"
+        );
     }
 
     #[test]

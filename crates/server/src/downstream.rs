@@ -8,7 +8,9 @@
 //! writes its processed-message entry `(event_id, consumer)` in the same atomic
 //! command as its effect, and the payments consumer calls the payment provider with
 //! an `Idempotency-Key` derived from the event id, so a charge retried after a lost
-//! answer is the same charge.
+//! answer is the same charge. A charge request the provider refuses is settled
+//! only after looking the key up at the provider: an earlier attempt (this
+//! round's, whose answer was lost, or one before a crash) may have charged.
 
 use crate::limits::{
     PSP_ATTEMPTS_MAX, PSP_BACKOFF_MS_BASE, PSP_BACKOFF_MS_MAX, PSP_REQUEST_TIMEOUT_MS,
@@ -114,8 +116,13 @@ async fn relay_round(
     attempted: &mut u64,
 ) -> Result<usize, Failure> {
     let store = node.store();
-    let cursor = store
-        .cursor(consumer)
+    // The generation read here goes with the cursor move at the end: an outbox
+    // replay in between makes that move a no-op instead of undoing the replay.
+    let keyhold_store::Cursor {
+        seq: cursor,
+        generation,
+    } = store
+        .cursor_at(consumer)
         .await
         .map_err(|e| Failure(e.to_string()))?;
     let events = store
@@ -177,6 +184,7 @@ async fn relay_round(
         let command = Command::AdvanceCursor {
             consumer: consumer.to_string(),
             seq: done_to,
+            generation,
         };
         store
             .execute(command)
@@ -220,7 +228,13 @@ async fn handle(node: &Node, consumer: &str, event: &OutboxEvent) -> Result<(), 
             processed_ttl_ms: node.policy().processed_ttl_ms,
         },
         PAYMENTS => {
-            let (charge_id, paid) = charge(node, event, &payload.order).await?;
+            let base = node
+                .config()
+                .psp_url
+                .as_deref()
+                .expect("payments runs only with a provider");
+            let key = format!("keyhold-pay-{}", event.event_id);
+            let (charge_id, paid) = charge(node.http(), base, &key, &payload.order).await?;
             Command::ConsumePayment {
                 event_id: event.event_id.clone(),
                 order_id: payload.order.order_id.clone(),
@@ -264,20 +278,16 @@ struct Charge {
     status: String,
 }
 
-/// Charges the payment provider for the order, retrying lost answers with the
-/// same key. Returns the charge id and whether it succeeded.
+/// Charges the payment provider at `base` for the order under `key`, retrying
+/// lost answers with the same key. Returns the charge id and whether it
+/// succeeded.
 async fn charge(
-    node: &Node,
-    event: &OutboxEvent,
+    http: &reqwest::Client,
+    base: &str,
+    key: &str,
     order: &EventOrder,
 ) -> Result<(String, bool), Failure> {
-    let base = node
-        .config()
-        .psp_url
-        .as_deref()
-        .expect("payments runs only with a provider");
     let url = format!("{}/v1/charges", base.trim_end_matches('/'));
-    let key = format!("keyhold-pay-{}", event.event_id);
     let body = serde_json::json!({
         "order_id": order.order_id,
         "amount": order.amount,
@@ -289,10 +299,9 @@ async fn charge(
             metrics::counter!("keyhold_psp_retries_total").increment(1);
             tokio::time::sleep(backoff(attempt, PSP_BACKOFF_MS_MAX)).await;
         }
-        let sent = node
-            .http()
+        let sent = http
             .post(&url)
-            .header("Idempotency-Key", &key)
+            .header("Idempotency-Key", key)
             .timeout(Duration::from_millis(PSP_REQUEST_TIMEOUT_MS))
             .json(&body)
             .send()
@@ -318,11 +327,18 @@ async fn charge(
             (200..=299 | 402, Some(c)) => return Ok((c.id, c.status == "succeeded")),
             // The provider refuses the request itself (not a decline, not a
             // retryable condition): retrying with the same key would be refused
-            // forever and stall every later event, so the payment has failed.
+            // forever and stall every later event. But a lost answer (this round,
+            // or before a crash) may have hidden a charge that went through, and
+            // a refused retry says nothing about it: ask the provider by key.
             (400..=499, _) if !matches!(status, 408 | 409 | 425 | 429) => {
-                tracing::error!(order_id = %order.order_id, status, "payment provider refused the charge request");
-                metrics::counter!("keyhold_psp_refusals_total").increment(1);
-                return Ok((String::new(), false));
+                return match charge_by_key(http, base, key).await? {
+                    Some(c) => Ok((c.id, c.status == "succeeded")),
+                    None => {
+                        tracing::error!(order_id = %order.order_id, status, "payment provider refused the charge request and holds no charge for its key");
+                        metrics::counter!("keyhold_psp_refusals_total").increment(1);
+                        Ok((String::new(), false))
+                    }
+                };
             }
             (s, _) => last_error = format!("provider answered {s}"),
         }
@@ -331,4 +347,123 @@ async fn charge(
         "charge for {} not confirmed after {PSP_ATTEMPTS_MAX} attempts: {last_error}",
         order.order_id
     )))
+}
+
+/// The charge the provider made under `key`, `None` when it made none. Any
+/// answer but the charge or the provider's own `not_found` (a bare 404 may be a
+/// provider without this lookup) is a failure: the event is delivered again
+/// rather than settled on a guess.
+async fn charge_by_key(
+    http: &reqwest::Client,
+    base: &str,
+    key: &str,
+) -> Result<Option<Charge>, Failure> {
+    let mut url = reqwest::Url::parse(base).map_err(|e| Failure(format!("provider url: {e}")))?;
+    url.path_segments_mut()
+        .map_err(|()| Failure("provider url cannot have a path".into()))?
+        .pop_if_empty()
+        .extend(["v1", "charges", "by-key", key]);
+    let response = http
+        .get(url)
+        .timeout(Duration::from_millis(PSP_REQUEST_TIMEOUT_MS))
+        .send()
+        .await
+        .map_err(|e| Failure(format!("charge lookup failed: {e}")))?;
+    match response.status().as_u16() {
+        404 => {
+            #[derive(Deserialize)]
+            struct Refusal {
+                error: String,
+            }
+            match response.json::<Refusal>().await {
+                Ok(r) if r.error == "not_found" => Ok(None),
+                _ => Err(Failure(
+                    "charge lookup is not supported by the provider".into(),
+                )),
+            }
+        }
+        200 => response
+            .json::<Charge>()
+            .await
+            .map(Some)
+            .map_err(|e| Failure(format!("charge lookup answer unreadable: {e}"))),
+        other => Err(Failure(format!("charge lookup answered {other}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use keyhold_fakepsp::PspConfig;
+
+    async fn provider(config: PspConfig) -> (String, tokio::sync::oneshot::Sender<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(keyhold_fakepsp::run(config, listener, async {
+            let _ = stopped.await;
+        }));
+        (base, stop)
+    }
+
+    fn order(order_id: &str) -> EventOrder {
+        EventOrder {
+            order_id: order_id.into(),
+            amount: 1_000,
+            currency: "EUR".into(),
+        }
+    }
+
+    /// Review defect 6: the provider commits the charge and loses the answer;
+    /// the retry with the same key is refused for good (400). The charge went
+    /// through, so the payment must settle as paid, never as failed.
+    #[tokio::test]
+    async fn a_refused_retry_after_a_lost_answer_settles_as_the_charge_made() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = PspConfig {
+            drop_response_rate: 1.0,
+            refuse_replay_rate: 1.0,
+            ..PspConfig::new(dir.path())
+        };
+        let (base, _stop) = provider(config).await;
+        let http = reqwest::Client::new();
+        let (charge_id, paid) = charge(&http, &base, "keyhold-pay-evt_1", &order("ord_1"))
+            .await
+            .unwrap();
+        assert!(paid, "the charge went through");
+        assert!(charge_id.starts_with("ch_"), "{charge_id}");
+        let listed: serde_json::Value = http
+            .get(format!("{base}/v1/charges"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(listed["data"].as_array().unwrap().len(), 1);
+        assert_eq!(listed["data"][0]["id"], charge_id.as_str());
+    }
+
+    /// A refusal with no charge behind the key settles as failed, and the
+    /// lookup percent-encodes keys that are not path-safe.
+    #[tokio::test]
+    async fn a_refusal_without_a_charge_settles_as_failed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (base, _stop) = provider(PspConfig::new(dir.path())).await;
+        let http = reqwest::Client::new();
+        assert!(charge_by_key(&http, &base, "no/such?key#")
+            .await
+            .unwrap()
+            .is_none());
+        // Not EUR-shaped: the provider refuses the request (400), charges nothing.
+        let bad = EventOrder {
+            currency: "euro".into(),
+            ..order("ord_2")
+        };
+        let (charge_id, paid) = charge(&http, &base, "keyhold-pay-evt_2", &bad)
+            .await
+            .unwrap();
+        assert!(!paid);
+        assert!(charge_id.is_empty());
+    }
 }

@@ -13,6 +13,8 @@ mod cluster;
 pub mod config;
 mod demo;
 mod downstream;
+mod erase;
+mod http;
 mod inflight;
 pub mod limits;
 mod metrics;
@@ -67,6 +69,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let raft_addr = raft_listener.local_addr()?;
     let raft_app = keyhold_registry::raft_router(node.registry().clone());
     let mut raft_stop = stop_rx.clone();
     let raft_server = tokio::spawn(async move {
@@ -80,25 +83,32 @@ pub async fn serve(
     let directory = tokio::spawn(cluster::follow_registry(node.clone(), stop_rx.clone()));
     let move_watch = tokio::spawn(mover::resume_stalled(node.clone(), stop_rx.clone()));
     let sweeper = tokio::spawn(sweeper::run(node.clone(), stop_rx.clone()));
+    let eraser = tokio::spawn(erase::run(node.clone(), stop_rx.clone()));
     let relays: Vec<_> = downstream::consumers(&node)
         .into_iter()
         .map(|c| tokio::spawn(downstream::run(node.clone(), c, stop_rx.clone())))
         .collect();
     let app = routes::router(node.clone());
+    // The one start-up line per node: who it is and where it answers.
     tracing::info!(
+        node_id = node.config().node_id,
         region = %node.config().region,
-        addr = %listener.local_addr()?,
+        api = %format!("http://{}", listener.local_addr()?),
+        raft = %raft_addr,
         "keyhold node listening"
     );
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await?;
+    let limits = http::ConnectionLimits {
+        connections_max: node.config().connections_max,
+        header_read_timeout: node.config().header_read_timeout,
+    };
+    http::serve(listener, app, limits, shutdown).await?;
     let _ = stop_tx.send(true);
     bootstrap.abort();
     // A stopped driver's move stays running in the registry; the watchdog of
     // the registry leader's node resumes it.
     node.drivers.stop_all();
     let _ = sweeper.await;
+    let _ = eraser.await;
     let _ = directory.await;
     let _ = move_watch.await;
     for relay in relays {

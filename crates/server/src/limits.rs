@@ -3,10 +3,38 @@
 
 /// Request bodies above this get 413 `payload-too-large` (contract default 64 KiB).
 pub const BODY_BYTES_MAX_DEFAULT: usize = 64 * 1024;
-/// A refused (413) body is read and discarded up to this many bytes and this
-/// long, so the client gets the answer instead of a connection reset.
+/// A body the handler did not read to its end (a refused request) is read and
+/// discarded up to this many bytes and this long, so the connection stays usable;
+/// past either the answer says `Connection: close`.
 pub const DRAIN_BYTES_MAX: usize = 1024 * 1024;
 pub const DRAIN_MS: u64 = 1_000;
+/// A request body must arrive whole within this long (408 `request-timeout`).
+pub const BODY_READ_MS: u64 = 10_000;
+/// Header lines and bytes (names plus values) the node interprets; more is 431
+/// `headers-too-large`.
+pub const HEADERS_MAX: usize = 100;
+pub const HEADER_BYTES_MAX: usize = 16 * 1024;
+/// What hyper itself accepts in one request head (more: 431 with an empty body).
+/// Above the node's own limits, so clients normally get the problem document.
+/// hyper needs at least 8 KiB of buffer.
+pub const HEAD_LINES_MAX: usize = 200;
+pub const HEAD_BYTES_MAX: usize = 64 * 1024;
+/// Open connections of the API listener, by default; `Config::connections_max`.
+pub const CONNECTIONS_MAX_DEFAULT: usize = 4_096;
+/// A connection must deliver a whole request head within this long of opening
+/// or of its previous answer; `Config::header_read_timeout`. Also the idle
+/// limit of keep-alive connections.
+pub const HEADER_READ_TIMEOUT_MS_DEFAULT: u64 = 20_000;
+/// Pause after a failed accept (out of descriptors): no busy loop.
+pub const ACCEPT_ERROR_BACKOFF_MS: u64 = 100;
+/// How long shutdown waits for open connections to finish their request.
+pub const SHUTDOWN_DRAIN_MS: u64 = REQUEST_TIMEOUT_MS + 1_000;
+
+const _: () = assert!(HEADERS_MAX < HEAD_LINES_MAX);
+const _: () = assert!(HEADER_BYTES_MAX < HEAD_BYTES_MAX);
+const _: () = assert!(HEAD_BYTES_MAX >= 8 * 1024);
+const _: () = assert!(BODY_READ_MS < REQUEST_TIMEOUT_MS);
+const _: () = assert!(DRAIN_MS < BODY_READ_MS);
 /// How long an in-flight duplicate waits for the first attempt (contract: 2 s).
 pub const INFLIGHT_WAIT_MS_DEFAULT: u64 = 2_000;
 /// `Retry-After` on 409 `request-in-progress` and on 503s, in seconds.
@@ -27,7 +55,20 @@ pub const TOKEN_RANDOM_BYTES: usize = 32;
 /// Header values copied into a claim's stored response.
 pub const CLAIM_RESPONSE_HEADERS_MAX: usize = 32;
 
+/// How long a rotated-out tenant token keeps working by default, and at most:
+/// a day lets clients roll the new token out without an outage.
+pub const TOKEN_GRACE_SECONDS_DEFAULT: u64 = 86_400;
+pub const TOKEN_GRACE_SECONDS_MAX: u64 = 7 * 86_400;
+/// The highest per-tenant rate limit the admin API accepts.
+pub const TENANT_RATE_PER_SECOND_MAX: u32 = 1_000_000;
+/// How long the erasure task waits before trying a failed erasure (or its
+/// registry report) again.
+pub const ERASE_RETRY_MS: u64 = 1_000;
+
 const _: () = assert!(INFLIGHT_WAIT_MS_DEFAULT < REQUEST_TIMEOUT_MS);
+const _: () = assert!(TOKEN_GRACE_SECONDS_DEFAULT <= TOKEN_GRACE_SECONDS_MAX);
+const _: () = assert!(DEMO_TENANT_REQUESTS_PER_SECOND <= TENANT_RATE_PER_SECOND_MAX);
+const _: () = assert!(TENANT_REQUESTS_PER_SECOND_DEFAULT <= TENANT_RATE_PER_SECOND_MAX);
 const _: () = assert!(DEMO_TENANT_REQUESTS_PER_SECOND >= 20_000);
 
 /// Outbox events one relay round reads, and how many of them are handled at once.

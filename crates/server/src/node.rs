@@ -296,6 +296,7 @@ impl Node {
             new_keys_per_second,
             state: TenantState::Active,
             created_at_ms: now().0,
+            previous_token: None,
         };
         let written = self
             .registry

@@ -55,6 +55,8 @@ pub struct UpConfig {
     pub response_ttl: Option<Duration>,
     pub marker_ttl: Option<Duration>,
     pub processed_ttl: Option<Duration>,
+    /// The payment provider's key retention (`Config::psp_key_retention`).
+    pub psp_key_retention: Option<Duration>,
     /// Probability that the fake provider loses an answer after committing.
     pub psp_drop_response_rate: f64,
     /// Probability that the fake provider declines a charge.
@@ -222,6 +224,7 @@ pub async fn run(
         data_dir: up.data_dir.join("psp"),
         drop_response_rate: up.psp_drop_response_rate,
         decline_rate: up.psp_decline_rate,
+        refuse_replay_rate: 0.0,
     };
 
     // The nodes: first one store-owning registry voter per region (ids 1..=R),
@@ -302,6 +305,7 @@ pub async fn run(
         if let Some(d) = up.processed_ttl {
             config.processed_ttl = d;
         }
+        config.psp_key_retention = up.psp_key_retention;
         config.demo_dir.clone_from(&up.demo_dir);
         config.validate()?;
         let advertised = &everyone[i];
@@ -459,7 +463,21 @@ pub async fn run(
         &up.data_dir.join("cluster.json"),
         &serde_json::to_vec_pretty(&cluster).expect("json"),
     )?;
-    tracing::info!(path = %up.data_dir.join("cluster.json").display(), "cluster ready");
+    // The one summary an operator needs after the per-node lines: where to
+    // point a browser, a client and the admin tools.
+    let first_api = &cluster.regions[0].api_url;
+    tracing::info!(
+        regions = %cluster
+            .regions
+            .iter()
+            .map(|r| format!("{}={}", r.name, r.api_url))
+            .collect::<Vec<_>>()
+            .join(" "),
+        demo = %format!("{first_api}/demo/"),
+        psp = %cluster.psp_url,
+        cluster_json = %up.data_dir.join("cluster.json").display(),
+        "cluster ready"
+    );
 
     shutdown.await;
     drop(proxies);

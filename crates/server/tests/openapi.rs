@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 /// The router of `src/routes/mod.rs`, written out by hand. Update it together with
 /// the router, docs/openapi.json and docs/api.md.
-const ROUTES: [(&str, &str); 19] = [
+const ROUTES: [(&str, &str); 22] = [
     ("POST", "/v1/orders"),
     ("GET", "/v1/orders"),
     ("GET", "/v1/orders/{order_id}"),
@@ -21,6 +21,9 @@ const ROUTES: [(&str, &str); 19] = [
     ("GET", "/v1/fingerprint-specs"),
     ("POST", "/admin/v1/tenants"),
     ("GET", "/admin/v1/tenants/{tenant_id}"),
+    ("DELETE", "/admin/v1/tenants/{tenant_id}"),
+    ("POST", "/admin/v1/tenants/{tenant_id}/token"),
+    ("PUT", "/admin/v1/tenants/{tenant_id}/limits"),
     ("POST", "/admin/v1/tenants/{tenant_id}/move"),
     ("GET", "/admin/v1/operations/{operation_id}"),
     ("GET", "/admin/v1/cluster"),

@@ -55,6 +55,15 @@ pub enum Command {
         entries_max: u32,
         consumers: Vec<String>,
     },
+    /// Erases up to `entries_max` entries of a deleted tenant: its records,
+    /// markers, order index and orders, and its outbox events that some
+    /// consumer in `consumers` has not had yet (delivered events stay, and so
+    /// do the consumers' effects). Repeat until `Erased { more: false }`.
+    EraseTenant {
+        tenant: TenantId,
+        entries_max: u32,
+        consumers: Vec<String>,
+    },
     /// The inventory consumer's effect: reserve the order's item lines, together
     /// with its processed-message entry, unless the event was processed already.
     ConsumeInventory {
@@ -74,10 +83,18 @@ pub enum Command {
         now: UnixMillis,
         processed_ttl_ms: u64,
     },
-    /// A consumer has handled every event up to and including `seq`.
-    AdvanceCursor { consumer: String, seq: u64 },
+    /// A consumer has handled every event up to and including `seq`, in a relay
+    /// round that read the cursor at `generation`. If an outbox replay happened
+    /// since (the generation moved on), the move is dropped: the round must not
+    /// undo the replay's rewind.
+    AdvanceCursor {
+        consumer: String,
+        seq: u64,
+        generation: u64,
+    },
     /// Re-publishes kept events from `from_seq` on: every consumer's cursor moves
-    /// back to just before it.
+    /// back to just before it and its generation becomes the number of the
+    /// batch that applied the replay.
     ReplayOutbox {
         from_seq: u64,
         consumers: Vec<String>,
@@ -212,6 +229,26 @@ pub struct Reservation {
     pub at: UnixMillis,
 }
 
+/// Where a consumer stands in the outbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Cursor {
+    /// Every event up to and including this sequence number is handled.
+    pub seq: u64,
+    /// The batch number of the last outbox replay (0 before any);
+    /// `AdvanceCursor` carries the one it read.
+    pub generation: u64,
+}
+
+/// What became of an `AdvanceCursor`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CursorOutcome {
+    Advanced,
+    /// The cursor is already at or past the sequence number.
+    Behind,
+    /// An outbox replay happened after the round read the cursor: nothing moved.
+    Superseded,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConsumeOutcome {
     /// The effect was written now.
@@ -289,20 +326,56 @@ pub struct SweepOutcome {
     pub stale_index: u64,
 }
 
-/// What applying a command produced; one variant per command.
+/// Why the state machine refused a command. A refused command writes nothing and
+/// is an answer like any other: the same log replays to the same refusal, so a
+/// refusal in the write-ahead log (or, later, in a Raft log, where an apply error
+/// is fatal on every replica) never stops a restart. Errors of the store itself
+/// (I/O, a stored value that does not decode) stay `Error`s.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Rejection {
+    /// An imported entry's payload does not decode as the kind its key names.
+    #[error("imported entry {index} does not decode: {detail}")]
+    ImportUndecodable { index: usize, detail: String },
+    /// An imported entry belongs to another tenant than the import names.
+    #[error("imported entry {index} belongs to another tenant")]
+    ImportForeignEntry { index: usize },
+    /// An imported entry is of a kind a tenant move does not carry.
+    #[error("imported entry {index} is of a kind a move does not carry")]
+    ImportUnexpectedKind { index: usize },
+    /// A payment result for an order this store does not hold.
+    #[error("payment for missing order {order_id}")]
+    PaymentForMissingOrder { order_id: String },
+    /// The business marker names an order this store does not hold (a partial
+    /// import): answering from it would invent an order.
+    #[error("marker points at missing order {order_id}")]
+    MarkerWithoutOrder { order_id: String },
+    /// A completed order record carries no response to replay (a partial or
+    /// foreign import).
+    #[error("completed order record without a response")]
+    RecordWithoutResponse,
+}
+
+/// What applying a command produced; one variant per command, plus `Rejected`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Applied {
+    /// The command was refused and wrote nothing.
+    Rejected(Rejection),
     Order(OrderOutcome),
     Claim(ClaimOutcome),
     Complete(CompleteOutcome),
     Heartbeat(HeartbeatOutcome),
     Sweep(SweepOutcome),
     Consumed(ConsumeOutcome),
-    CursorAdvanced,
+    Cursor(CursorOutcome),
     /// How many kept events were re-published.
     Replayed {
         events: u64,
     },
     /// `Fence`, `Import` or `Own`.
     Guard(GuardOutcome),
+    /// `EraseTenant` removed `entries`; `more` when it stopped at its limit.
+    Erased {
+        entries: u64,
+        more: bool,
+    },
 }

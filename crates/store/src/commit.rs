@@ -75,7 +75,16 @@ pub(crate) fn spawn(
                 .map(|_| ())
                 .map_err(Error::from);
             let started = Instant::now();
-            let commands: Vec<_> = pending.iter().map(|job| &job.command).collect();
+            // A command whose apply failed wrote nothing (the store itself failed:
+            // I/O, a value that does not decode); logging it would make recovery
+            // meet the same failure and refuse to open. Refusals are answers
+            // (`Applied::Rejected`) and are logged like any other command.
+            let commands: Vec<_> = pending
+                .iter()
+                .zip(&results)
+                .filter(|(_, result)| result.is_ok())
+                .map(|(job, _)| &job.command)
+                .collect();
             let durable = stamped.and_then(|()| wal.append(batch, &commands));
             let sync_time = started.elapsed();
             stats

@@ -137,6 +137,14 @@ pub fn cursor(consumer: &str) -> Vec<u8> {
     key
 }
 
+/// The generation of a consumer's cursor (the batch number of the last outbox
+/// replay): a cursor move read before a replay carries an older one and is dropped.
+pub fn cursor_generation(consumer: &str) -> Vec<u8> {
+    let mut key = b"scursor_gen:".to_vec();
+    key.extend_from_slice(consumer.as_bytes());
+    key
+}
+
 /// An expiry index entry pointing at `primary` (a full key from this module).
 pub fn expiry(at: UnixMillis, primary: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(9 + primary.len());

@@ -24,8 +24,9 @@ mod machine;
 mod wal;
 
 pub use command::{
-    Applied, ClaimOutcome, Command, CompleteOutcome, ConsumeOutcome, ExportEntry, GuardOutcome,
-    HeartbeatOutcome, OrderOutcome, OutboxEvent, Processed, Reservation, SweepOutcome, TenantGuard,
+    Applied, ClaimOutcome, Command, CompleteOutcome, ConsumeOutcome, Cursor, CursorOutcome,
+    ExportEntry, GuardOutcome, HeartbeatOutcome, OrderOutcome, OutboxEvent, Processed, Rejection,
+    Reservation, SweepOutcome, TenantGuard,
 };
 pub use commit::CommitStats;
 
@@ -50,6 +51,9 @@ pub enum Error {
     Io(std::io::Error),
     #[error("timed out waiting for durability")]
     DurableTimeout,
+    /// The state machine refused the command; it wrote nothing.
+    #[error("command refused: {0}")]
+    Rejected(Rejection),
 }
 
 struct Job {
@@ -142,7 +146,9 @@ impl Store {
         })
     }
 
-    /// Applies one command; answers after the batch holding it is durable.
+    /// Applies one command; answers after the batch holding it is durable. A
+    /// command the state machine refused (`Applied::Rejected`, a value in the
+    /// log) reaches the caller as `Error::Rejected`.
     pub async fn execute(&self, command: Command) -> Result<Applied, Error> {
         let (reply, rx) = oneshot::channel();
         self.inner
@@ -152,7 +158,10 @@ impl Store {
                 mpsc::error::TrySendError::Full(_) => Error::Overloaded,
                 mpsc::error::TrySendError::Closed(_) => Error::Unavailable,
             })?;
-        rx.await.map_err(|_| Error::Unavailable)?
+        match rx.await.map_err(|_| Error::Unavailable)?? {
+            Applied::Rejected(rejection) => Err(Error::Rejected(rejection)),
+            applied => Ok(applied),
+        }
     }
 
     pub fn stats(&self) -> &CommitStats {
@@ -255,6 +264,21 @@ impl Store {
             .read::<u64>(&keys::cursor(consumer))
             .await?
             .unwrap_or(0))
+    }
+
+    /// A consumer's cursor with its generation, as a relay round reads it before
+    /// delivering: its `AdvanceCursor` carries the generation.
+    pub async fn cursor_at(&self, consumer: &str) -> Result<Cursor, Error> {
+        // The generation first: a replay between the two reads then leaves an
+        // older generation with a rewound seq, and the round's move is dropped.
+        let generation = self
+            .read::<u64>(&keys::cursor_generation(consumer))
+            .await?
+            .unwrap_or(0);
+        Ok(Cursor {
+            seq: self.cursor(consumer).await?,
+            generation,
+        })
     }
 
     /// The newest outbox event of one tenant (0 when it has none).

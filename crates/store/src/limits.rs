@@ -9,6 +9,9 @@ pub const BATCH_COMMANDS_MAX: usize = 1024;
 /// Expired entries one sweep command deletes, so a sweep never holds the apply
 /// thread long enough to delay writers noticeably.
 pub const SWEEP_ENTRIES_MAX: usize = 256;
+/// Entries one `EraseTenant` command deletes (a deleted tenant's data goes in
+/// pages, like a sweep, so writers of other tenants wait little).
+pub const ERASE_ENTRIES_MAX: usize = 256;
 /// An outbox event past its expiry that some consumer has not had yet is looked
 /// at again this much later.
 pub const SWEEP_DEFER_MS: u64 = 3_600_000;
@@ -21,3 +24,4 @@ pub const READ_DURABLE_WAIT_MS: u64 = 5_000;
 
 const _: () = assert!(BATCH_COMMANDS_MAX <= QUEUE_COMMANDS_MAX);
 const _: () = assert!(SWEEP_ENTRIES_MAX <= BATCH_COMMANDS_MAX);
+const _: () = assert!(ERASE_ENTRIES_MAX <= BATCH_COMMANDS_MAX);

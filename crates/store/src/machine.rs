@@ -7,8 +7,9 @@
 
 use crate::codec::{decode, decode_plain, encode, encode_raw};
 use crate::command::{
-    Applied, ClaimOutcome, Command, CompleteOutcome, ConsumeOutcome, ExportEntry, GuardOutcome,
-    HeartbeatOutcome, OrderOutcome, OutboxEvent, Processed, Reservation, SweepOutcome, TenantGuard,
+    Applied, ClaimOutcome, Command, CompleteOutcome, ConsumeOutcome, CursorOutcome, ExportEntry,
+    GuardOutcome, HeartbeatOutcome, OrderOutcome, OutboxEvent, Processed, Rejection, Reservation,
+    SweepOutcome, TenantGuard,
 };
 use crate::keys;
 use crate::limits::SWEEP_DEFER_MS;
@@ -55,6 +56,9 @@ impl Machine {
         }
     }
 
+    /// Applies one command atomically. A command the state refuses is answered
+    /// with `Applied::Rejected` and writes nothing; `Err` is kept for failures of
+    /// the store itself, so the same log always replays to the same state.
     pub fn apply(&self, command: &Command, batch_number: u64) -> Result<Applied, Error> {
         let mut w = Writes {
             batch: sled::Batch::default(),
@@ -63,6 +67,22 @@ impl Machine {
         if let Some(fenced) = self.fenced(command)? {
             return Ok(fenced);
         }
+        let applied = match self.decide(&mut w, command)? {
+            Ok(applied) => applied,
+            // Nothing of a refused command reaches the tree.
+            Err(rejection) => return Ok(Applied::Rejected(rejection)),
+        };
+        self.tree.apply_batch(w.batch)?;
+        Ok(applied)
+    }
+
+    /// The answer to one command and its writes (collected in `w`), or why the
+    /// command is refused.
+    fn decide(
+        &self,
+        w: &mut Writes,
+        command: &Command,
+    ) -> Result<Result<Applied, Rejection>, Error> {
         let applied = match command {
             Command::CreateOrder {
                 scope,
@@ -72,14 +92,17 @@ impl Machine {
                 response_ttl_ms,
                 marker_ttl_ms,
                 processed_ttl_ms,
-            } => Applied::Order(self.create_order(
-                &mut w,
+            } => match self.create_order(
+                w,
                 scope,
                 fingerprint,
                 order,
                 *now,
                 [*response_ttl_ms, *marker_ttl_ms, *processed_ttl_ms],
-            )?),
+            )? {
+                Ok(outcome) => Applied::Order(outcome),
+                Err(rejection) => return Ok(Err(rejection)),
+            },
             Command::Claim {
                 scope,
                 fingerprint,
@@ -88,7 +111,7 @@ impl Machine {
                 now,
                 response_ttl_ms,
             } => Applied::Claim(self.claim(
-                &mut w,
+                w,
                 scope,
                 fingerprint,
                 *lease_ms,
@@ -155,7 +178,12 @@ impl Machine {
                 now,
                 entries_max,
                 consumers,
-            } => Applied::Sweep(self.sweep(&mut w, *now, *entries_max as usize, consumers)?),
+            } => Applied::Sweep(self.sweep(w, *now, *entries_max as usize, consumers)?),
+            Command::EraseTenant {
+                tenant,
+                entries_max,
+                consumers,
+            } => self.erase_tenant(w, tenant, *entries_max as usize, consumers)?,
             Command::ConsumeInventory {
                 event_id,
                 order_id,
@@ -164,7 +192,7 @@ impl Machine {
                 processed_ttl_ms,
             } => {
                 let fresh =
-                    self.mark_processed(&mut w, "inventory", event_id, *now, *processed_ttl_ms)?;
+                    self.mark_processed(w, "inventory", event_id, *now, *processed_ttl_ms)?;
                 if fresh {
                     for (line, item) in items.iter().enumerate() {
                         let line = line as u32;
@@ -190,12 +218,14 @@ impl Machine {
                 processed_ttl_ms,
             } => {
                 let fresh =
-                    self.mark_processed(&mut w, "payments", event_id, *now, *processed_ttl_ms)?;
+                    self.mark_processed(w, "payments", event_id, *now, *processed_ttl_ms)?;
                 if fresh {
                     let key = keys::order(order_id);
-                    let mut order: Order = self.get(&key)?.ok_or_else(|| {
-                        Error::Corrupt(format!("payment for missing order {order_id}"))
-                    })?;
+                    let Some(mut order) = self.get::<Order>(&key)? else {
+                        return Ok(Err(Rejection::PaymentForMissingOrder {
+                            order_id: order_id.clone(),
+                        }));
+                    };
                     order.status = if *paid {
                         OrderStatus::Paid
                     } else {
@@ -214,13 +244,11 @@ impl Machine {
                     operation_id: operation_id.clone(),
                     epoch: *epoch,
                 };
-                Applied::Guard(
-                    self.set_guard(&mut w, tenant, wanted, |current| match current {
-                        // The owner at this epoch (or an earlier one) fences.
-                        TenantGuard::Owned { epoch: owned } => owned <= epoch,
-                        other => other.epoch() < *epoch,
-                    })?,
-                )
+                Applied::Guard(self.set_guard(w, tenant, wanted, |current| match current {
+                    // The owner at this epoch (or an earlier one) fences.
+                    TenantGuard::Owned { epoch: owned } => owned <= epoch,
+                    other => other.epoch() < *epoch,
+                })?)
             }
             Command::Import {
                 tenant,
@@ -233,33 +261,44 @@ impl Machine {
                     epoch: *epoch,
                 };
                 let outcome =
-                    self.set_guard(&mut w, tenant, wanted, |current| current.epoch() < *epoch)?;
-                if let GuardOutcome::Accepted { guard, .. } = outcome {
-                    for entry in entries {
-                        self.import(&mut w, tenant, entry)?;
+                    self.set_guard(w, tenant, wanted, |current| current.epoch() < *epoch)?;
+                let GuardOutcome::Accepted { guard, .. } = outcome else {
+                    return Ok(Ok(Applied::Guard(outcome)));
+                };
+                for (index, entry) in entries.iter().enumerate() {
+                    if let Err(rejection) = import(w, tenant, index, entry) {
+                        return Ok(Err(rejection));
                     }
-                    Applied::Guard(GuardOutcome::Accepted {
-                        guard,
-                        imported: entries.len() as u64,
-                    })
-                } else {
-                    Applied::Guard(outcome)
                 }
+                Applied::Guard(GuardOutcome::Accepted {
+                    guard,
+                    imported: entries.len() as u64,
+                })
             }
             Command::Own { tenant, epoch } => {
                 let wanted = TenantGuard::Owned { epoch: *epoch };
                 Applied::Guard(
-                    self.set_guard(&mut w, tenant, wanted, |current| current.epoch() < *epoch)?,
+                    self.set_guard(w, tenant, wanted, |current| current.epoch() < *epoch)?,
                 )
             }
-            Command::AdvanceCursor { consumer, seq } => {
+            Command::AdvanceCursor {
+                consumer,
+                seq,
+                generation,
+            } => {
                 let key = keys::cursor(consumer);
                 let current: u64 = self.get(&key)?.unwrap_or(0);
-                // Cursors only move forward here; a replay moves them back.
-                if *seq > current {
+                let now_at: u64 = self.get(&keys::cursor_generation(consumer))?.unwrap_or(0);
+                // Cursors only move forward here; a replay moves them back, and a
+                // round that read the cursor before that replay moves nothing.
+                Applied::Cursor(if *generation != now_at {
+                    CursorOutcome::Superseded
+                } else if *seq > current {
                     w.put(key, seq);
-                }
-                Applied::CursorAdvanced
+                    CursorOutcome::Advanced
+                } else {
+                    CursorOutcome::Behind
+                })
             }
             Command::ReplayOutbox {
                 from_seq,
@@ -272,6 +311,13 @@ impl Machine {
                     if current > back_to {
                         w.put(key, &back_to);
                     }
+                    // Always: a round in flight may be about to move the cursor
+                    // past `back_to` even if it is not there yet. The new
+                    // generation is this batch's number: newer than any a round
+                    // can have read, and the same when recovery applies the
+                    // command again, so the command stays a no-op on its result.
+                    let generation = w.number;
+                    w.put(keys::cursor_generation(consumer), &generation);
                 }
                 let events = self
                     .tree
@@ -280,8 +326,7 @@ impl Machine {
                 Applied::Replayed { events }
             }
         };
-        self.tree.apply_batch(w.batch)?;
-        Ok(applied)
+        Ok(Ok(applied))
     }
 
     /// The tenant's guard (`None`: never moved, executes).
@@ -342,34 +387,6 @@ impl Machine {
         }))
     }
 
-    /// Writes one imported entry under this store's batch stamp, re-creating its
-    /// expiry index entry. Only the kinds a tenant move carries are accepted.
-    fn import(&self, w: &mut Writes, tenant: &TenantId, entry: &ExportEntry) -> Result<(), Error> {
-        let belongs = keys::tenant_of(&entry.key).is_some_and(|t| t == tenant.as_str().as_bytes());
-        let expires_at = match entry.key.first() {
-            Some(&keys::RECORD) => Some(decode_plain::<Record>(&entry.payload)?.expires_at),
-            Some(&keys::MARKER) => Some(decode_plain::<Marker>(&entry.payload)?.expires_at),
-            Some(&keys::ORDER_INDEX) => None,
-            Some(&keys::ORDER) => {
-                let order: Order = decode_plain(&entry.payload)?;
-                if &order.tenant != tenant {
-                    return Err(Error::Corrupt("imported order of another tenant".into()));
-                }
-                None
-            }
-            _ => return Err(Error::Corrupt("import of an unexpected entry kind".into())),
-        };
-        if entry.key.first() != Some(&keys::ORDER) && !belongs {
-            return Err(Error::Corrupt("imported entry of another tenant".into()));
-        }
-        if let Some(at) = expires_at {
-            w.put_expiry(at, &entry.key);
-        }
-        w.batch
-            .insert(entry.key.clone(), encode_raw(w.number, &entry.payload));
-        Ok(())
-    }
-
     /// Writes the processed-message entry of `(consumer, event_id)` unless it
     /// exists; returns whether it was new (and so whether the effect may happen).
     fn mark_processed(
@@ -404,30 +421,28 @@ impl Machine {
         order: &Order,
         now: UnixMillis,
         ttls_ms: [u64; 3],
-    ) -> Result<OrderOutcome, Error> {
+    ) -> Result<Result<OrderOutcome, Rejection>, Error> {
         let [response_ttl_ms, marker_ttl_ms, processed_ttl_ms] = ttls_ms;
         let record_key = keys::record(scope);
         let record: Option<Record> = self.get(&record_key)?;
         let marker_key = keys::marker(&order.tenant, &order.request.client_order_id);
         let marker: Option<Marker> = self.get(&marker_key)?;
         match decide_order(record.as_ref(), marker.as_ref(), fingerprint, now) {
-            OrderDecision::Replay => {
-                let response = record.and_then(|r| r.response).ok_or_else(|| {
-                    Error::Corrupt("completed order record without a response".into())
-                })?;
-                Ok(OrderOutcome::Replayed { response })
-            }
-            OrderDecision::KeyReused => Ok(OrderOutcome::KeyReused),
+            OrderDecision::Replay => Ok(match record.and_then(|r| r.response) {
+                Some(response) => Ok(OrderOutcome::Replayed { response }),
+                None => Err(Rejection::RecordWithoutResponse),
+            }),
+            OrderDecision::KeyReused => Ok(Ok(OrderOutcome::KeyReused)),
             OrderDecision::InProgress { retry_after_ms } => {
-                Ok(OrderOutcome::InProgress { retry_after_ms })
+                Ok(Ok(OrderOutcome::InProgress { retry_after_ms }))
             }
-            OrderDecision::MarkerConflict => Ok(OrderOutcome::MarkerConflict),
+            OrderDecision::MarkerConflict => Ok(Ok(OrderOutcome::MarkerConflict)),
             OrderDecision::MarkerHit { order_id } => {
-                let order: Order = self.get(&keys::order(&order_id))?.ok_or_else(|| {
-                    Error::Corrupt(format!("marker points at missing order {order_id}"))
-                })?;
-                Ok(OrderOutcome::MarkerHit {
-                    order: Box::new(order),
+                Ok(match self.get::<Order>(&keys::order(&order_id))? {
+                    Some(order) => Ok(OrderOutcome::MarkerHit {
+                        order: Box::new(order),
+                    }),
+                    None => Err(Rejection::MarkerWithoutOrder { order_id }),
                 })
             }
             OrderDecision::Create => {
@@ -478,7 +493,7 @@ impl Machine {
                 w.put(keys::outbox(seq), &event);
                 w.put(keys::META_OUTBOX_SEQ.to_vec(), &seq);
                 w.put(keys::tenant_last_event(&order.tenant), &seq);
-                Ok(OrderOutcome::Created { response })
+                Ok(Ok(OrderOutcome::Created { response }))
             }
         }
     }
@@ -535,6 +550,60 @@ impl Machine {
     /// Walks the expiry index in time order and deletes what is due. An index
     /// entry can be stale (its target was rewritten with a later expiry); then only
     /// the index entry goes.
+    /// A page of `Command::EraseTenant`. Deleting what is gone already is a
+    /// no-op, so a replayed erasure changes nothing.
+    fn erase_tenant(
+        &self,
+        w: &mut Writes,
+        tenant: &TenantId,
+        entries_max: usize,
+        consumers: &[String],
+    ) -> Result<Applied, Error> {
+        let mut doomed: Vec<Vec<u8>> = Vec::new();
+        let full = |doomed: &Vec<Vec<u8>>| doomed.len() >= entries_max;
+        for prefix in keys::tenant_prefixes(tenant) {
+            for item in self.tree.scan_prefix(&prefix) {
+                if full(&doomed) {
+                    break;
+                }
+                let (key, _) = item?;
+                // Orders are keyed by id alone: keep other tenants' orders.
+                if prefix == [keys::ORDER] {
+                    let order: Option<Order> = self.get(&key)?;
+                    if order.is_none_or(|o| &o.tenant != tenant) {
+                        continue;
+                    }
+                }
+                doomed.push(key.to_vec());
+            }
+        }
+        let mut cursors = Vec::with_capacity(consumers.len());
+        for consumer in consumers {
+            cursors.push(self.get::<u64>(&keys::cursor(consumer))?.unwrap_or(0));
+        }
+        for item in self.tree.scan_prefix([keys::OUTBOX]) {
+            if full(&doomed) {
+                break;
+            }
+            let (key, _) = item?;
+            let Some(event) = self.get::<OutboxEvent>(&key)? else {
+                continue;
+            };
+            let pending = cursors.iter().any(|&c| c < event.seq);
+            if &event.tenant == tenant && pending {
+                doomed.push(key.to_vec());
+            }
+        }
+        let more = full(&doomed);
+        for key in &doomed {
+            w.batch.remove(key.as_slice());
+        }
+        Ok(Applied::Erased {
+            entries: doomed.len() as u64,
+            more,
+        })
+    }
+
     fn sweep(
         &self,
         w: &mut Writes,
@@ -603,6 +672,55 @@ impl Machine {
             .map(|item| Ok(decode::<Reservation>(&item?.1)?.0))
             .collect()
     }
+}
+
+/// Adds one imported entry to `w` under this store's batch stamp, re-creating
+/// its expiry index entry. Only the kinds a tenant move carries, of the tenant
+/// the import names and whose payload decodes, are accepted.
+fn import(
+    w: &mut Writes,
+    tenant: &TenantId,
+    index: usize,
+    entry: &ExportEntry,
+) -> Result<(), Rejection> {
+    let undecodable = |e: Error| Rejection::ImportUndecodable {
+        index,
+        detail: e.to_string(),
+    };
+    let belongs = keys::tenant_of(&entry.key).is_some_and(|t| t == tenant.as_str().as_bytes());
+    let expires_at = match entry.key.first() {
+        Some(&keys::RECORD) => Some(
+            decode_plain::<Record>(&entry.payload)
+                .map_err(undecodable)?
+                .expires_at,
+        ),
+        Some(&keys::MARKER) => Some(
+            decode_plain::<Marker>(&entry.payload)
+                .map_err(undecodable)?
+                .expires_at,
+        ),
+        Some(&keys::ORDER_INDEX) => {
+            decode_plain::<String>(&entry.payload).map_err(undecodable)?;
+            None
+        }
+        Some(&keys::ORDER) => {
+            let order: Order = decode_plain(&entry.payload).map_err(undecodable)?;
+            if &order.tenant != tenant {
+                return Err(Rejection::ImportForeignEntry { index });
+            }
+            None
+        }
+        _ => return Err(Rejection::ImportUnexpectedKind { index }),
+    };
+    if entry.key.first() != Some(&keys::ORDER) && !belongs {
+        return Err(Rejection::ImportForeignEntry { index });
+    }
+    if let Some(at) = expires_at {
+        w.put_expiry(at, &entry.key);
+    }
+    w.batch
+        .insert(entry.key.clone(), encode_raw(w.number, &entry.payload));
+    Ok(())
 }
 
 fn consumed(fresh: bool) -> ConsumeOutcome {

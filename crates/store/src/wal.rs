@@ -12,7 +12,12 @@
 //!
 //! Record: `len: u32 LE | crc32(payload): u32 LE | payload`, where payload is
 //! `batch: u64 BE | count: u32 LE | (len: u32 LE | command bytes)*`. A torn or
-//! corrupt record ends the log: it was never synced, so never acknowledged.
+//! corrupt record at the end of the log was never synced, so never acknowledged:
+//! it is cut. A bad record with a whole record after it is damage in the middle
+//! of acknowledged batches: the log refuses to open rather than drop them.
+//! Batch numbers increase from record to record; a log where they do not is
+//! refused too. The file's directory entry is synced when the log is opened, so
+//! a log created just before a crash does not vanish with it.
 
 use crate::command::Command;
 use crate::Error;
@@ -51,16 +56,33 @@ impl Wal {
             .map_err(Error::Io)?;
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes).map_err(Error::Io)?;
-        let mut logged = Vec::new();
+        let mut logged: Vec<Logged> = Vec::new();
         let mut at = 0usize;
         while let Some((record, next)) = read_record(&bytes, at) {
-            logged.push(record?);
+            let record = record?;
+            if let Some(previous) = logged.last() {
+                if record.batch <= previous.batch {
+                    return Err(Error::Corrupt(format!(
+                        "write-ahead log: batch {} at byte {at} follows batch {}",
+                        record.batch, previous.batch
+                    )));
+                }
+            }
+            logged.push(record);
             at = next;
+        }
+        if let Some(valid) = whole_record_after(&bytes, at) {
+            return Err(Error::Corrupt(format!(
+                "write-ahead log damaged at byte {at} with a whole record at byte {valid} \
+                 after it; refusing to drop acknowledged batches"
+            )));
         }
         // Cut a torn tail so new records follow the last whole one.
         file.set_len(at as u64).map_err(Error::Io)?;
         file.seek(SeekFrom::End(0)).map_err(Error::Io)?;
         file.sync_all().map_err(Error::Io)?;
+        // The file's name must be durable too, or a crash can take the whole log.
+        sync_dir(dir)?;
         Ok((
             Wal {
                 file,
@@ -106,6 +128,20 @@ impl Wal {
         self.bytes = 0;
         Ok(())
     }
+}
+
+/// Syncs a directory, making the names of the files it holds durable.
+fn sync_dir(dir: &Path) -> Result<(), Error> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(Error::Io)
+}
+
+/// The offset of the first whole record (its checksum matches) after `bad`,
+/// if any. A torn tail holds none (the crash cut the last append short); damage
+/// in the middle of the log does.
+fn whole_record_after(bytes: &[u8], bad: usize) -> Option<usize> {
+    (bad + 1..bytes.len()).find(|&at| read_record(bytes, at).is_some())
 }
 
 /// The record at `at`, and where the next one starts; `None` at the end of the
@@ -182,5 +218,59 @@ mod tests {
         drop(wal);
         let (_, logged) = Wal::open(dir.path()).unwrap();
         assert!(logged.is_empty());
+    }
+
+    fn three_batches(dir: &Path) -> Vec<u8> {
+        let (mut wal, _) = Wal::open(dir).unwrap();
+        wal.append(1, &[&sweep(1)]).unwrap();
+        wal.append(2, &[&sweep(2)]).unwrap();
+        wal.append(3, &[&sweep(3)]).unwrap();
+        drop(wal);
+        std::fs::read(dir.join("commands.wal")).unwrap()
+    }
+
+    #[test]
+    fn damage_with_whole_records_after_it_refuses_to_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut bytes = three_batches(dir.path());
+        let record_bytes = bytes.len() / 3;
+        // One flipped bit inside the first record's payload.
+        bytes[10] ^= 0x01;
+        std::fs::write(dir.path().join("commands.wal"), &bytes).unwrap();
+        match Wal::open(dir.path()) {
+            Err(Error::Corrupt(message)) => {
+                assert!(message.contains("damaged at byte 0"), "{message}")
+            }
+            Ok((_, logged)) => panic!("opened with {} batches of 3", logged.len()),
+            Err(other) => panic!("unexpected error {other}"),
+        }
+        // Nothing was cut: the file is as it was, for an operator to inspect.
+        let kept = std::fs::read(dir.path().join("commands.wal")).unwrap();
+        assert_eq!(kept.len(), 3 * record_bytes);
+    }
+
+    #[test]
+    fn damage_in_the_last_record_is_a_torn_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut bytes = three_batches(dir.path());
+        let last = bytes.len() - 3;
+        bytes[last] ^= 0x01;
+        std::fs::write(dir.path().join("commands.wal"), &bytes).unwrap();
+        let (_, logged) = Wal::open(dir.path()).unwrap();
+        assert_eq!(
+            logged.iter().map(|l| l.batch).collect::<Vec<_>>(),
+            vec![1, 2]
+        );
+    }
+
+    #[test]
+    fn batch_numbers_must_increase() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let (mut wal, _) = Wal::open(dir.path()).unwrap();
+            wal.append(5, &[&sweep(1)]).unwrap();
+            wal.append(5, &[&sweep(2)]).unwrap();
+        }
+        assert!(matches!(Wal::open(dir.path()), Err(Error::Corrupt(_))));
     }
 }

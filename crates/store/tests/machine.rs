@@ -3,59 +3,15 @@
 
 use keyhold_core::scope::Namespace;
 use keyhold_core::{
-    IdempotencyKey, Operation, Order, OrderRequest, OrderStatus, Outcome, OwnerToken, RecordState,
-    Scope, StoredResponse, TenantId, UnixMillis,
+    OrderStatus, Outcome, OwnerToken, RecordState, StoredResponse, TenantId, UnixMillis,
 };
 use keyhold_store::{
     Applied, ClaimOutcome, Command, CompleteOutcome, EntryKind, GuardOutcome, HeartbeatOutcome,
     OrderOutcome, Store,
 };
 
-const HOUR_MS: u64 = 3_600_000;
-const T0: UnixMillis = UnixMillis(1_800_000_000_000);
-
-fn scope(namespace: Namespace, key: &str) -> Scope {
-    Scope {
-        namespace,
-        tenant: TenantId::parse("t1").unwrap(),
-        operation: Operation::orders_create(),
-        key: IdempotencyKey::parse(key).unwrap(),
-    }
-}
-
-fn create(
-    key: &str,
-    client_order_id: &str,
-    fingerprint: &str,
-    order_id: &str,
-    now: UnixMillis,
-) -> Command {
-    Command::CreateOrder {
-        scope: scope(Namespace::Orders, key),
-        fingerprint: fingerprint.into(),
-        order: Box::new(Order {
-            order_id: order_id.into(),
-            tenant: TenantId::parse("t1").unwrap(),
-            request: OrderRequest {
-                client_order_id: client_order_id.into(),
-                cart_id: "cart".into(),
-                amount: 100,
-                currency: "EUR".into(),
-                shipping_address_id: None,
-                items: vec![],
-                quote_id: None,
-                metadata: None,
-            },
-            status: OrderStatus::Confirmed,
-            home_region: "eu".into(),
-            created_at: now,
-        }),
-        now,
-        response_ttl_ms: HOUR_MS,
-        marker_ttl_ms: 24 * HOUR_MS,
-        processed_ttl_ms: 48 * HOUR_MS,
-    }
-}
+mod common;
+use common::{create, scope, HOUR_MS, T0};
 
 async fn order(store: &Store, command: Command) -> OrderOutcome {
     match store.execute(command).await.unwrap() {
@@ -360,6 +316,7 @@ async fn consumers_apply_once_and_replay_rewinds_cursors() {
     let advance = Command::AdvanceCursor {
         consumer: "inventory".into(),
         seq: 1,
+        generation: 0,
     };
     store.execute(advance).await.unwrap();
     assert_eq!(store.cursor("inventory").await.unwrap(), 1);
@@ -372,6 +329,8 @@ async fn consumers_apply_once_and_replay_rewinds_cursors() {
         Applied::Replayed { events: 1 }
     );
     assert_eq!(store.cursor("inventory").await.unwrap(), 0);
+    let generation = store.cursor_at("inventory").await.unwrap().generation;
+    assert_ne!(generation, 0, "a replay moves the generation on");
 
     // Past its expiry, an event the payments consumer has not acknowledged stays.
     let late = T0.plus_ms(100 * HOUR_MS);
@@ -391,6 +350,7 @@ async fn consumers_apply_once_and_replay_rewinds_cursors() {
         let advance = Command::AdvanceCursor {
             consumer: consumer.into(),
             seq: 1,
+            generation,
         };
         store.execute(advance).await.unwrap();
     }
@@ -576,6 +536,7 @@ async fn every_command_is_a_no_op_on_its_own_result() {
         Command::AdvanceCursor {
             consumer: "inventory".into(),
             seq: 1,
+            generation: 0,
         },
         Command::ReplayOutbox {
             from_seq: 1,
@@ -598,6 +559,11 @@ async fn every_command_is_a_no_op_on_its_own_result() {
             entries: vec![],
         },
         Command::Own { tenant, epoch: 3 },
+        Command::EraseTenant {
+            tenant: TenantId::parse("t1").unwrap(),
+            entries_max: 1_000,
+            consumers: vec!["inventory".into()],
+        },
     ];
     for command in commands {
         store.execute(command.clone()).await.unwrap();
@@ -609,4 +575,158 @@ async fn every_command_is_a_no_op_on_its_own_result() {
             "applying twice changed the state: {command:?}"
         );
     }
+}
+
+/// Review defect 9: a relay round reads the cursor, an outbox replay rewinds it
+/// while the round delivers, and the round then reports its progress. The
+/// round's move must not undo the replay, or the replayed events would never be
+/// delivered again although the replay answered with their count.
+#[tokio::test]
+async fn a_relay_round_in_flight_cannot_undo_an_outbox_replay() {
+    use keyhold_store::CursorOutcome;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    for i in 0..3 {
+        order(
+            &store,
+            create(
+                &format!("k{i}"),
+                &format!("c{i}"),
+                "fp",
+                &format!("ord_{i}"),
+                T0,
+            ),
+        )
+        .await;
+    }
+    // A first round delivers everything.
+    let read = store.cursor_at("inventory").await.unwrap();
+    let advance = |seq, generation| Command::AdvanceCursor {
+        consumer: "inventory".into(),
+        seq,
+        generation,
+    };
+    assert_eq!(
+        store.execute(advance(3, read.generation)).await.unwrap(),
+        Applied::Cursor(CursorOutcome::Advanced)
+    );
+    // The next round reads the cursor (events 4.. would follow) ...
+    order(&store, create("k3", "c3", "fp", "ord_3", T0)).await;
+    let in_flight = store.cursor_at("inventory").await.unwrap();
+    assert_eq!(in_flight.seq, 3);
+    // ... an operator replays everything ...
+    let replay = Command::ReplayOutbox {
+        from_seq: 1,
+        consumers: vec!["inventory".into()],
+    };
+    assert_eq!(
+        store.execute(replay).await.unwrap(),
+        Applied::Replayed { events: 4 }
+    );
+    // ... and the round finishes with event 4.
+    assert_eq!(
+        store
+            .execute(advance(4, in_flight.generation))
+            .await
+            .unwrap(),
+        Applied::Cursor(CursorOutcome::Superseded)
+    );
+    let after = store.cursor_at("inventory").await.unwrap();
+    assert_eq!(after.seq, 0, "the replay's rewind stands");
+    assert_eq!(store.outbox_after(after.seq, 10).await.unwrap().len(), 4);
+    // A round that read the cursor after the replay moves it as usual.
+    assert_eq!(
+        store.execute(advance(4, after.generation)).await.unwrap(),
+        Applied::Cursor(CursorOutcome::Advanced)
+    );
+    assert_eq!(store.cursor("inventory").await.unwrap(), 4);
+}
+
+/// The same order command for another tenant.
+fn for_tenant(tenant: &str, mut command: Command) -> Command {
+    if let Command::CreateOrder { scope, order, .. } = &mut command {
+        scope.tenant = TenantId::parse(tenant).unwrap();
+        order.tenant = TenantId::parse(tenant).unwrap();
+    }
+    command
+}
+
+#[tokio::test]
+async fn erasing_a_tenant_keeps_other_tenants_and_delivered_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    // t1: ord_1 (its event delivered to every consumer), then ord_2 and ord_3
+    // (pending); t2: ord_9, pending.
+    order(&store, create("k1", "c1", "fp1", "ord_1", T0)).await;
+    for consumer in ["inventory", "payments"] {
+        let advance = Command::AdvanceCursor {
+            consumer: consumer.into(),
+            seq: 1,
+            generation: 0,
+        };
+        store.execute(advance).await.unwrap();
+    }
+    order(&store, create("k2", "c2", "fp2", "ord_2", T0)).await;
+    order(&store, create("k3", "c3", "fp3", "ord_3", T0)).await;
+    order(
+        &store,
+        for_tenant("t2", create("k1", "c1", "fp1", "ord_9", T0)),
+    )
+    .await;
+    assert_eq!(store.count_prefix(EntryKind::Outbox), 4);
+    let t1 = TenantId::parse("t1").unwrap();
+    let erase = Command::EraseTenant {
+        tenant: t1.clone(),
+        entries_max: 4,
+        consumers: vec!["inventory".into(), "payments".into()],
+    };
+    let mut erased = 0;
+    let mut pages = 0;
+    loop {
+        pages += 1;
+        assert!(pages < 10, "erasure ends");
+        let Applied::Erased { entries, more } = store.execute(erase.clone()).await.unwrap() else {
+            panic!("erase answers Erased")
+        };
+        assert!(entries <= 4, "a page stays within its limit");
+        erased += entries;
+        if !more {
+            break;
+        }
+    }
+    assert!(pages > 1, "the erasure went in pages");
+    // Three records, three markers, three index entries, three orders, and the
+    // two pending events.
+    assert_eq!(erased, 14);
+    assert_eq!(store.tenant_entry_count(&t1).unwrap(), 0);
+    for id in ["ord_1", "ord_2", "ord_3"] {
+        assert_eq!(store.order(id).await.unwrap(), None, "{id}");
+    }
+    assert!(store
+        .order_by_client_order_id(&t1, "c2")
+        .await
+        .unwrap()
+        .is_none());
+    let events = store.outbox_after(0, 10).await.unwrap();
+    let kept: Vec<&str> = events.iter().map(|e| e.order_id.as_str()).collect();
+    assert_eq!(
+        kept,
+        vec!["ord_1", "ord_9"],
+        "delivered events stay delivered"
+    );
+    // The other tenant is untouched, and its order replays.
+    assert!(store.order("ord_9").await.unwrap().is_some());
+    assert!(matches!(
+        order(
+            &store,
+            for_tenant("t2", create("k1", "c1", "fp1", "ord_x", T0))
+        )
+        .await,
+        OrderOutcome::Replayed { .. }
+    ));
+    // A new request of the erased tenant finds nothing: no replay, no marker.
+    assert!(matches!(
+        order(&store, create("k2", "c2", "fp2", "ord_4", T0)).await,
+        OrderOutcome::Created { .. }
+    ));
 }

@@ -9,6 +9,8 @@
 
 #![allow(dead_code)]
 
+pub mod raw;
+
 use reqwest::blocking::{Client, RequestBuilder};
 use reqwest::header::HeaderMap;
 use serde_json::Value;
@@ -254,6 +256,11 @@ impl Cluster {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// The whole stderr log of the current process so far.
+    pub fn stderr_log(&self) -> String {
+        std::fs::read_to_string(self.log_path(self.starts, "stderr")).unwrap_or_default()
     }
 
     /// The last part of the current process's stderr log.

@@ -22,6 +22,7 @@ pub fn tenant(tenant_id: &str, home_region: &str) -> TenantRecord {
         new_keys_per_second: 10,
         state: TenantState::Active,
         created_at_ms: 1_700_000_000_000,
+        previous_token: None,
     }
 }
 

@@ -1,4 +1,6 @@
-//! The admin API (bearer admin token): tenants and the cluster view.
+//! The admin API (bearer admin token): tenants (creation, token rotation, limits,
+//! deletion) and the cluster view. Lifecycle changes are registry writes, so they
+//! act the same through any node; the registry's rejection decides the answer.
 
 use super::{json_body, json_response};
 use crate::node::{CreateTenantError, Node};
@@ -10,7 +12,9 @@ use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::Response;
 use keyhold_core::UnixMillis;
 use keyhold_core::{Problem, TenantId};
-use keyhold_registry::{TenantRecord, TenantState};
+use keyhold_registry::{
+    Rejection, Request, Response as RegistryResponse, TenantRecord, TenantState,
+};
 use serde::Deserialize;
 use std::sync::Arc;
 
@@ -29,8 +33,9 @@ fn tenant_json(record: &TenantRecord) -> serde_json::Value {
     let (state, moving_to, operation_id) = match &record.state {
         TenantState::Active => ("active", None, None),
         TenantState::Moving { to, operation_id } => ("moving", Some(to), Some(operation_id)),
+        TenantState::Deleted { .. } => ("deleted", None, None),
     };
-    serde_json::json!({
+    let mut body = serde_json::json!({
         "tenant_id": record.tenant_id,
         "home_region": record.home_region,
         "epoch": record.epoch,
@@ -40,7 +45,226 @@ fn tenant_json(record: &TenantRecord) -> serde_json::Value {
         "created_at": UnixMillis(record.created_at_ms).to_rfc3339(),
         "requests_per_second": record.requests_per_second,
         "new_keys_per_second": record.new_keys_per_second,
-    })
+        "previous_token_valid_until": record
+            .previous_token
+            .as_ref()
+            .map(|p| UnixMillis(p.valid_until_ms).to_rfc3339()),
+    });
+    if let TenantState::Deleted {
+        deleted_at_ms,
+        erased_in,
+    } = &record.state
+    {
+        body["deleted_at"] = UnixMillis(*deleted_at_ms).to_rfc3339().into();
+        body["erased_in"] = erased_in.clone().into();
+    }
+    body
+}
+
+/// A deleted tenant's JSON plus whether every region has erased its data.
+fn tenant_view(node: &Node, record: &TenantRecord) -> serde_json::Value {
+    let mut body = tenant_json(record);
+    if let TenantState::Deleted { erased_in, .. } = &record.state {
+        let done = node
+            .registry()
+            .regions()
+            .iter()
+            .all(|r| erased_in.contains(&r.name));
+        body["erasure"] = if done { "done" } else { "pending" }.into();
+    }
+    body
+}
+
+/// 200 with the tenant as [`tenant_view`] shows it.
+fn tenant_response(node: &Node, record: &TenantRecord) -> Response {
+    json_response(
+        200,
+        serde_json::to_vec(&tenant_view(node, record)).expect("json"),
+    )
+}
+
+/// The answer to a lifecycle write the registry refused.
+fn lifecycle_rejection(tenant_id: &str, reason: &Rejection) -> ApiError {
+    match reason {
+        Rejection::UnknownTenant { .. } => {
+            ApiError::new(Problem::NotFound).detail(format!("no tenant {tenant_id}"))
+        }
+        Rejection::TenantDeleted { .. } => {
+            ApiError::new(Problem::Conflict).detail(format!("tenant {tenant_id} was deleted"))
+        }
+        Rejection::TenantMoving { operation_id, .. } => {
+            ApiError::new(Problem::Conflict).detail(format!(
+                "tenant {tenant_id} is being moved (operation {operation_id}); try after it ends"
+            ))
+        }
+        other => ApiError::invalid("", other.to_string()),
+    }
+}
+
+/// Writes a lifecycle request and answers with the tenant after it.
+async fn lifecycle_write(
+    node: &Node,
+    tenant_id: &str,
+    request: Request,
+) -> Result<TenantRecord, ApiError> {
+    let written = node
+        .registry()
+        .write(request)
+        .await
+        .map_err(registry_unavailable)?;
+    match written.response {
+        RegistryResponse::TenantUpdated { record } => {
+            // This node answers from its own replica next: let it catch up.
+            let _ = node
+                .registry()
+                .wait_applied(
+                    written.log_index,
+                    std::time::Duration::from_millis(crate::limits::REGISTRY_READ_WAIT_MS),
+                )
+                .await;
+            node.refresh_tenants();
+            Ok(record)
+        }
+        RegistryResponse::Rejected { reason } => Err(lifecycle_rejection(tenant_id, &reason)),
+        other => {
+            Err(ApiError::new(Problem::StoreUnavailable)
+                .detail(format!("registry answered {other:?}")))
+        }
+    }
+}
+
+/// A request body that may be empty (then `T::default()`), else strict JSON.
+async fn optional_json<T: serde::de::DeserializeOwned + Default>(
+    node: &Node,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<T, ApiError> {
+    let bytes = super::read_body(headers, body, node.config().body_bytes_max).await?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    super::require_json(headers)?;
+    super::parse_json(&bytes)?;
+    serde_json::from_slice(&bytes).map_err(|e| ApiError::invalid("", e.to_string()))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RotateToken {
+    #[serde(default)]
+    grace_seconds: Option<u64>,
+}
+
+/// `POST /admin/v1/tenants/{id}/token`: a new token, shown once; the old one
+/// stays valid for `grace_seconds` (default one day) so clients can switch.
+pub async fn rotate_token(
+    State(node): State<Arc<Node>>,
+    headers: HeaderMap,
+    Path(tenant_id): Path<String>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    authenticate_admin(&headers, node.admin_token_sha256())?;
+    let req: RotateToken = optional_json(&node, &headers, body).await?;
+    let grace_seconds = req
+        .grace_seconds
+        .unwrap_or(crate::limits::TOKEN_GRACE_SECONDS_DEFAULT);
+    if grace_seconds > crate::limits::TOKEN_GRACE_SECONDS_MAX {
+        return Err(ApiError::invalid(
+            "/grace_seconds",
+            format!(
+                "must be 0 to {} (seven days)",
+                crate::limits::TOKEN_GRACE_SECONDS_MAX
+            ),
+        ));
+    }
+    let token = crate::tenants::new_token();
+    let until = crate::node::now().plus_ms(grace_seconds * 1000);
+    let request = Request::RotateToken {
+        tenant_id: tenant_id.clone(),
+        token_sha256: hex::encode(crate::tenants::sha256(&token)),
+        previous_valid_until_ms: until.0,
+    };
+    let record = lifecycle_write(&node, &tenant_id, request).await?;
+    let mut body = tenant_view(&node, &record);
+    body["token"] = token.into();
+    Ok(json_response(200, serde_json::to_vec(&body).expect("json")))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct SetLimits {
+    #[serde(default)]
+    requests_per_second: Option<serde_json::Value>,
+    #[serde(default)]
+    new_keys_per_second: Option<serde_json::Value>,
+}
+
+/// One rate of a limits body: an integer from 1 to the maximum, or absent.
+fn rate_field(value: Option<&serde_json::Value>, pointer: &str) -> Result<Option<u32>, ApiError> {
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    let max = crate::limits::TENANT_RATE_PER_SECOND_MAX;
+    match value.as_u64() {
+        Some(n) if (1..=u64::from(max)).contains(&n) => Ok(Some(n as u32)),
+        _ => Err(ApiError::invalid(
+            pointer,
+            format!("must be an integer from 1 to {max}"),
+        )),
+    }
+}
+
+/// `PUT /admin/v1/tenants/{id}/limits`: changes either rate or both; every node
+/// applies it as soon as its replica has the change.
+pub async fn set_limits(
+    State(node): State<Arc<Node>>,
+    headers: HeaderMap,
+    Path(tenant_id): Path<String>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    authenticate_admin(&headers, node.admin_token_sha256())?;
+    let (bytes, _) = json_body(&node, &headers, body).await?;
+    let req: SetLimits =
+        serde_json::from_slice(&bytes).map_err(|e| ApiError::invalid("", e.to_string()))?;
+    let requests = rate_field(req.requests_per_second.as_ref(), "/requests_per_second")?;
+    let new_keys = rate_field(req.new_keys_per_second.as_ref(), "/new_keys_per_second")?;
+    if requests.is_none() && new_keys.is_none() {
+        return Err(ApiError::invalid(
+            "",
+            "give requests_per_second, new_keys_per_second or both",
+        ));
+    }
+    // The unchanged rate comes from the freshest replica view; the write is
+    // refused if the tenant is unknown or deleted whatever this view says.
+    let _ = node.catch_up_registry().await;
+    let current = node.registry().tenant(&tenant_id);
+    let (old_requests, old_new_keys) = current
+        .as_ref()
+        .map_or((1, 1), |t| (t.requests_per_second, t.new_keys_per_second));
+    let request = Request::SetLimits {
+        tenant_id: tenant_id.clone(),
+        requests_per_second: requests.unwrap_or(old_requests),
+        new_keys_per_second: new_keys.unwrap_or(old_new_keys),
+    };
+    let record = lifecycle_write(&node, &tenant_id, request).await?;
+    Ok(tenant_response(&node, &record))
+}
+
+/// `DELETE /admin/v1/tenants/{id}`: the tenant's tokens stop working at once
+/// everywhere and every region's store erases its data in the background
+/// (`erasure` turns `done`); the id is never given out again.
+pub async fn delete_tenant(
+    State(node): State<Arc<Node>>,
+    headers: HeaderMap,
+    Path(tenant_id): Path<String>,
+) -> Result<Response, ApiError> {
+    authenticate_admin(&headers, node.admin_token_sha256())?;
+    let request = Request::DeleteTenant {
+        tenant_id: tenant_id.clone(),
+        now_ms: crate::node::now().0,
+    };
+    let record = lifecycle_write(&node, &tenant_id, request).await?;
+    Ok(tenant_response(&node, &record))
 }
 
 fn registry_unavailable(e: keyhold_registry::Error) -> ApiError {
@@ -115,10 +339,7 @@ pub async fn get_tenant(
         record = node.registry().tenant(&tenant_id);
     }
     let record = record.ok_or_else(|| ApiError::new(Problem::NotFound))?;
-    Ok(json_response(
-        200,
-        serde_json::to_vec(&tenant_json(&record)).expect("json"),
-    ))
+    Ok(tenant_response(&node, &record))
 }
 
 pub async fn cluster(
@@ -149,7 +370,7 @@ pub async fn cluster(
             let tenants = registry.read(|s| {
                 s.tenants
                     .values()
-                    .filter(|t| t.home_region == r.name)
+                    .filter(|t| t.home_region == r.name && !t.is_deleted())
                     .count()
             });
             serde_json::json!({ "name": r.name, "tenants": tenants })

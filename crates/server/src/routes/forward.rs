@@ -19,7 +19,7 @@ use super::{read_body, KEYHOLD_REGION};
 use crate::limits::{FORWARD_ATTEMPTS_MAX, FORWARD_TIMEOUT_MS, REGISTRY_READ_WAIT_MS};
 use crate::node::{Node, Placement};
 use crate::problem::ApiError;
-use crate::tenants::Tenant;
+use crate::tenants::{has_tenant_token_form, Tenant};
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
@@ -74,24 +74,22 @@ fn misdirected(node: &Node) -> Response {
 
 pub async fn route(State(node): State<Arc<Node>>, request: Request, next: Next) -> Response {
     let mut authenticated = node.tenants.authenticate(request.headers());
-    if authenticated.is_err() && node.catch_up_registry().await {
+    // Only a token of the tenant form can be a tenant created through another
+    // node a moment ago; a missing or malformed one is refused at once, so a
+    // flood of bad tokens costs nobody a wait.
+    if authenticated.is_err()
+        && has_tenant_token_form(request.headers())
+        && node.catch_up_registry().await
+    {
         authenticated = node.tenants.authenticate(request.headers());
     }
     let tenant = match authenticated {
         Ok(t) => t,
-        Err(e) => {
-            // Read what the client is still sending, so it gets the 401 rather
-            // than a connection reset.
-            super::drain(request.into_body()).await;
-            return e.into_response();
-        }
+        Err(e) => return e.into_response(),
     };
     let believed_epoch = match forwarded_epoch(&node, request.headers()) {
         Ok(epoch) => epoch,
-        Err(e) => {
-            super::drain(request.into_body()).await;
-            return e.into_response();
-        }
+        Err(e) => return e.into_response(),
     };
     match (node.placement(&tenant.record), believed_epoch) {
         (Placement::Moving, _) => ApiError::new(Problem::TenantMoving).into_response(),
@@ -127,6 +125,12 @@ fn forwarded_epoch(node: &Node, headers: &HeaderMap) -> Result<Option<u64>, ApiE
 
 async fn forward(node: Arc<Node>, request: Request, next: Next, region: String) -> Response {
     let (parts, body) = request.into_parts();
+    // The home checks the headers before it reads the body; so does this node,
+    // so that a request the home would refuse for its headers gets that answer
+    // here too, even when its body is over the limit this node reads.
+    if let Err(e) = super::header_checks(&parts.method, parts.uri.path(), &parts.headers) {
+        return e.into_response();
+    }
     let bytes = match read_body(&parts.headers, body, node.config().body_bytes_max).await {
         Ok(b) => b,
         Err(e) => return e.into_response(),

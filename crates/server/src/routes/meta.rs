@@ -8,7 +8,8 @@ use axum::extract::State;
 use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use keyhold_core::limits::{KEY_LENGTH_MAX, LEASE_MS_MAX, LEASE_MS_MIN};
-use keyhold_core::Problem;
+use keyhold_core::{Problem, Retention};
+use keyhold_registry::OperationState;
 use std::sync::Arc;
 
 /// The OpenAPI document, kept in docs/ and compiled in so every node serves the
@@ -19,12 +20,22 @@ pub async fn healthz() -> Response {
     json_response(200, br#"{"status":"ok"}"#.to_vec())
 }
 
+/// Ready: the store is healthy and this node's registry replica knows a leader
+/// and every region. Without a leader no tenant can be created or moved and the
+/// replica may be cut off from the cluster, so a load balancer should prefer
+/// another node.
 pub async fn readyz(State(node): State<Arc<Node>>) -> Response {
-    if node.store().is_healthy() && crate::cluster::is_serving(&node) {
-        json_response(200, br#"{"status":"ready"}"#.to_vec())
-    } else {
-        ApiError::new(Problem::StoreUnavailable).into_response()
+    if !node.store().is_healthy() {
+        return ApiError::new(Problem::StoreUnavailable)
+            .detail("the region store is not healthy")
+            .into_response();
     }
+    if !crate::cluster::is_ready(&node) {
+        return ApiError::new(Problem::StoreUnavailable)
+            .detail("registry: this node knows no leader, or not every region yet")
+            .into_response();
+    }
+    json_response(200, br#"{"status":"ready"}"#.to_vec())
 }
 
 pub async fn metrics(State(node): State<Arc<Node>>) -> Response {
@@ -34,6 +45,7 @@ pub async fn metrics(State(node): State<Arc<Node>>) -> Response {
     metrics::gauge!("keyhold_store_size_on_disk_bytes").set(node.store().size_on_disk() as f64);
     metrics::gauge!("keyhold_tenants").set(node.tenants.len() as f64);
     metrics::gauge!("keyhold_inflight_scopes").set(node.inflight.len() as f64);
+    health_gauges(&node);
     let text = crate::metrics::handle().render();
     (
         [(
@@ -43,6 +55,43 @@ pub async fn metrics(State(node): State<Arc<Node>>) -> Response {
         text,
     )
         .into_response()
+}
+
+/// The gauges the alert rules in deploy/prometheus watch, sampled when scraped:
+/// whether the store and the registry can serve, how far each registry
+/// follower trails the leader, and how long running operations have gone
+/// without progress.
+fn health_gauges(node: &Node) {
+    let flag = |b: bool| if b { 1.0 } else { 0.0 };
+    metrics::gauge!("keyhold_store_healthy").set(flag(node.store().is_healthy()));
+    let registry = node.registry();
+    metrics::gauge!("keyhold_registry_has_leader").set(flag(registry.leader().is_some()));
+    // Only the leader knows what its followers have matched; elsewhere every
+    // follower's lag reads 0 so a former leader leaves no stale value behind.
+    let raft = registry.metrics();
+    let last = raft.last_log_index.unwrap_or(0);
+    let matched = raft.replication.unwrap_or_default();
+    for id in registry.nodes().keys().filter(|id| **id != registry.id()) {
+        let lag = match matched.get(id) {
+            Some(m) => last.saturating_sub(m.map_or(0, |l| l.index)),
+            None => 0,
+        };
+        metrics::gauge!("keyhold_registry_replication_lag_entries", "follower" => id.to_string())
+            .set(lag as f64);
+    }
+    let now_ms = crate::node::now().0;
+    let mut running = 0u64;
+    let mut stalled_ms = 0u64;
+    registry.read(|state| {
+        for op in state.operations.values() {
+            if matches!(op.state, OperationState::Pending | OperationState::Running) {
+                running += 1;
+                stalled_ms = stalled_ms.max(now_ms.saturating_sub(op.updated_at_ms));
+            }
+        }
+    });
+    metrics::gauge!("keyhold_operations_running").set(running as f64);
+    metrics::gauge!("keyhold_operation_stalled_seconds").set(stalled_ms as f64 / 1000.0);
 }
 
 pub async fn openapi() -> Response {
@@ -55,6 +104,21 @@ pub async fn policy(State(node): State<Arc<Node>>) -> Response {
         .iter()
         .map(|p| (p.slug().to_owned(), p.status().into()))
         .collect();
+    let horizon = node.config().horizon();
+    let seconds = |r: Retention| r.ms().map(|ms| ms / 1000);
+    let stages: Vec<serde_json::Value> = horizon
+        .stages
+        .iter()
+        .map(|(stage, retention)| {
+            serde_json::json!({
+                "stage": stage.name(),
+                "setting": stage.setting(),
+                "ttl_seconds": seconds(*retention),
+                "guards": stage.guards(),
+            })
+        })
+        .collect();
+    let (first, first_retention) = horizon.ends_first();
     let body = serde_json::json!({
         "response_ttl_seconds": p.response_ttl_ms / 1000,
         "marker_ttl_seconds": p.marker_ttl_ms / 1000,
@@ -64,6 +128,14 @@ pub async fn policy(State(node): State<Arc<Node>>) -> Response {
         "body_bytes_max": node.config().body_bytes_max,
         "lease_ms_min": LEASE_MS_MIN,
         "lease_ms_max": LEASE_MS_MAX,
+        "psp_key_retention_seconds": seconds(horizon.stages[3].1),
+        // Every stage of duplicate protection in the order a duplicate meets
+        // them; the first to forget is the real limit (null: never forgets).
+        "dedupe_horizon": {
+            "stages": stages,
+            "ends_first": first.name(),
+            "window_seconds": seconds(first_retention),
+        },
         "replayed_header": "Idempotent-Replayed",
         "fingerprint_header": "Idempotency-Fingerprint",
         "status_codes": {

@@ -4,6 +4,7 @@
 mod admin;
 mod claims;
 mod forward;
+mod guard;
 mod internal;
 mod meta;
 mod moves;
@@ -18,7 +19,7 @@ use axum::extract::{MatchedPath, Request};
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::Router;
 use keyhold_core::Problem;
 use keyhold_fingerprint::Value;
@@ -50,7 +51,18 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/idempotency-policy", get(meta::policy))
         .route("/v1/fingerprint-specs", get(meta::specs))
         .route("/admin/v1/tenants", post(admin::create_tenant))
-        .route("/admin/v1/tenants/{tenant_id}", get(admin::get_tenant))
+        .route(
+            "/admin/v1/tenants/{tenant_id}",
+            get(admin::get_tenant).delete(admin::delete_tenant),
+        )
+        .route(
+            "/admin/v1/tenants/{tenant_id}/token",
+            post(admin::rotate_token),
+        )
+        .route(
+            "/admin/v1/tenants/{tenant_id}/limits",
+            put(admin::set_limits),
+        )
         .route(
             "/admin/v1/tenants/{tenant_id}/move",
             post(moves::start_move),
@@ -71,6 +83,12 @@ pub fn router(node: Arc<Node>) -> Router {
         .method_not_allowed_fallback(|| async { ApiError::new(Problem::MethodNotAllowed) })
         .layer(middleware::from_fn(record_metrics))
         .layer(CatchPanicLayer::custom(panic_response))
+        .layer(middleware::from_fn(guard::problems_only))
+        .layer(middleware::from_fn(guard::check_message))
+        .layer(middleware::from_fn(guard::bound_time))
+        // Outside the time bound: a request cut off by it still leaves a clean
+        // connection (or says close).
+        .layer(middleware::from_fn(guard::settle_body))
         // A forwarded answer already names the region that executed it.
         .layer(SetResponseHeaderLayer::if_not_present(
             KEYHOLD_REGION,
@@ -92,7 +110,6 @@ pub(crate) async fn require_node_credential(
         return next.run(request).await;
     }
     metrics::counter!("keyhold_node_credential_refused_total").increment(1);
-    drain(request.into_body()).await;
     ApiError::new(Problem::Unauthenticated)
         .detail("inter-node endpoints accept only the cluster's node credential")
         .into_response()
@@ -127,6 +144,17 @@ async fn record_metrics(request: Request, next: Next) -> Response {
 /// 415 unless the body is declared as JSON (`application/json` or any
 /// `application/*+json`, parameters allowed).
 pub fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
+    if headers
+        .get_all(header::CONTENT_TYPE)
+        .iter()
+        .nth(1)
+        .is_some()
+    {
+        return Err(ApiError::invalid(
+            "",
+            "the Content-Type header was given more than once",
+        ));
+    }
     let declared = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -145,12 +173,11 @@ pub fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
-/// Reads the whole body, refusing (413) past `limit` bytes without buffering more.
-///
-/// Before a 413 the rest of the body is read and discarded, up to
-/// `DRAIN_BYTES_MAX` and `DRAIN_MS`: a server that answers and closes while the
-/// client is still sending resets the connection, and the client then sees a
-/// transport error instead of the 413.
+/// Reads the whole body, refusing (413) past `limit` bytes without buffering more,
+/// and (408 `request-timeout`) a body that has not fully arrived within
+/// `BODY_READ_MS`: a slow or unfinished body cannot hold the request open. What
+/// is left of a refused body is drained or the connection closed by
+/// `guard::settle_body`.
 pub async fn read_body(
     headers: &HeaderMap,
     mut body: Body,
@@ -166,46 +193,54 @@ pub async fn read_body(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
-        drain(body).await;
         return Err(too_large());
     }
-    let mut buf = Vec::with_capacity(declared.map_or(0, |n| n as usize));
-    while let Some(frame) = body.frame().await {
-        let frame =
-            frame.map_err(|e| ApiError::invalid("", format!("could not read the body: {e}")))?;
-        if let Ok(data) = frame.into_data() {
-            if buf.len() + data.len() > limit {
-                drain(body).await;
-                return Err(too_large());
-            }
-            buf.extend_from_slice(&data);
-        }
-    }
-    Ok(Bytes::from(buf))
-}
-
-/// Reads and discards what is left of a refused body, bounded in bytes and time.
-pub(crate) async fn drain(mut body: Body) {
-    use http_body_util::BodyExt;
-    let _ = tokio::time::timeout(
-        std::time::Duration::from_millis(crate::limits::DRAIN_MS),
-        async {
-            let mut drained = 0usize;
-            while let Some(Ok(frame)) = body.frame().await {
-                drained += frame.data_ref().map_or(0, |d| d.len());
-                if drained > crate::limits::DRAIN_BYTES_MAX {
-                    break;
+    let read = async {
+        let mut buf = Vec::with_capacity(declared.map_or(0, |n| n as usize));
+        while let Some(frame) = body.frame().await {
+            let frame = frame
+                .map_err(|e| ApiError::invalid("", format!("could not read the body: {e}")))?;
+            if let Ok(data) = frame.into_data() {
+                if buf.len() + data.len() > limit {
+                    return Err(too_large());
                 }
+                buf.extend_from_slice(&data);
             }
-        },
-    )
-    .await;
+        }
+        Ok(Bytes::from(buf))
+    };
+    let wait = std::time::Duration::from_millis(crate::limits::BODY_READ_MS);
+    tokio::time::timeout(wait, read).await.unwrap_or_else(|_| {
+        Err(ApiError::new(Problem::RequestTimeout).detail(format!(
+            "the body did not arrive within {} ms",
+            crate::limits::BODY_READ_MS
+        )))
+    })
 }
 
 /// Strict I-JSON: duplicate names, lone surrogates, non-finite numbers and
 /// excessive nesting are 400 `invalid-request`, with the rule and byte offset.
 pub fn parse_json(bytes: &[u8]) -> Result<Value, ApiError> {
     keyhold_fingerprint::parse(bytes).map_err(|e| ApiError::invalid("", e.to_string()))
+}
+
+/// The checks of a tenant request that need only its headers, in the order the
+/// handler makes them after authentication: for a new order its key, its
+/// fingerprint header and its media type; for any other POST its media type. A
+/// forwarding node makes them too before it reads the body, so a request gets
+/// the same answer through any node.
+pub fn header_checks(
+    method: &axum::http::Method,
+    path: &str,
+    headers: &HeaderMap,
+) -> Result<(), ApiError> {
+    if method != axum::http::Method::POST {
+        return Ok(());
+    }
+    if path == "/v1/orders" {
+        return orders::header_checks(headers).map(drop);
+    }
+    require_json(headers)
 }
 
 /// Content type, size and strictness checks, then the parsed body.

@@ -6,7 +6,8 @@
 //! scope) and then replay.
 
 use super::{
-    json_body, json_response, IDEMPOTENCY_FINGERPRINT, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED,
+    json_response, parse_json, read_body, require_json, IDEMPOTENCY_FINGERPRINT, IDEMPOTENCY_KEY,
+    IDEMPOTENT_REPLAYED,
 };
 use crate::inflight::{wait_for_leader, Slot};
 use crate::node::{now, Fingerprints, Node};
@@ -56,8 +57,9 @@ pub async fn create(State(node): State<Arc<Node>>, headers: HeaderMap, body: Bod
 async fn prepare(node: &Node, headers: &HeaderMap, body: Body) -> Result<Prepared, ApiError> {
     let tenant = node.tenants.authenticate(headers)?;
     tenant.check_request_rate()?;
-    let key = idempotency_key(headers)?;
-    let (_, value) = json_body(node, headers, body).await?;
+    let key = header_checks(headers)?;
+    let bytes = read_body(headers, body, node.config().body_bytes_max).await?;
+    let value = parse_json(&bytes)?;
     let request = OrderRequest::from_value(&value).map_err(|errors| {
         ApiError::new(Problem::InvalidRequest)
             .detail("the order failed field rules")
@@ -85,6 +87,25 @@ async fn prepare(node: &Node, headers: &HeaderMap, body: Body) -> Result<Prepare
         request,
         fingerprints,
     })
+}
+
+/// The checks of a create that need only the headers, in order: the key, at
+/// most one `Idempotency-Fingerprint` (two are ambiguous), the media type.
+pub fn header_checks(headers: &HeaderMap) -> Result<IdempotencyKey, ApiError> {
+    let key = idempotency_key(headers)?;
+    if headers
+        .get_all(IDEMPOTENCY_FINGERPRINT)
+        .iter()
+        .nth(1)
+        .is_some()
+    {
+        return Err(ApiError::invalid(
+            "",
+            "the Idempotency-Fingerprint header was given more than once",
+        ));
+    }
+    require_json(headers)?;
+    Ok(key)
 }
 
 pub fn idempotency_key(headers: &HeaderMap) -> Result<IdempotencyKey, ApiError> {

@@ -1,0 +1,371 @@
+//! A seed's plan: everything a run will do, drawn up front from one seeded RNG,
+//! so the same seed gives the same cluster options, the same requests (keys,
+//! bodies, regions, client timeouts, pauses) at the same offsets, and the same
+//! faults at the same offsets. Only the interleaving the machine produces
+//! differs between two runs of one seed.
+
+use crate::limits::{
+    CLIENTS, CLIENT_TIMEOUT_MS_MAX, DOWN_MS_MAX, DUPLICATES_MAX, FAULTS_MAX, FAULTS_MIN,
+    FAULT_START_MS, ITEMS_MAX, KILLS_MAX, LEASE_MS_MAX, LEASE_MS_MIN, STEPS_PER_CLIENT_MAX,
+    STEPS_PER_CLIENT_MIN, TRAFFIC_MS,
+};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+/// The local cluster's regions; each has one demo tenant, `demo-<region>`.
+pub const REGIONS: [&str; 3] = ["a", "b", "c"];
+
+/// Options `keyhold up` is started with (the same at every restart).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClusterOptions {
+    pub psp_drop_response_rate: f64,
+    pub psp_decline_rate: f64,
+    pub inter_region_rtt_ms: Option<u64>,
+}
+
+/// One order a step sends: its tenant (index into [`REGIONS`]: `demo-<region>`),
+/// key and fields.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OrderSpec {
+    pub tenant: usize,
+    pub key: String,
+    pub client_order_id: String,
+    pub amount: u64,
+    pub items: u8,
+}
+
+impl OrderSpec {
+    /// The exact body text: serde_json sorts keys, so a retry sends the same bytes.
+    pub fn body(&self) -> String {
+        let mut body = serde_json::json!({
+            "client_order_id": self.client_order_id,
+            "cart_id": format!("cart-{}", self.client_order_id),
+            "amount": self.amount,
+            "currency": "EUR",
+            "metadata": {"source": "chaos"},
+        });
+        if self.items > 0 {
+            body["items"] = (0..self.items)
+                .map(|i| serde_json::json!({"sku": format!("sku-{i}"), "quantity": i + 1}))
+                .collect();
+        }
+        body.to_string()
+    }
+}
+
+/// One client step. `of` names an earlier `New` or `Duplicates` step of the
+/// same client (its index in the client's list).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Step {
+    /// A new order; with `timeout_ms` the client gives up early (an `unknown`).
+    New {
+        order: OrderSpec,
+        region: usize,
+        timeout_ms: Option<u64>,
+    },
+    /// The same key and body again (a retry after a timeout is a reconnect).
+    Retry { of: usize, region: usize },
+    /// The same key with a changed amount: must be 422.
+    Conflict { of: usize, region: usize },
+    /// A new key with the same body: the marker answers 200.
+    NewKeySameOrder {
+        of: usize,
+        key: String,
+        region: usize,
+    },
+    /// A new key with a changed amount: 409 `client-order-id-conflict`.
+    NewKeyChangedOrder {
+        of: usize,
+        key: String,
+        region: usize,
+    },
+    /// The same new order sent `regions.len()` times at once.
+    Duplicates {
+        order: OrderSpec,
+        regions: Vec<usize>,
+    },
+    /// A claim; its holder either completes it, or crashes, and after the
+    /// lease a second worker takes over and completes, and then the crashed
+    /// holder wakes up and tries to complete with its stale token.
+    ClaimJob {
+        tenant: usize,
+        key: String,
+        region: usize,
+        lease_ms: u64,
+        holder_crashes: bool,
+    },
+}
+
+/// A step and when it is due (ms after the traffic starts).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Timed<T> {
+    pub at_ms: u64,
+    #[serde(flatten)]
+    pub what: T,
+}
+
+/// What can go wrong. Kills name their target so that per-node kills (through
+/// `up`'s control API) slot in beside today's whole-cluster kill.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "fault", rename_all = "snake_case")]
+pub enum Fault {
+    /// SIGKILL, stay down `down_ms`, restart on the same data dir.
+    Kill { target: KillTarget, down_ms: u64 },
+    /// `POST /admin/v1/outbox/replay`.
+    OutboxReplay,
+    /// `POST /admin/v1/tenants/demo-<tenant>/move` to `to`.
+    Move { tenant: usize, to: usize },
+    /// Cut a region off and heal it after `for_ms`: needs `up`'s control API,
+    /// so it is not planned yet (the executor answers `Unsupported`).
+    Isolate { region: usize, for_ms: u64 },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KillTarget {
+    /// The whole `keyhold up` process (every node at once).
+    Cluster,
+    /// One node by id (once `up` runs nodes as processes).
+    Node(u64),
+}
+
+impl Fault {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Fault::Kill { .. } => "kill",
+            Fault::OutboxReplay => "outbox_replay",
+            Fault::Move { .. } => "move",
+            Fault::Isolate { .. } => "isolate",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    pub seed: u64,
+    pub cluster: ClusterOptions,
+    pub clients: Vec<Vec<Timed<Step>>>,
+    pub faults: Vec<Timed<Fault>>,
+}
+
+fn pick<T: Copy>(rng: &mut StdRng, items: &[T]) -> T {
+    items[rng.gen_range(0..items.len())]
+}
+
+fn region(rng: &mut StdRng) -> usize {
+    rng.gen_range(0..REGIONS.len())
+}
+
+impl Plan {
+    /// The plan of `seed`.
+    pub fn new(seed: u64) -> Plan {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let cluster = ClusterOptions {
+            psp_drop_response_rate: pick(&mut rng, &[0.0, 0.1, 0.3]),
+            psp_decline_rate: pick(&mut rng, &[0.0, 0.1, 0.25]),
+            inter_region_rtt_ms: pick(&mut rng, &[None, Some(10), Some(40)]),
+        };
+        let clients = (0..CLIENTS)
+            .map(|c| client_steps(&mut rng, seed, c))
+            .collect();
+        let mut faults = Vec::new();
+        let mut kills = 0;
+        for _ in 0..rng.gen_range(FAULTS_MIN..=FAULTS_MAX) {
+            let at_ms = rng.gen_range(FAULT_START_MS..TRAFFIC_MS);
+            let fault = match rng.gen_range(0..3) {
+                0 if kills < KILLS_MAX => {
+                    kills += 1;
+                    Fault::Kill {
+                        target: KillTarget::Cluster,
+                        down_ms: rng.gen_range(0..=DOWN_MS_MAX),
+                    }
+                }
+                1 => {
+                    let tenant = region(&mut rng);
+                    let to = (tenant + rng.gen_range(1..REGIONS.len())) % REGIONS.len();
+                    Fault::Move { tenant, to }
+                }
+                _ => Fault::OutboxReplay,
+            };
+            faults.push(Timed { at_ms, what: fault });
+        }
+        faults.sort_by_key(|f| f.at_ms);
+        Plan {
+            seed,
+            cluster,
+            clients,
+            faults,
+        }
+    }
+
+    pub fn requests_planned(&self) -> usize {
+        self.clients.iter().map(Vec::len).sum()
+    }
+}
+
+fn client_steps(rng: &mut StdRng, seed: u64, client: u32) -> Vec<Timed<Step>> {
+    let n = rng.gen_range(STEPS_PER_CLIENT_MIN..=STEPS_PER_CLIENT_MAX);
+    let mut steps: Vec<Timed<Step>> = Vec::with_capacity(n);
+    // Indices of steps that created (or tried to create) an order.
+    let mut orders: Vec<usize> = Vec::new();
+    let mut serial = 0u32;
+    let mut name = |what: &str| {
+        serial += 1;
+        format!("s{seed}-c{client}-{what}{serial}")
+    };
+    for i in 0..n {
+        let at_ms = TRAFFIC_MS * i as u64 / n as u64;
+        let roll = rng.gen_range(0..100);
+        let earlier = (!orders.is_empty()).then(|| orders[rng.gen_range(0..orders.len())]);
+        let step = match (roll, earlier) {
+            (0..=11, Some(of)) => Step::Retry {
+                of,
+                region: region(rng),
+            },
+            (12..=17, Some(of)) => Step::Conflict {
+                of,
+                region: region(rng),
+            },
+            (18..=22, Some(of)) => Step::NewKeySameOrder {
+                of,
+                key: name("k"),
+                region: region(rng),
+            },
+            (23..=26, Some(of)) => Step::NewKeyChangedOrder {
+                of,
+                key: name("k"),
+                region: region(rng),
+            },
+            (27..=34, _) => {
+                let copies = rng.gen_range(2..=DUPLICATES_MAX);
+                Step::Duplicates {
+                    order: order(rng, &mut name),
+                    regions: (0..copies).map(|_| region(rng)).collect(),
+                }
+            }
+            (35..=40, _) => Step::ClaimJob {
+                tenant: region(rng),
+                key: name("job"),
+                region: region(rng),
+                lease_ms: rng.gen_range(LEASE_MS_MIN..=LEASE_MS_MAX),
+                holder_crashes: rng.gen_bool(0.5),
+            },
+            _ => Step::New {
+                order: order(rng, &mut name),
+                region: region(rng),
+                timeout_ms: rng
+                    .gen_bool(0.12)
+                    .then(|| rng.gen_range(1..=CLIENT_TIMEOUT_MS_MAX)),
+            },
+        };
+        if matches!(step, Step::New { .. } | Step::Duplicates { .. }) {
+            orders.push(i);
+        }
+        steps.push(Timed { at_ms, what: step });
+    }
+    steps
+}
+
+fn order(rng: &mut StdRng, name: &mut impl FnMut(&str) -> String) -> OrderSpec {
+    let coid = name("o");
+    OrderSpec {
+        tenant: region(rng),
+        key: format!("k-{coid}"),
+        client_order_id: coid,
+        amount: rng.gen_range(1..=100_000),
+        items: rng.gen_range(0..=ITEMS_MAX),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_seed_gives_one_plan() {
+        let a = Plan::new(7);
+        assert_eq!(a, Plan::new(7));
+        assert_eq!(
+            serde_json::to_string(&a).unwrap(),
+            serde_json::to_string(&Plan::new(7)).unwrap()
+        );
+        assert_ne!(a, Plan::new(8));
+    }
+
+    #[test]
+    fn plans_stay_within_their_limits() {
+        for seed in 0..200 {
+            let plan = Plan::new(seed);
+            assert_eq!(plan.clients.len(), CLIENTS as usize);
+            let kills = plan
+                .faults
+                .iter()
+                .filter(|f| matches!(f.what, Fault::Kill { .. }))
+                .count();
+            assert!(kills <= KILLS_MAX);
+            assert!((FAULTS_MIN..=FAULTS_MAX).contains(&plan.faults.len()));
+            for steps in &plan.clients {
+                assert!((STEPS_PER_CLIENT_MIN..=STEPS_PER_CLIENT_MAX).contains(&steps.len()));
+                for (i, step) in steps.iter().enumerate() {
+                    assert!(step.at_ms < TRAFFIC_MS);
+                    // A reference always names an earlier order step.
+                    if let Step::Retry { of, .. }
+                    | Step::Conflict { of, .. }
+                    | Step::NewKeySameOrder { of, .. }
+                    | Step::NewKeyChangedOrder { of, .. } = step.what
+                    {
+                        assert!(of < i);
+                        assert!(matches!(
+                            steps[of].what,
+                            Step::New { .. } | Step::Duplicates { .. }
+                        ));
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn across_seeds_every_step_and_fault_kind_is_planned() {
+        let mut kinds = std::collections::BTreeSet::new();
+        for seed in 0..50 {
+            let plan = Plan::new(seed);
+            for f in &plan.faults {
+                kinds.insert(f.what.kind().to_owned());
+            }
+            for s in plan.clients.iter().flatten() {
+                let json = serde_json::to_value(&s.what).unwrap();
+                kinds.insert(json["type"].as_str().unwrap().to_owned());
+            }
+        }
+        for k in [
+            "kill",
+            "move",
+            "outbox_replay",
+            "new",
+            "retry",
+            "conflict",
+            "new_key_same_order",
+            "new_key_changed_order",
+            "duplicates",
+            "claim_job",
+        ] {
+            assert!(kinds.contains(k), "{k} never planned: {kinds:?}");
+        }
+    }
+
+    #[test]
+    fn a_retry_sends_the_same_bytes() {
+        let o = OrderSpec {
+            tenant: 0,
+            key: "k".into(),
+            client_order_id: "c".into(),
+            amount: 5,
+            items: 2,
+        };
+        assert_eq!(o.body(), o.clone().body());
+        assert!(o.body().contains(r#""quantity":2"#));
+    }
+}

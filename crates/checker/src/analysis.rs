@@ -1,0 +1,681 @@
+//! The pure analysis: a history plus the final state give a verdict. No I/O,
+//! so every violation kind is tested on purpose-built histories.
+//!
+//! Orders are judged per key (one execution; every replay byte-identical to the
+//! first answer; a changed body refused, a same body never refused as changed),
+//! per client_order_id (one order, found at the end with the acknowledged id and
+//! fields), and downstream (one charge per surviving order that agrees with its
+//! status and amount; one reservation per item line). Claims are judged by real
+//! time: a completion acknowledged after another owner's acquisition had been
+//! acknowledged is a fenced owner's write that got through.
+//!
+//! `unknown` ops may or may not have happened: they never count as
+//! acknowledgements, but an order they may have created is allowed to exist.
+
+use crate::history::{History, Op, Outcome, Request};
+use crate::state::{Charge, Downstream, FinalState, Read, Reservation};
+use crate::verdict::{Kind, Stats, Verdict, Violation};
+use keyhold_fingerprint::Spec;
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Fields of an order that never change after creation.
+const IMMUTABLE_ORDER_FIELDS: [&str; 6] = [
+    "order_id",
+    "client_order_id",
+    "cart_id",
+    "amount",
+    "currency",
+    "created_at",
+];
+/// Order statuses after downstream work settled.
+const SETTLED_STATUSES: [&str; 2] = ["PAID", "PAYMENT_FAILED"];
+
+/// The order fingerprint of a request body (`None` if it is not I-JSON).
+fn order_fingerprint(body: &str) -> Option<String> {
+    let value = keyhold_fingerprint::parse(body.as_bytes()).ok()?;
+    Some(Spec::orders().fingerprint(&value).as_str().to_owned())
+}
+
+fn str_field<'a>(value: &'a Value, name: &str) -> Option<&'a str> {
+    value.get(name).and_then(Value::as_str)
+}
+
+struct OrderOp<'a> {
+    op: &'a Op,
+    client_order_id: &'a str,
+    fingerprint: Option<String>,
+}
+
+/// Orders of the history, indexed the ways the rules need.
+#[derive(Default)]
+struct Orders<'a> {
+    by_key: BTreeMap<(&'a str, &'a str), Vec<OrderOp<'a>>>,
+    /// (tenant, client_order_id) → every request body sent for it.
+    bodies: BTreeMap<(&'a str, &'a str), Vec<&'a str>>,
+    /// (tenant, client_order_id) → (order id, op) of every answer naming an order.
+    acked: BTreeMap<(&'a str, &'a str), Vec<(String, u64)>>,
+    /// (tenant, order id) → the first answer body that acknowledged it.
+    acked_bodies: BTreeMap<(&'a str, String), (Value, u64)>,
+}
+
+fn index(history: &History) -> Orders<'_> {
+    let mut orders = Orders::default();
+    for op in &history.ops {
+        let Request::CreateOrder {
+            key,
+            client_order_id,
+            body,
+            ..
+        } = &op.request
+        else {
+            continue;
+        };
+        let tenant = op.tenant.as_str();
+        orders
+            .bodies
+            .entry((tenant, client_order_id))
+            .or_default()
+            .push(body);
+        if let (Some((status, _)), Some(json)) = (op.outcome.answer(), op.outcome.json()) {
+            if matches!(status, 200 | 201) {
+                if let Some(order_id) = str_field(&json, "order_id") {
+                    orders
+                        .acked
+                        .entry((tenant, client_order_id))
+                        .or_default()
+                        .push((order_id.to_owned(), op.id));
+                    orders
+                        .acked_bodies
+                        .entry((tenant, order_id.to_owned()))
+                        .or_insert((json.clone(), op.id));
+                }
+            }
+        }
+        orders
+            .by_key
+            .entry((tenant, key))
+            .or_default()
+            .push(OrderOp {
+                op,
+                client_order_id,
+                fingerprint: order_fingerprint(body),
+            });
+    }
+    orders
+}
+
+fn violation(kind: Kind, detail: String, ops: Vec<u64>) -> Violation {
+    Violation { kind, detail, ops }
+}
+
+/// Judges the history against the final state.
+pub fn check(history: &History, state: &FinalState) -> Verdict {
+    let orders = index(history);
+    let mut out = Vec::new();
+    let mut stats = Stats {
+        ops: history.ops.len() as u64,
+        order_keys: orders.by_key.len() as u64,
+        downstream_checked: state.downstream.is_some(),
+        ..Stats::default()
+    };
+    for op in &history.ops {
+        match op.outcome {
+            Outcome::Ok { .. } => stats.ops_ok += 1,
+            Outcome::Fail { .. } => stats.ops_fail += 1,
+            Outcome::Unknown { .. } => stats.ops_unknown += 1,
+        }
+    }
+    check_keys(&orders, state, &mut stats, &mut out);
+    let found = check_client_order_ids(&orders, state, &mut stats, &mut out);
+    check_order_ids(&orders, state, &mut out);
+    if let Some(downstream) = &state.downstream {
+        check_downstream(&orders, &found, downstream, &mut stats, &mut out);
+    }
+    check_claims(history, state, &mut stats, &mut out);
+    Verdict::new(stats, out)
+}
+
+/// How many orders found at the end still wait for downstream work (status,
+/// charge or reservations): the reader polls until this is zero.
+pub fn downstream_pending(history: &History, state: &FinalState) -> usize {
+    let Some(downstream) = &state.downstream else {
+        return 0;
+    };
+    let orders = index(history);
+    let effects = Effects::new(downstream);
+    state
+        .by_client_order_id
+        .iter()
+        .filter_map(|l| match &l.read {
+            Read::Found { body } => Some((l.tenant.as_str(), body)),
+            _ => None,
+        })
+        .filter(|(tenant, order)| !effects.of(&orders, tenant, order).settled())
+        .count()
+}
+
+/// Per key: one execution, replays identical to the first answer, changed
+/// bodies refused and same bodies not.
+fn check_keys(
+    orders: &Orders<'_>,
+    state: &FinalState,
+    stats: &mut Stats,
+    out: &mut Vec<Violation>,
+) {
+    let final_replays: BTreeMap<(&str, &str), _> = state
+        .order_replays
+        .iter()
+        .map(|r| ((r.tenant.as_str(), r.key.as_str()), r))
+        .collect();
+    for ((tenant, key), ops) in &orders.by_key {
+        let executed: Vec<&OrderOp<'_>> = ops
+            .iter()
+            .filter(|o| {
+                matches!(
+                    o.op.outcome,
+                    Outcome::Ok {
+                        status: 201,
+                        replayed: false,
+                        ..
+                    }
+                )
+            })
+            .collect();
+        if executed.len() > 1 {
+            out.push(violation(
+                Kind::Duplicate,
+                format!("key {key:?} of {tenant} executed {} times", executed.len()),
+                executed.iter().map(|o| o.op.id).collect(),
+            ));
+        }
+        // The reference answer: the first execution's body, else the first replay's.
+        let first = executed.first().copied().or_else(|| {
+            ops.iter().find(|o| {
+                matches!(
+                    o.op.outcome,
+                    Outcome::Ok {
+                        status: 201,
+                        replayed: true,
+                        ..
+                    }
+                )
+            })
+        });
+        let Some(first) = first else { continue };
+        let Some((_, first_body)) = first.op.outcome.answer() else {
+            continue;
+        };
+        for o in ops {
+            let Some((status, body)) = o.op.outcome.answer() else {
+                continue;
+            };
+            let same_request = o.fingerprint == first.fingerprint;
+            match (status, same_request) {
+                (201, true) if body != first_body => out.push(violation(
+                    Kind::ReplayDiffers,
+                    format!("key {key:?}: a replay differs from the first answer"),
+                    vec![first.op.id, o.op.id],
+                )),
+                (200 | 201, false) => out.push(violation(
+                    Kind::WrongAnswer,
+                    format!(
+                        "key {key:?}: a changed body (client_order_id {:?}) was answered {status}, \
+                         not 422",
+                        o.client_order_id
+                    ),
+                    vec![first.op.id, o.op.id],
+                )),
+                (422, true) => out.push(violation(
+                    Kind::WrongAnswer,
+                    format!("key {key:?}: the same body was refused as changed (422)"),
+                    vec![first.op.id, o.op.id],
+                )),
+                _ => {}
+            }
+        }
+        match final_replays.get(&(*tenant, *key)) {
+            None => {}
+            Some(r) => {
+                stats.order_replays_checked += 1;
+                if r.status == 201 && !r.replayed {
+                    out.push(violation(
+                        Kind::AckedMissing,
+                        format!("key {key:?}: the record is gone, a late retry executed again"),
+                        vec![first.op.id],
+                    ));
+                } else if r.status == 201 && r.body != first_body {
+                    out.push(violation(
+                        Kind::ReplayDiffers,
+                        format!("key {key:?}: the final replay differs from the first answer"),
+                        vec![first.op.id],
+                    ));
+                } else if r.status != 201 {
+                    out.push(violation(
+                        Kind::ReplayDiffers,
+                        format!("key {key:?}: the final replay answered {}", r.status),
+                        vec![first.op.id],
+                    ));
+                }
+            }
+        }
+    }
+}
+
+/// Per client_order_id: at most one order id acknowledged, and the order found
+/// at the end is that one. Returns the orders found: (tenant, body).
+fn check_client_order_ids<'s>(
+    orders: &Orders<'_>,
+    state: &'s FinalState,
+    stats: &mut Stats,
+    out: &mut Vec<Violation>,
+) -> Vec<(&'s str, &'s Value)> {
+    let mut found = Vec::new();
+    for ((tenant, coid), acked) in &orders.acked {
+        let ids: BTreeSet<&str> = acked.iter().map(|(id, _)| id.as_str()).collect();
+        stats.orders_acked += 1;
+        if ids.len() > 1 {
+            out.push(violation(
+                Kind::Duplicate,
+                format!("client_order_id {coid:?} of {tenant} acknowledged as orders {ids:?}"),
+                acked.iter().map(|(_, op)| *op).collect(),
+            ));
+        }
+    }
+    for lookup in &state.by_client_order_id {
+        let key = (lookup.tenant.as_str(), lookup.client_order_id.as_str());
+        let acked = orders.acked.get(&key);
+        let acked_ops = || acked.map_or(Vec::new(), |a| a.iter().map(|(_, op)| *op).collect());
+        match &lookup.read {
+            Read::Unreadable { reason } => out.push(violation(
+                Kind::Unreadable,
+                format!("client_order_id {:?}: {reason}", lookup.client_order_id),
+                acked_ops(),
+            )),
+            Read::Absent if acked.is_some() => out.push(violation(
+                Kind::AckedMissing,
+                format!(
+                    "client_order_id {:?} of {} was acknowledged but has no order",
+                    lookup.client_order_id, lookup.tenant
+                ),
+                acked_ops(),
+            )),
+            Read::Absent => {}
+            Read::Found { body } => {
+                stats.orders_found += 1;
+                found.push((lookup.tenant.as_str(), body));
+                let id = str_field(body, "order_id").unwrap_or_default();
+                if let Some(acked) = acked {
+                    if !acked.iter().any(|(a, _)| a == id) {
+                        out.push(violation(
+                            Kind::Duplicate,
+                            format!(
+                                "client_order_id {:?}: found order {id}, acknowledged {:?}",
+                                lookup.client_order_id,
+                                acked.iter().map(|(a, _)| a).collect::<Vec<_>>()
+                            ),
+                            acked_ops(),
+                        ));
+                    }
+                }
+                let sent = orders.bodies.get(&key).map(Vec::as_slice).unwrap_or(&[]);
+                if !sent.iter().any(|b| order_matches_request(body, b)) {
+                    out.push(violation(
+                        Kind::AckedChanged,
+                        format!(
+                            "client_order_id {:?}: order {id} matches no request sent for it",
+                            lookup.client_order_id
+                        ),
+                        acked_ops(),
+                    ));
+                }
+            }
+        }
+    }
+    found
+}
+
+/// Whether an order carries the fields of this request body.
+fn order_matches_request(order: &Value, request: &str) -> bool {
+    let Ok(request) = serde_json::from_str::<Value>(request) else {
+        return false;
+    };
+    ["client_order_id", "cart_id", "amount", "currency"]
+        .iter()
+        .all(|f| order.get(f) == request.get(f))
+}
+
+/// Per acknowledged order id: still there, with the fields it was acknowledged with.
+fn check_order_ids(orders: &Orders<'_>, state: &FinalState, out: &mut Vec<Violation>) {
+    for lookup in &state.by_order_id {
+        let Some((acked, op)) = orders
+            .acked_bodies
+            .get(&(lookup.tenant.as_str(), lookup.order_id.clone()))
+        else {
+            continue;
+        };
+        match &lookup.read {
+            Read::Unreadable { reason } => out.push(violation(
+                Kind::Unreadable,
+                format!("order {}: {reason}", lookup.order_id),
+                vec![*op],
+            )),
+            Read::Absent => out.push(violation(
+                Kind::AckedMissing,
+                format!(
+                    "order {} was acknowledged but is not found",
+                    lookup.order_id
+                ),
+                vec![*op],
+            )),
+            Read::Found { body } => {
+                let changed: Vec<&str> = IMMUTABLE_ORDER_FIELDS
+                    .iter()
+                    .copied()
+                    .filter(|f| body.get(f) != acked.get(f))
+                    .collect();
+                let acked_status = str_field(acked, "status");
+                let status_went_back = acked_status.is_some_and(|s| SETTLED_STATUSES.contains(&s))
+                    && str_field(body, "status") != acked_status;
+                if !changed.is_empty() || status_went_back {
+                    out.push(violation(
+                        Kind::AckedChanged,
+                        format!(
+                            "order {} changed since acknowledged: fields {changed:?}{}",
+                            lookup.order_id,
+                            if status_went_back { ", status" } else { "" }
+                        ),
+                        vec![*op],
+                    ));
+                }
+            }
+        }
+    }
+}
+
+/// The downstream effects, indexed by order id.
+struct Effects<'s> {
+    charges: BTreeMap<&'s str, Vec<&'s Charge>>,
+    reservations: BTreeMap<&'s str, Vec<&'s Reservation>>,
+}
+
+/// One order's downstream effects.
+struct OrderEffects<'s> {
+    status: &'s str,
+    charges: &'s [&'s Charge],
+    reservations: &'s [&'s Reservation],
+    /// Item lines of the request that created it (`None`: no request matches).
+    lines: Option<usize>,
+}
+
+impl OrderEffects<'_> {
+    /// Everything that will happen has happened: status final, a charge, and a
+    /// reservation per line (more is a violation, not something to wait for).
+    fn settled(&self) -> bool {
+        SETTLED_STATUSES.contains(&self.status)
+            && !self.charges.is_empty()
+            && self.lines.is_none_or(|n| self.reservations.len() >= n)
+    }
+}
+
+impl<'s> Effects<'s> {
+    fn new(downstream: &'s Downstream) -> Effects<'s> {
+        let mut charges: BTreeMap<&str, Vec<&Charge>> = BTreeMap::new();
+        for c in &downstream.charges {
+            charges.entry(c.order_id.as_str()).or_default().push(c);
+        }
+        let mut reservations: BTreeMap<&str, Vec<&Reservation>> = BTreeMap::new();
+        for r in &downstream.reservations {
+            reservations.entry(r.order_id.as_str()).or_default().push(r);
+        }
+        Effects {
+            charges,
+            reservations,
+        }
+    }
+
+    fn of(&self, orders: &Orders<'_>, tenant: &str, order: &'s Value) -> OrderEffects<'_> {
+        let id = str_field(order, "order_id").unwrap_or_default();
+        let coid = str_field(order, "client_order_id").unwrap_or_default();
+        let sent = orders
+            .bodies
+            .get(&(tenant, coid))
+            .map(Vec::as_slice)
+            .unwrap_or(&[]);
+        let lines = sent
+            .iter()
+            .find(|b| order_matches_request(order, b))
+            .and_then(|b| serde_json::from_str::<Value>(b).ok())
+            .map(|b| b.get("items").and_then(Value::as_array).map_or(0, Vec::len));
+        OrderEffects {
+            status: str_field(order, "status").unwrap_or_default(),
+            charges: self.charges.get(id).map(Vec::as_slice).unwrap_or(&[]),
+            reservations: self.reservations.get(id).map(Vec::as_slice).unwrap_or(&[]),
+            lines,
+        }
+    }
+}
+
+/// One charge per surviving order agreeing with it; one reservation per item line.
+fn check_downstream(
+    orders: &Orders<'_>,
+    found: &[(&str, &Value)],
+    downstream: &Downstream,
+    stats: &mut Stats,
+    out: &mut Vec<Violation>,
+) {
+    let effects = Effects::new(downstream);
+    for (tenant, order) in found {
+        let id = str_field(order, "order_id").unwrap_or_default();
+        let coid = str_field(order, "client_order_id").unwrap_or_default();
+        let acked_ops: Vec<u64> = orders
+            .acked
+            .get(&(*tenant, coid))
+            .map_or(Vec::new(), |a| a.iter().map(|(_, op)| *op).collect());
+        let mine = effects.of(orders, tenant, order);
+        let status = mine.status;
+        if !SETTLED_STATUSES.contains(&status) {
+            out.push(violation(
+                Kind::Unsettled,
+                format!("order {id} is still {status}"),
+                acked_ops.clone(),
+            ));
+        }
+        stats.charges_checked += mine.charges.len() as u64;
+        match mine.charges {
+            [] => out.push(violation(
+                Kind::ChargeCount,
+                format!("order {id}: no charge"),
+                acked_ops.clone(),
+            )),
+            [charge] => {
+                let agrees = match status {
+                    "PAID" => charge.status == "succeeded",
+                    "PAYMENT_FAILED" => charge.status == "failed",
+                    _ => true,
+                };
+                let amount = order.get("amount").and_then(Value::as_u64);
+                if !agrees || amount != Some(charge.amount) {
+                    out.push(violation(
+                        Kind::ChargeMismatch,
+                        format!(
+                            "order {id} is {status} for {amount:?}, its charge is {} for {}",
+                            charge.status, charge.amount
+                        ),
+                        acked_ops.clone(),
+                    ));
+                }
+            }
+            more => out.push(violation(
+                Kind::ChargeCount,
+                format!("order {id}: {} charges", more.len()),
+                acked_ops.clone(),
+            )),
+        }
+        let Some(lines) = mine.lines else { continue };
+        stats.reservations_checked += mine.reservations.len() as u64;
+        let distinct: BTreeSet<Option<u64>> = mine.reservations.iter().map(|r| r.line).collect();
+        if mine.reservations.len() != lines || distinct.len() != lines {
+            out.push(violation(
+                Kind::ReservationCount,
+                format!(
+                    "order {id}: {} reservations ({} distinct lines) for {lines} item lines",
+                    mine.reservations.len(),
+                    distinct.len()
+                ),
+                acked_ops,
+            ));
+        }
+    }
+}
+
+const FINAL_OUTCOMES: [&str; 2] = ["SUCCEEDED", "FAILED_FINAL"];
+
+/// Claims: no completion acknowledged from an owner that was already fenced,
+/// and every replay equal to the one acknowledged final completion.
+fn check_claims(
+    history: &History,
+    state: &FinalState,
+    stats: &mut Stats,
+    out: &mut Vec<Violation>,
+) {
+    type Scope<'a> = (&'a str, &'a str, &'a str);
+    // Per scope: acquisitions (token, op) and completions (token, outcome, body, op).
+    let mut acquired: BTreeMap<Scope<'_>, Vec<(String, &Op)>> = BTreeMap::new();
+    let mut completions: BTreeMap<Scope<'_>, Vec<(&str, &str, &str, &Op)>> = BTreeMap::new();
+    let mut replays: BTreeMap<Scope<'_>, Vec<(Value, &Op)>> = BTreeMap::new();
+    for op in &history.ops {
+        match &op.request {
+            Request::Claim { operation, key, .. } => {
+                let scope = (op.tenant.as_str(), operation.as_str(), key.as_str());
+                let (Some((status, _)), Some(json)) = (op.outcome.answer(), op.outcome.json())
+                else {
+                    acquired.entry(scope).or_default();
+                    continue;
+                };
+                match (status, str_field(&json, "owner_token")) {
+                    (201, Some(token)) => acquired
+                        .entry(scope)
+                        .or_default()
+                        .push((token.to_owned(), op)),
+                    (200, _) => replays
+                        .entry(scope)
+                        .or_default()
+                        .push((json["response"]["body"].clone(), op)),
+                    _ => {}
+                }
+            }
+            Request::CompleteClaim {
+                operation,
+                key,
+                owner_token,
+                outcome,
+                response_body,
+            } => {
+                let scope = (op.tenant.as_str(), operation.as_str(), key.as_str());
+                completions.entry(scope).or_default().push((
+                    owner_token,
+                    outcome,
+                    response_body,
+                    op,
+                ));
+            }
+            Request::CreateOrder { .. } => {}
+        }
+    }
+    let final_replays: BTreeMap<Scope<'_>, _> = state
+        .claim_replays
+        .iter()
+        .map(|r| ((r.tenant.as_str(), r.operation.as_str(), r.key.as_str()), r))
+        .collect();
+    let scopes: BTreeSet<Scope<'_>> = acquired.keys().chain(completions.keys()).copied().collect();
+    stats.claim_scopes = scopes.len() as u64;
+    for scope in scopes {
+        let (_, operation, key) = scope;
+        let acqs = acquired.get(&scope).map(Vec::as_slice).unwrap_or(&[]);
+        let comps = completions.get(&scope).map(Vec::as_slice).unwrap_or(&[]);
+        let acked = |op: &Op| matches!(op.outcome, Outcome::Ok { status: 200, .. });
+        for (token, _, _, op) in comps.iter().filter(|c| acked(c.3)) {
+            let Some((_, mine)) = acqs.iter().find(|(t, _)| t == token) else {
+                continue;
+            };
+            // Another owner acquired after this one, acknowledged before this
+            // completion was even sent: this owner was fenced.
+            let taken_over = acqs.iter().find(|(t, other)| {
+                t != token
+                    && other.invoked_ms >= mine.completed_ms
+                    && other.completed_ms < op.invoked_ms
+            });
+            if let Some((_, other)) = taken_over {
+                out.push(violation(
+                    Kind::FencedOwnerCompleted,
+                    format!("claim {operation} {key:?}: completed by a fenced owner"),
+                    vec![mine.id, other.id, op.id],
+                ));
+            }
+        }
+        let finals: Vec<&(&str, &str, &str, &Op)> = comps
+            .iter()
+            .filter(|c| acked(c.3) && FINAL_OUTCOMES.contains(&c.1))
+            .collect();
+        let tokens: BTreeSet<&str> = finals.iter().map(|c| c.0).collect();
+        if tokens.len() > 1 {
+            out.push(violation(
+                Kind::FencedOwnerCompleted,
+                format!(
+                    "claim {operation} {key:?}: {} owners' final completions acknowledged",
+                    tokens.len()
+                ),
+                finals.iter().map(|c| c.3.id).collect(),
+            ));
+        }
+        let parse = |text: &str| serde_json::from_str::<Value>(text).ok();
+        // What a replay may show: the acknowledged final completion if there is
+        // one, else any final completion that was attempted.
+        let allowed: Vec<(Option<Value>, u64)> = if finals.is_empty() {
+            comps
+                .iter()
+                .filter(|c| FINAL_OUTCOMES.contains(&c.1) && c.3.outcome.answer().is_none())
+                .map(|c| (parse(c.2), c.3.id))
+                .collect()
+        } else {
+            finals.iter().map(|c| (parse(c.2), c.3.id)).collect()
+        };
+        for (body, op) in replays.get(&scope).map(Vec::as_slice).unwrap_or(&[]) {
+            if !allowed.iter().any(|(b, _)| b.as_ref() == Some(body)) {
+                out.push(violation(
+                    Kind::ReplayDiffers,
+                    format!("claim {operation} {key:?}: a replay shows a body never completed"),
+                    std::iter::once(op.id)
+                        .chain(allowed.iter().map(|(_, id)| *id))
+                        .collect(),
+                ));
+            }
+        }
+        let Some(r) = final_replays.get(&scope) else {
+            continue;
+        };
+        let Some(first) = finals.first() else {
+            continue;
+        };
+        if r.status != 200 {
+            out.push(violation(
+                Kind::AckedMissing,
+                format!(
+                    "claim {operation} {key:?}: completion acknowledged, a new claim answered {}",
+                    r.status
+                ),
+                vec![first.3.id],
+            ));
+        } else if !allowed
+            .iter()
+            .any(|(b, _)| b.as_ref() == Some(&r.body["response"]["body"]))
+        {
+            out.push(violation(
+                Kind::ReplayDiffers,
+                format!("claim {operation} {key:?}: the final replay differs from the completion"),
+                vec![first.3.id],
+            ));
+        }
+    }
+}

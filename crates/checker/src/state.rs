@@ -1,0 +1,91 @@
+//! The final state of a cluster as the reader found it through the public and
+//! admin APIs: orders by client_order_id and by id, the checker's own replays of
+//! acknowledged keys and claims, the payment provider's charges and the
+//! inventory reservations. Plain data, so the analysis is tested without servers.
+
+use serde::{Deserialize, Serialize};
+
+/// One read: found (with the JSON body), definitely absent (404), or not
+/// readable even after retries.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Read {
+    Found { body: serde_json::Value },
+    Absent,
+    Unreadable { reason: String },
+}
+
+/// `GET /v1/orders?client_order_id=X` for one tenant.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ByClientOrderId {
+    pub tenant: String,
+    pub client_order_id: String,
+    pub read: Read,
+}
+
+/// `GET /v1/orders/{order_id}` for one tenant.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ByOrderId {
+    pub tenant: String,
+    pub order_id: String,
+    pub read: Read,
+}
+
+/// The checker sent an acknowledged request again, with the same key and body.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OrderReplay {
+    pub tenant: String,
+    pub key: String,
+    pub status: u16,
+    pub replayed: bool,
+    pub body: String,
+}
+
+/// The checker claimed a scope whose completion was acknowledged.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClaimReplay {
+    pub tenant: String,
+    pub operation: String,
+    pub key: String,
+    pub status: u16,
+    pub body: serde_json::Value,
+}
+
+/// One entry of the payment provider's `GET /v1/charges`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Charge {
+    pub order_id: String,
+    /// `succeeded` or `failed` (declined).
+    pub status: String,
+    pub amount: u64,
+}
+
+/// One entry of `GET /admin/v1/inventory/reservations?order_id=X`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reservation {
+    pub order_id: String,
+    /// The item line it reserves (its index in the order's `items`).
+    pub line: Option<u64>,
+    pub sku: String,
+    pub quantity: u64,
+}
+
+/// Everything the analysis compares the history with.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct FinalState {
+    pub by_client_order_id: Vec<ByClientOrderId>,
+    pub by_order_id: Vec<ByOrderId>,
+    pub order_replays: Vec<OrderReplay>,
+    pub claim_replays: Vec<ClaimReplay>,
+    /// `None`: the downstream effects were not read (no provider or admin
+    /// token given); their checks are skipped and the verdict says so.
+    pub downstream: Option<Downstream>,
+}
+
+/// The downstream effects: charges and reservations.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Downstream {
+    pub charges: Vec<Charge>,
+    /// Reservations of every order found by client_order_id.
+    pub reservations: Vec<Reservation>,
+}

@@ -1,0 +1,545 @@
+//! The checker must catch each violation kind on a purpose-built bad history
+//! and pass a good one: every test starts from [`good`] (a history and final
+//! state a correct cluster produces, which must pass) and breaks one thing.
+
+use keyhold_checker::history::{History, Op, Outcome, Request};
+use keyhold_checker::state::{
+    ByClientOrderId, ByOrderId, Charge, ClaimReplay, Downstream, FinalState, OrderReplay, Read,
+    Reservation,
+};
+use keyhold_checker::{check, Kind, Verdict};
+use serde_json::{json, Value};
+
+const T: &str = "demo-a";
+const OP: &str = "POST:/v1/payouts";
+
+fn request_body(coid: &str, amount: u64) -> String {
+    json!({
+        "client_order_id": coid, "cart_id": "cart", "amount": amount, "currency": "EUR",
+        "items": [{"sku": "a", "quantity": 1}, {"sku": "b", "quantity": 2}],
+    })
+    .to_string()
+}
+
+fn order(id: &str, coid: &str, amount: u64, status: &str) -> Value {
+    json!({
+        "order_id": id, "client_order_id": coid, "cart_id": "cart", "amount": amount,
+        "currency": "EUR", "status": status, "home_region": "a",
+        "created_at": "2026-01-01T00:00:00.000Z",
+    })
+}
+
+struct Case {
+    history: History,
+    state: FinalState,
+}
+
+impl Case {
+    fn push(&mut self, at: u64, request: Request, outcome: Outcome) -> u64 {
+        let id = self.history.ops.len() as u64 + 1;
+        self.history.ops.push(Op {
+            id,
+            client: 0,
+            tenant: T.into(),
+            region: "a".into(),
+            invoked_ms: at,
+            completed_ms: at + 5,
+            request,
+            outcome,
+        });
+        id
+    }
+
+    fn order(&mut self, at: u64, key: &str, body: &str, outcome: Outcome) -> u64 {
+        let coid = serde_json::from_str::<Value>(body).unwrap()["client_order_id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        self.push(
+            at,
+            Request::CreateOrder {
+                key: key.into(),
+                client_order_id: coid,
+                body: body.into(),
+                fingerprint: None,
+            },
+            outcome,
+        )
+    }
+
+    fn verdict(&self) -> Verdict {
+        check(&self.history, &self.state)
+    }
+
+    fn order_read(&mut self, coid: &str) -> &mut Read {
+        &mut self
+            .state
+            .by_client_order_id
+            .iter_mut()
+            .find(|l| l.client_order_id == coid)
+            .unwrap()
+            .read
+    }
+
+    fn downstream(&mut self) -> &mut Downstream {
+        self.state.downstream.as_mut().unwrap()
+    }
+}
+
+fn ok(status: u16, replayed: bool, body: &Value) -> Outcome {
+    Outcome::Ok {
+        status,
+        replayed,
+        body: body.to_string(),
+    }
+}
+
+fn unknown() -> Outcome {
+    Outcome::Unknown {
+        reason: "timeout".into(),
+    }
+}
+
+fn claim(key: &str) -> Request {
+    Request::Claim {
+        operation: OP.into(),
+        key: key.into(),
+        fingerprint: "sha256:ab".into(),
+        lease_ms: 200,
+    }
+}
+
+fn complete(key: &str, token: &str, outcome: &str, body: &str) -> Request {
+    Request::CompleteClaim {
+        operation: OP.into(),
+        key: key.into(),
+        owner_token: token.into(),
+        outcome: outcome.into(),
+        response_body: body.into(),
+    }
+}
+
+fn acquired(token: &str, recovery: bool) -> Outcome {
+    ok(
+        201,
+        false,
+        &json!({"state": "PROCESSING", "owner_token": token, "recovery": recovery}),
+    )
+}
+
+fn claim_replay(body: &str) -> Value {
+    json!({"state": "SUCCEEDED", "response": {"status": 200, "headers": {},
+        "body": serde_json::from_str::<Value>(body).unwrap()}, "resource_id": null})
+}
+
+/// What a correct cluster gives: an order created, replayed, hit by marker,
+/// refused as changed; an order whose first answer was lost but which exists;
+/// an unknown request that never executed; a claim whose first owner crashed,
+/// was taken over, and whose late completion was fenced (409).
+fn good() -> Case {
+    let mut c = Case {
+        history: History::default(),
+        state: FinalState::default(),
+    };
+    let b1 = request_body("c1", 100);
+    let o1 = order("ord_1", "c1", 100, "CONFIRMED");
+    c.order(0, "k1", &b1, ok(201, false, &o1));
+    c.order(10, "k1", &b1, ok(201, true, &o1));
+    c.order(
+        20,
+        "k1b",
+        &b1,
+        ok(200, false, &order("ord_1", "c1", 100, "PAID")),
+    );
+    c.order(
+        30,
+        "k1",
+        &request_body("c1", 5),
+        ok(422, false, &json!({"type": "x/idempotency-key-reused"})),
+    );
+    let b2 = request_body("c2", 200);
+    let o2 = order("ord_2", "c2", 200, "CONFIRMED");
+    c.order(40, "k2", &b2, unknown());
+    c.order(50, "k2", &b2, ok(201, true, &o2));
+    c.order(60, "k3", &request_body("c3", 300), unknown());
+
+    c.push(100, claim("w1"), acquired("t1", false));
+    c.push(500, claim("w1"), acquired("t2", true));
+    c.push(
+        520,
+        complete("w1", "t2", "SUCCEEDED", r#"{"done":2}"#),
+        ok(200, false, &json!({})),
+    );
+    c.push(
+        600,
+        complete("w1", "t1", "SUCCEEDED", r#"{"done":1}"#),
+        ok(409, false, &json!({"type": "x/stale-owner-token"})),
+    );
+    c.push(
+        700,
+        claim("w1"),
+        ok(200, false, &claim_replay(r#"{"done":2}"#)),
+    );
+
+    let paid1 = order("ord_1", "c1", 100, "PAID");
+    let failed2 = order("ord_2", "c2", 200, "PAYMENT_FAILED");
+    c.state.by_client_order_id = vec![
+        ByClientOrderId {
+            tenant: T.into(),
+            client_order_id: "c1".into(),
+            read: Read::Found {
+                body: paid1.clone(),
+            },
+        },
+        ByClientOrderId {
+            tenant: T.into(),
+            client_order_id: "c2".into(),
+            read: Read::Found {
+                body: failed2.clone(),
+            },
+        },
+        ByClientOrderId {
+            tenant: T.into(),
+            client_order_id: "c3".into(),
+            read: Read::Absent,
+        },
+    ];
+    c.state.by_order_id = vec![
+        ByOrderId {
+            tenant: T.into(),
+            order_id: "ord_1".into(),
+            read: Read::Found { body: paid1 },
+        },
+        ByOrderId {
+            tenant: T.into(),
+            order_id: "ord_2".into(),
+            read: Read::Found { body: failed2 },
+        },
+    ];
+    c.state.order_replays = vec![
+        OrderReplay {
+            tenant: T.into(),
+            key: "k1".into(),
+            status: 201,
+            replayed: true,
+            body: o1.to_string(),
+        },
+        OrderReplay {
+            tenant: T.into(),
+            key: "k2".into(),
+            status: 201,
+            replayed: true,
+            body: o2.to_string(),
+        },
+    ];
+    c.state.claim_replays = vec![ClaimReplay {
+        tenant: T.into(),
+        operation: OP.into(),
+        key: "w1".into(),
+        status: 200,
+        body: claim_replay(r#"{"done":2}"#),
+    }];
+    let reservation = |order_id: &str, line: u64| Reservation {
+        order_id: order_id.into(),
+        line: Some(line),
+        sku: "a".into(),
+        quantity: 1,
+    };
+    c.state.downstream = Some(Downstream {
+        charges: vec![
+            Charge {
+                order_id: "ord_1".into(),
+                status: "succeeded".into(),
+                amount: 100,
+            },
+            Charge {
+                order_id: "ord_2".into(),
+                status: "failed".into(),
+                amount: 200,
+            },
+            // Another tenant's order: not this history's business.
+            Charge {
+                order_id: "ord_x".into(),
+                status: "succeeded".into(),
+                amount: 1,
+            },
+        ],
+        reservations: vec![
+            reservation("ord_1", 0),
+            reservation("ord_1", 1),
+            reservation("ord_2", 0),
+            reservation("ord_2", 1),
+        ],
+    });
+    c
+}
+
+/// The verdict of a broken case: not ok, and it names `kind`.
+fn assert_caught(case: &Case, kind: Kind) {
+    let verdict = case.verdict();
+    assert!(
+        !verdict.ok && verdict.has(kind),
+        "expected {kind:?}, got:\n{}",
+        verdict.summary()
+    );
+}
+
+#[test]
+fn a_good_history_passes() {
+    let verdict = good().verdict();
+    assert!(verdict.ok, "{}", verdict.summary());
+    assert_eq!(verdict.stats.orders_acked, 2);
+    assert_eq!(verdict.stats.orders_found, 2);
+    assert_eq!(verdict.stats.order_replays_checked, 2);
+    assert_eq!(verdict.stats.claim_scopes, 1);
+    assert_eq!(verdict.stats.charges_checked, 2);
+    assert_eq!(verdict.stats.reservations_checked, 4);
+    assert_eq!(verdict.stats.ops_unknown, 2);
+    let json = serde_json::to_value(&verdict).unwrap();
+    assert_eq!(json["ok"], true);
+    assert!(verdict.summary().starts_with("checker: OK"));
+}
+
+#[test]
+fn an_acknowledged_order_missing_by_client_order_id() {
+    let mut c = good();
+    *c.order_read("c1") = Read::Absent;
+    assert_caught(&c, Kind::AckedMissing);
+}
+
+#[test]
+fn an_acknowledged_order_missing_by_id() {
+    let mut c = good();
+    c.state.by_order_id[1].read = Read::Absent;
+    assert_caught(&c, Kind::AckedMissing);
+}
+
+#[test]
+fn an_acknowledged_order_changed() {
+    let mut c = good();
+    c.state.by_order_id[0].read = Read::Found {
+        body: order("ord_1", "c1", 101, "PAID"),
+    };
+    assert_caught(&c, Kind::AckedChanged);
+}
+
+#[test]
+fn an_order_unlike_any_request() {
+    let mut c = good();
+    *c.order_read("c3") = Read::Found {
+        body: order("ord_3", "c3", 999, "PAID"),
+    };
+    assert_caught(&c, Kind::AckedChanged);
+}
+
+#[test]
+fn two_orders_for_one_client_order_id() {
+    let mut c = good();
+    let b1 = request_body("c1", 100);
+    c.order(
+        80,
+        "k1c",
+        &b1,
+        ok(201, false, &order("ord_9", "c1", 100, "CONFIRMED")),
+    );
+    assert_caught(&c, Kind::Duplicate);
+}
+
+#[test]
+fn the_order_found_is_not_the_acknowledged_one() {
+    let mut c = good();
+    *c.order_read("c2") = Read::Found {
+        body: order("ord_7", "c2", 200, "PAYMENT_FAILED"),
+    };
+    assert_caught(&c, Kind::Duplicate);
+}
+
+#[test]
+fn one_key_executed_twice() {
+    let mut c = good();
+    let b1 = request_body("c1", 100);
+    c.order(
+        80,
+        "k1",
+        &b1,
+        ok(201, false, &order("ord_1", "c1", 100, "CONFIRMED")),
+    );
+    assert_caught(&c, Kind::Duplicate);
+}
+
+#[test]
+fn a_replay_that_differs_from_the_first_answer() {
+    let mut c = good();
+    let b1 = request_body("c1", 100);
+    c.order(
+        80,
+        "k1",
+        &b1,
+        ok(201, true, &order("ord_1", "c1", 100, "PAID")),
+    );
+    assert_caught(&c, Kind::ReplayDiffers);
+}
+
+#[test]
+fn a_final_replay_that_differs() {
+    let mut c = good();
+    c.state.order_replays[1].body = "{}".into();
+    assert_caught(&c, Kind::ReplayDiffers);
+}
+
+#[test]
+fn a_record_lost_so_the_final_replay_executes_again() {
+    let mut c = good();
+    c.state.order_replays[0].replayed = false;
+    assert_caught(&c, Kind::AckedMissing);
+}
+
+#[test]
+fn a_changed_body_under_a_used_key_accepted() {
+    let mut c = good();
+    let changed = request_body("c1", 7);
+    c.order(
+        80,
+        "k1",
+        &changed,
+        ok(201, true, &order("ord_1", "c1", 100, "CONFIRMED")),
+    );
+    assert_caught(&c, Kind::WrongAnswer);
+}
+
+#[test]
+fn a_same_body_refused_as_changed() {
+    let mut c = good();
+    c.order(
+        80,
+        "k1",
+        &request_body("c1", 100),
+        ok(422, false, &json!({"type": "x/idempotency-key-reused"})),
+    );
+    assert_caught(&c, Kind::WrongAnswer);
+}
+
+#[test]
+fn two_charges_for_one_order() {
+    let mut c = good();
+    c.downstream().charges.push(Charge {
+        order_id: "ord_1".into(),
+        status: "succeeded".into(),
+        amount: 100,
+    });
+    assert_caught(&c, Kind::ChargeCount);
+}
+
+#[test]
+fn no_charge_for_an_order() {
+    let mut c = good();
+    c.downstream().charges.remove(1);
+    assert_caught(&c, Kind::ChargeCount);
+}
+
+#[test]
+fn a_payment_failed_order_whose_charge_went_through() {
+    let mut c = good();
+    c.downstream().charges[1].status = "succeeded".into();
+    assert_caught(&c, Kind::ChargeMismatch);
+}
+
+#[test]
+fn a_charge_for_another_amount() {
+    let mut c = good();
+    c.downstream().charges[0].amount = 99;
+    assert_caught(&c, Kind::ChargeMismatch);
+}
+
+#[test]
+fn a_reservation_twice() {
+    let mut c = good();
+    let again = c.downstream().reservations[0].clone();
+    c.downstream().reservations.push(again);
+    assert_caught(&c, Kind::ReservationCount);
+}
+
+#[test]
+fn a_reservation_missing() {
+    let mut c = good();
+    c.downstream().reservations.remove(3);
+    assert_caught(&c, Kind::ReservationCount);
+}
+
+#[test]
+fn an_order_still_unpaid() {
+    let mut c = good();
+    *c.order_read("c1") = Read::Found {
+        body: order("ord_1", "c1", 100, "CONFIRMED"),
+    };
+    assert_caught(&c, Kind::Unsettled);
+    let pending = keyhold_checker::analysis::downstream_pending(&c.history, &c.state);
+    assert_eq!(pending, 1);
+    assert_eq!(
+        keyhold_checker::analysis::downstream_pending(&good().history, &good().state),
+        0
+    );
+}
+
+#[test]
+fn a_claim_completed_by_a_fenced_owner() {
+    let mut c = good();
+    // The first owner's late completion got through after the takeover.
+    let late = c
+        .history
+        .ops
+        .iter_mut()
+        .find(|o| matches!(&o.request, Request::CompleteClaim { owner_token, .. } if owner_token == "t1"))
+        .unwrap();
+    late.outcome = ok(200, false, &json!({}));
+    assert_caught(&c, Kind::FencedOwnerCompleted);
+}
+
+#[test]
+fn a_fenced_owner_that_completed_first_in_real_time_is_not_blamed() {
+    let mut c = good();
+    // t1 completes FAILED_RETRYABLE before anyone took over: legal.
+    c.push(
+        150,
+        complete("w1", "t1", "FAILED_RETRYABLE", r#"{"retry":true}"#),
+        ok(200, false, &json!({})),
+    );
+    let verdict = c.verdict();
+    assert!(verdict.ok, "{}", verdict.summary());
+}
+
+#[test]
+fn a_claim_replay_showing_another_body() {
+    let mut c = good();
+    c.push(
+        800,
+        claim("w1"),
+        ok(200, false, &claim_replay(r#"{"done":1}"#)),
+    );
+    assert_caught(&c, Kind::ReplayDiffers);
+}
+
+#[test]
+fn a_completed_claim_acquired_again_at_the_end() {
+    let mut c = good();
+    c.state.claim_replays[0].status = 201;
+    assert_caught(&c, Kind::AckedMissing);
+}
+
+#[test]
+fn an_unreadable_state_fails_the_verdict() {
+    let mut c = good();
+    *c.order_read("c3") = Read::Unreadable {
+        reason: "503 x 40".into(),
+    };
+    assert_caught(&c, Kind::Unreadable);
+}
+
+#[test]
+fn without_downstream_its_checks_are_skipped_and_said_so() {
+    let mut c = good();
+    c.state.downstream = None;
+    let verdict = c.verdict();
+    assert!(verdict.ok, "{}", verdict.summary());
+    assert!(verdict.summary().contains("downstream not checked"));
+}

@@ -1,0 +1,234 @@
+//! Layers that make every answer of the node one a client can rely on, whatever
+//! the handler did: the request's framing and header size are checked before any
+//! route runs, the whole request is bounded in time, every error answer is
+//! problem+json, and the connection is either left clean for the next request or
+//! closed with `Connection: close` — never closed silently.
+//!
+//! Why the last one needs a layer: a handler that answers before it read the
+//! body (401, 415, a missing key, 503 `tenant-moving`) leaves unread bytes on the
+//! connection. hyper then closes the connection after the answer, and whether
+//! that answer says `Connection: close` depends on a race inside hyper. Here the
+//! body is wrapped so the layer can tell whether it was read to its end; if not,
+//! it reads and discards the rest (bounded by `DRAIN_BYTES_MAX` and `DRAIN_MS`),
+//! and only when that fails does it add `Connection: close` itself.
+
+use crate::http::Framing;
+use crate::limits::{DRAIN_BYTES_MAX, DRAIN_MS, HEADERS_MAX, HEADER_BYTES_MAX, REQUEST_TIMEOUT_MS};
+use crate::problem::{ApiError, PROBLEM_JSON};
+use axum::body::{Body, Bytes, HttpBody};
+use axum::extract::Request;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use http_body_util::BodyExt;
+use hyper::body::{Frame, SizeHint};
+use keyhold_core::Problem;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+/// Refuses requests whose framing or headers the node will not interpret:
+/// both `Content-Length` and `Transfer-Encoding` (400, and the connection is
+/// closed: what follows on it cannot be trusted), more header lines or bytes
+/// than the node accepts (431). These come before authentication: they are
+/// about the message, not the caller.
+pub async fn check_message(request: Request, next: Next) -> Response {
+    let ambiguous = request
+        .extensions()
+        .get::<Framing>()
+        .is_some_and(Framing::is_ambiguous);
+    if ambiguous {
+        let mut response = ApiError::new(Problem::InvalidRequest)
+            .detail("Content-Length and Transfer-Encoding must not both be sent")
+            .into_response();
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        return response;
+    }
+    let headers = request.headers();
+    let bytes: usize = headers
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len())
+        .sum();
+    if headers.len() > HEADERS_MAX || bytes > HEADER_BYTES_MAX {
+        return ApiError::new(Problem::HeadersTooLarge)
+            .detail(format!(
+                "at most {HEADERS_MAX} header lines and {HEADER_BYTES_MAX} bytes of headers"
+            ))
+            .into_response();
+    }
+    next.run(request).await
+}
+
+/// Bounds the whole request. A request still running after `REQUEST_TIMEOUT_MS`
+/// waits on the store or on another region (a slow body is refused earlier by
+/// `read_body`), so the answer is 503 `store-unavailable`: the outcome is
+/// unknown and the client retries with its key.
+pub async fn bound_time(request: Request, next: Next) -> Response {
+    let limit = Duration::from_millis(REQUEST_TIMEOUT_MS);
+    match tokio::time::timeout(limit, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => {
+            metrics::counter!("keyhold_http_request_timeouts_total").increment(1);
+            ApiError::new(Problem::StoreUnavailable)
+                .detail(format!(
+                    "the request did not finish within {REQUEST_TIMEOUT_MS} ms"
+                ))
+                .into_response()
+        }
+    }
+}
+
+/// Every error answer is problem+json. The node's own answers already are; this
+/// catches what the framework writes by itself (a query string or path that
+/// does not deserialize, a body the demo's file server refuses) and keeps its
+/// text as the `detail`.
+pub async fn problems_only(request: Request, next: Next) -> Response {
+    let response = next.run(request).await;
+    let status = response.status();
+    let is_problem = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(PROBLEM_JSON.as_bytes()));
+    if status.as_u16() < 400 || is_problem {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let text = match body.collect().await {
+        Ok(collected) => String::from_utf8_lossy(&collected.to_bytes()).into_owned(),
+        Err(_) => String::new(),
+    };
+    let mut problem = ApiError::new(problem_for(status));
+    if !text.trim().is_empty() {
+        problem = problem.detail(text.trim().to_owned());
+    }
+    let mut out = problem.into_response();
+    // Keep what the framework said about the connection and methods.
+    for name in [header::CONNECTION, header::ALLOW] {
+        if let Some(value) = parts.headers.get(&name) {
+            out.headers_mut().insert(name, value.clone());
+        }
+    }
+    out
+}
+
+/// The problem type for a status the framework chose.
+fn problem_for(status: StatusCode) -> Problem {
+    match status.as_u16() {
+        401 => Problem::Unauthenticated,
+        404 => Problem::NotFound,
+        405 => Problem::MethodNotAllowed,
+        408 => Problem::RequestTimeout,
+        413 => Problem::PayloadTooLarge,
+        415 => Problem::UnsupportedMediaType,
+        431 => Problem::HeadersTooLarge,
+        429 => Problem::RateLimited,
+        s if s >= 500 => Problem::Internal,
+        _ => Problem::InvalidRequest,
+    }
+}
+
+/// Leaves the connection clean after every answer: see the module docs.
+pub async fn settle_body(request: Request, next: Next) -> Response {
+    if request.body().is_end_stream() {
+        return next.run(request).await;
+    }
+    let (parts, body) = request.into_parts();
+    let shared = Arc::new(Shared {
+        body: Mutex::new(Some(body)),
+        ended: AtomicBool::new(false),
+    });
+    let request = Request::from_parts(parts, Body::new(Tracked(shared.clone())));
+    let mut response = next.run(request).await;
+    if shared.ended.load(Ordering::Acquire) {
+        return response;
+    }
+    let rest = shared.body.lock().expect("body lock").take();
+    let settled = match rest {
+        Some(body) => drain(body).await,
+        None => false,
+    };
+    if !settled {
+        metrics::counter!("keyhold_http_unread_body_closes_total").increment(1);
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
+}
+
+/// Reads and discards what is left of a body, bounded in bytes and time;
+/// returns whether it reached the end.
+async fn drain(mut body: Body) -> bool {
+    let read = async {
+        let mut drained = 0usize;
+        loop {
+            if body.is_end_stream() {
+                return true;
+            }
+            match body.frame().await {
+                None => return true,
+                Some(Err(_)) => return false,
+                Some(Ok(frame)) => {
+                    drained += frame.data_ref().map_or(0, Bytes::len);
+                    if drained > DRAIN_BYTES_MAX {
+                        return false;
+                    }
+                }
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_millis(DRAIN_MS), read)
+        .await
+        .unwrap_or(false)
+}
+
+/// The request body, shared between the handler (which reads it through
+/// [`Tracked`]) and [`settle_body`] (which drains what the handler left).
+struct Shared {
+    body: Mutex<Option<Body>>,
+    /// The handler read the body to its end.
+    ended: AtomicBool,
+}
+
+struct Tracked(Arc<Shared>);
+
+impl HttpBody for Tracked {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        let shared = &self.0;
+        let mut guard = shared.body.lock().expect("body lock");
+        let Some(body) = guard.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let polled = Pin::new(body).poll_frame(cx);
+        if let Poll::Ready(None) = polled {
+            shared.ended.store(true, Ordering::Release);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        let guard = self.0.body.lock().expect("body lock");
+        let ended = guard.as_ref().is_none_or(Body::is_end_stream);
+        if ended {
+            self.0.ended.store(true, Ordering::Release);
+        }
+        ended
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let guard = self.0.body.lock().expect("body lock");
+        guard
+            .as_ref()
+            .map_or_else(SizeHint::default, Body::size_hint)
+    }
+}

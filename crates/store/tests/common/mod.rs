@@ -1,0 +1,56 @@
+//! Commands shared by the store's test binaries.
+
+// Each test binary uses its own subset of these helpers.
+#![allow(dead_code)]
+
+use keyhold_core::scope::Namespace;
+use keyhold_core::{
+    IdempotencyKey, Operation, Order, OrderRequest, OrderStatus, Scope, TenantId, UnixMillis,
+};
+use keyhold_store::Command;
+
+pub const HOUR_MS: u64 = 3_600_000;
+pub const T0: UnixMillis = UnixMillis(1_800_000_000_000);
+
+pub fn scope(namespace: Namespace, key: &str) -> Scope {
+    Scope {
+        namespace,
+        tenant: TenantId::parse("t1").unwrap(),
+        operation: Operation::orders_create(),
+        key: IdempotencyKey::parse(key).unwrap(),
+    }
+}
+
+pub fn create(
+    key: &str,
+    client_order_id: &str,
+    fingerprint: &str,
+    order_id: &str,
+    now: UnixMillis,
+) -> Command {
+    Command::CreateOrder {
+        scope: scope(Namespace::Orders, key),
+        fingerprint: fingerprint.into(),
+        order: Box::new(Order {
+            order_id: order_id.into(),
+            tenant: TenantId::parse("t1").unwrap(),
+            request: OrderRequest {
+                client_order_id: client_order_id.into(),
+                cart_id: "cart".into(),
+                amount: 100,
+                currency: "EUR".into(),
+                shipping_address_id: None,
+                items: vec![],
+                quote_id: None,
+                metadata: None,
+            },
+            status: OrderStatus::Confirmed,
+            home_region: "eu".into(),
+            created_at: now,
+        }),
+        now,
+        response_ttl_ms: HOUR_MS,
+        marker_ttl_ms: 24 * HOUR_MS,
+        processed_ttl_ms: 48 * HOUR_MS,
+    }
+}

@@ -1,0 +1,325 @@
+//! End-to-end tests of what an operator meets on day one: the start-up log of
+//! `keyhold up` (plain text without colour codes when stderr is a file, one
+//! line per node and one "cluster ready" summary with the URLs, no library
+//! chatter) and its `--log-format json` form; and the tenant lifecycle through
+//! the admin API of any region — token rotation with a grace period, limit
+//! changes, deletion with erasure — with bad input answered 4xx.
+
+mod common;
+
+use common::{assert_order, order_body, poll, unique, Api, Cluster, Resp};
+use serde_json::{json, Value};
+use std::time::Duration;
+
+fn admin_send(
+    api: &Api,
+    method: reqwest::Method,
+    path: &str,
+    token: &str,
+    body: Option<Value>,
+) -> Resp {
+    let mut rb = api.client.request(method, api.url(path)).bearer_auth(token);
+    if let Some(body) = body {
+        rb = rb
+            .header("content-type", "application/json")
+            .body(body.to_string());
+    }
+    api.send(rb)
+}
+
+#[test]
+fn startup_log_is_quiet_plain_and_names_the_urls() {
+    let cluster = Cluster::start("a,b,c", &[]);
+    let log = cluster.stderr_log();
+    assert!(
+        !log.contains('\u{1b}'),
+        "no ANSI escapes when stderr is a file:\n{log}"
+    );
+    let lines: Vec<&str> = log.lines().collect();
+    let listening = lines
+        .iter()
+        .filter(|l| l.contains("keyhold node listening"))
+        .count();
+    assert_eq!(listening, 3, "one line per node:\n{log}");
+    let ready: Vec<&&str> = lines
+        .iter()
+        .filter(|l| l.contains("cluster ready"))
+        .collect();
+    assert_eq!(ready.len(), 1, "one summary:\n{log}");
+    for region in &cluster.info.regions {
+        assert!(
+            ready[0].contains(&format!("{}={}", region.name, region.api_url)),
+            "the summary names {}:\n{log}",
+            region.api_url
+        );
+    }
+    assert!(ready[0].contains("/demo/"), "{log}");
+    // Library chatter (openraft's start-up vote warnings among it) stays below
+    // the default level; nothing else is logged on a clean start.
+    assert!(
+        !log.contains("openraft") && !log.contains("WARN") && !log.contains("ERROR"),
+        "{log}"
+    );
+    assert!(lines.len() <= 6, "a quiet start:\n{log}");
+}
+
+#[test]
+fn json_logs_are_one_object_per_line() {
+    let cluster = Cluster::start("a,b", &["--log-format", "json"]);
+    let log = cluster.stderr_log();
+    let mut ready = None;
+    for line in log.lines() {
+        let v: Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("not a JSON object ({e}): {line}"));
+        assert!(v["level"].is_string() && v["timestamp"].is_string(), "{v}");
+        if v["message"] == "cluster ready" {
+            ready = Some(v);
+        }
+    }
+    let ready = ready.unwrap_or_else(|| panic!("no cluster ready line:\n{log}"));
+    let demo = format!("{}/demo/", cluster.info.regions[0].api_url);
+    assert_eq!(ready["demo"], demo.as_str(), "{ready}");
+}
+
+#[test]
+fn token_rotation_keeps_the_old_token_for_its_grace_then_refuses_it() {
+    let cluster = Cluster::start("a,b", &[]);
+    let admin = cluster.info.admin_token.clone();
+    let (a, b) = (cluster.api("a"), cluster.api("b"));
+    let tenant = cluster.create_tenant("a", json!({}));
+    let via_b = b.expecting("a");
+    let coid = unique("co");
+    let first = via_b.create_order(&tenant.token, &unique("k"), &order_body(&coid, 10));
+    assert_order(&first, 201, &coid, 10);
+
+    // Rotated through the other region, with a two-second grace.
+    let path = format!("/admin/v1/tenants/{}/token", tenant.tenant_id);
+    let rotated = admin_send(
+        &b,
+        reqwest::Method::POST,
+        &path,
+        &admin,
+        Some(json!({"grace_seconds": 2})),
+    );
+    rotated.assert_status(200);
+    let body = rotated.json();
+    let new_token = body["token"].as_str().expect("new token shown").to_owned();
+    assert_ne!(new_token, tenant.token);
+    assert!(body["previous_token_valid_until"].is_string(), "{body}");
+    // Both work everywhere during the grace period; the new one after it too.
+    for token in [&tenant.token, &new_token] {
+        a.find_order(token, &coid).assert_status(200);
+        via_b.find_order(token, &coid).assert_status(200);
+    }
+    poll(Duration::from_secs(10), "the old token to expire", || {
+        (a.find_order(&tenant.token, &coid).status == 401).then_some(())
+    });
+    b.find_order(&tenant.token, &coid)
+        .assert_problem(401, "unauthenticated");
+    via_b.find_order(&new_token, &coid).assert_status(200);
+
+    // Without grace the replaced token stops at once.
+    let now = admin_send(
+        &a,
+        reqwest::Method::POST,
+        &path,
+        &admin,
+        Some(json!({"grace_seconds": 0})),
+    );
+    now.assert_status(200);
+    let newest = now.json()["token"].as_str().unwrap().to_owned();
+    b.find_order(&new_token, &coid)
+        .assert_problem(401, "unauthenticated");
+    via_b.find_order(&newest, &coid).assert_status(200);
+
+    // Bad input.
+    for (body, pointer) in [
+        (json!({"grace_seconds": 8 * 86_400}), "/grace_seconds"),
+        (json!({"grace_seconds": "1h"}), ""),
+        (json!({"grace": 1}), ""),
+    ] {
+        let r = admin_send(&a, reqwest::Method::POST, &path, &admin, Some(body.clone()));
+        r.assert_problem(400, "invalid-request");
+        assert_eq!(r.error_pointers(), vec![pointer.to_owned()], "{body}");
+    }
+    admin_send(
+        &b,
+        reqwest::Method::POST,
+        "/admin/v1/tenants/nobody-here/token",
+        &admin,
+        None,
+    )
+    .assert_problem(404, "not-found");
+    admin_send(&b, reqwest::Method::POST, &path, &newest, None)
+        .assert_problem(401, "unauthenticated");
+}
+
+#[test]
+fn limits_change_everywhere_and_bad_limits_are_refused() {
+    let cluster = Cluster::start("a,b", &[]);
+    let admin = cluster.info.admin_token.clone();
+    let (a, b) = (cluster.api("a"), cluster.api("b"));
+    let tenant = cluster.create_tenant("a", json!({}));
+    let path = format!("/admin/v1/tenants/{}/limits", tenant.tenant_id);
+    let set = admin_send(
+        &b,
+        reqwest::Method::PUT,
+        &path,
+        &admin,
+        Some(json!({"requests_per_second": 1})),
+    );
+    set.assert_status(200);
+    assert_eq!(set.json()["requests_per_second"], 1);
+    assert_eq!(
+        set.json()["new_keys_per_second"],
+        500,
+        "the other rate is kept"
+    );
+    let shown = admin_send(
+        &a,
+        reqwest::Method::GET,
+        &format!("/admin/v1/tenants/{}", tenant.tenant_id),
+        &admin,
+        None,
+    );
+    assert_eq!(shown.json()["requests_per_second"], 1);
+    // One request a second: a burst is limited on every node.
+    for api in [&a, &b] {
+        let limited = poll(Duration::from_secs(5), "a 429", || {
+            // Through b the request may be limited at b or at the home.
+            let rb = api
+                .get_rb("/v1/orders?client_order_id=x")
+                .bearer_auth(&tenant.token);
+            let r = api.try_send_any(rb, &["a", "b"]).expect("an answer");
+            (r.status == 429).then_some(r)
+        });
+        limited.assert_problem(429, "rate-limited");
+    }
+    // Raised again, requests flow.
+    admin_send(
+        &a,
+        reqwest::Method::PUT,
+        &path,
+        &admin,
+        Some(json!({"requests_per_second": 5000, "new_keys_per_second": 100})),
+    )
+    .assert_status(200);
+    poll(Duration::from_secs(5), "the raised limit", || {
+        (a.find_order(&tenant.token, "x").status == 404).then_some(())
+    });
+
+    for (body, pointer) in [
+        (json!({"requests_per_second": 0}), "/requests_per_second"),
+        (json!({"requests_per_second": -1}), "/requests_per_second"),
+        (json!({"new_keys_per_second": 1.5}), "/new_keys_per_second"),
+        (json!({"new_keys_per_second": "10"}), "/new_keys_per_second"),
+        (
+            json!({"requests_per_second": 2_000_000}),
+            "/requests_per_second",
+        ),
+        (json!({}), ""),
+        (json!({"burst": 3}), ""),
+    ] {
+        let r = admin_send(&b, reqwest::Method::PUT, &path, &admin, Some(body.clone()));
+        r.assert_problem(400, "invalid-request");
+        assert_eq!(r.error_pointers(), vec![pointer.to_owned()], "{body}");
+    }
+    admin_send(
+        &b,
+        reqwest::Method::PUT,
+        "/admin/v1/tenants/nobody-here/limits",
+        &admin,
+        Some(json!({"requests_per_second": 5})),
+    )
+    .assert_problem(404, "not-found");
+}
+
+#[test]
+fn deleting_a_tenant_refuses_its_tokens_and_erases_its_data_everywhere() {
+    let cluster = Cluster::start("a,b", &[]);
+    let admin = cluster.info.admin_token.clone();
+    let (a, b) = (cluster.api("a"), cluster.api("b"));
+    let tenant = cluster.create_tenant("a", json!({}));
+    let keep = cluster.create_tenant("a", json!({}));
+    let coid = unique("co");
+    let body = serde_json::to_string(&json!({
+        "client_order_id": coid, "cart_id": "c", "amount": 10, "currency": "EUR",
+        "items": [{"sku": "sku-1", "quantity": 2}],
+    }))
+    .unwrap();
+    let created = b
+        .expecting("a")
+        .create_order(&tenant.token, &unique("k"), &body);
+    assert_order(&created, 201, &coid, 10);
+    let order_id = created.json()["order_id"].as_str().unwrap().to_owned();
+    let kept = a.create_order(&keep.token, &unique("k"), &order_body(&unique("co"), 5));
+    kept.assert_status(201);
+    // The inventory consumer's effect happens before the deletion: it stays.
+    let reservations = format!("/admin/v1/inventory/reservations?order_id={order_id}");
+    poll(Duration::from_secs(10), "the reservation", || {
+        let r = a.get(&reservations, Some(&admin));
+        (r.json()["data"].as_array().is_some_and(|d| !d.is_empty())).then_some(())
+    });
+
+    // Deleted through the other region.
+    let path = format!("/admin/v1/tenants/{}", tenant.tenant_id);
+    let deleted = admin_send(&b, reqwest::Method::DELETE, &path, &admin, None);
+    deleted.assert_status(200);
+    assert_eq!(deleted.json()["state"], "deleted", "{}", deleted.text());
+    for api in [&a, &b] {
+        api.find_order(&tenant.token, &coid)
+            .assert_problem(401, "unauthenticated");
+        api.create_order(&tenant.token, &unique("k"), &order_body(&coid, 10))
+            .assert_problem(401, "unauthenticated");
+    }
+    let view = poll(Duration::from_secs(10), "erasure in every region", || {
+        let r = admin_send(&a, reqwest::Method::GET, &path, &admin, None);
+        (r.json()["erasure"] == "done").then(|| r.json())
+    });
+    assert_eq!(view["erased_in"], json!(["a", "b"]), "{view}");
+    assert!(view["deleted_at"].is_string(), "{view}");
+    // Delivered effects stay delivered; the other tenant is untouched.
+    let r = a.get(&reservations, Some(&admin));
+    assert_eq!(
+        r.json()["data"].as_array().map(Vec::len),
+        Some(1),
+        "{}",
+        r.text()
+    );
+    b.expecting("a")
+        .get_order(&keep.token, kept.json()["order_id"].as_str().unwrap())
+        .assert_status(200);
+
+    // Deleting twice, reusing the id, and changing a deleted tenant: 409.
+    admin_send(&a, reqwest::Method::DELETE, &path, &admin, None).assert_problem(409, "conflict");
+    let again = a.post_json(
+        "/admin/v1/tenants",
+        Some(&admin),
+        &json!({"tenant_id": tenant.tenant_id, "home_region": "a"}).to_string(),
+    );
+    again.assert_problem(409, "conflict");
+    admin_send(
+        &b,
+        reqwest::Method::POST,
+        &format!("{path}/token"),
+        &admin,
+        None,
+    )
+    .assert_problem(409, "conflict");
+    admin_send(
+        &b,
+        reqwest::Method::PUT,
+        &format!("{path}/limits"),
+        &admin,
+        Some(json!({"requests_per_second": 5})),
+    )
+    .assert_problem(409, "conflict");
+    admin_send(
+        &b,
+        reqwest::Method::DELETE,
+        "/admin/v1/tenants/nobody-here",
+        &admin,
+        None,
+    )
+    .assert_problem(404, "not-found");
+}
