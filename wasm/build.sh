@@ -126,4 +126,9 @@ EOF
 mkdir -p "$SITE"
 cp -r "$WASM_DIR/www/." "$SITE/"
 cp -r "$PKG" "$SITE/pkg"
-log "package in $PKG, demo site in $SITE"
+# The two built files the nodes compile in to serve /demo without this script
+# (crates/server/src/demo.rs). They are committed; wasm/test.sh fails when a
+# fresh build differs from the committed copy.
+mkdir -p "$WASM_DIR/dist"
+cp "$PKG/web/$NAME.js" "$PKG/web/${NAME}_bg.wasm" "$WASM_DIR/dist/"
+log "package in $PKG, demo site in $SITE, compiled-in demo files in $WASM_DIR/dist"

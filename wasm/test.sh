@@ -2,7 +2,8 @@
 # Everything that proves the browser side (issue 6), on a fresh Debian machine:
 #   1. installs what is missing (chromium + chromium-driver, Node >= 20; build.sh
 #      adds the wasm32 target, wasm-bindgen-cli and the npm tooling),
-#   2. builds the package and demo site (wasm/build.sh),
+#   2. builds the package and demo site (wasm/build.sh) and checks that the
+#      compiled-in demo files (wasm/dist) equal that build,
 #   3. native unit tests of keyhold-wasm,
 #   4. the parity corpus (10,000 seeded bodies) from native Rust, checked by
 #      WASM in Node, WASM in headless Chromium and a pure-JS reference in both,
@@ -54,6 +55,15 @@ fi
 
 step "building the package (wasm/build.sh)"
 bash "$WASM_DIR/build.sh" || { broken "wasm/build.sh"; finish; }
+# The nodes compile wasm/dist in (the demo at /demo needs no build step), so the
+# committed files must be exactly what this build produced.
+if git -C "$REPO" diff --quiet -- wasm/dist &&
+    [ -z "$(git -C "$REPO" ls-files --others --exclude-standard -- wasm/dist)" ]; then
+    PASSED=$((PASSED + 1))
+else
+    git -C "$REPO" status --short -- wasm/dist
+    broken "wasm/dist differs from a fresh build: commit the rebuilt files"
+fi
 WASM_BYTES="$(stat -c %s "$WASM_DIR/pkg/web/keyhold_fingerprint_bg.wasm")"
 echo "   .wasm after wasm-opt: $WASM_BYTES bytes ($((WASM_BYTES / 1024)) KiB)"
 if [ "$WASM_BYTES" -le $((150 * 1024)) ]; then PASSED=$((PASSED + 1)); else broken ".wasm over 150 KiB"; fi

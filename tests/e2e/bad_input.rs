@@ -1102,3 +1102,161 @@ fn the_bad_input_catalogue() {
         leaks.join("\n")
     );
 }
+
+/// The node's connection limits, on one `keyhold serve` node with small ones:
+/// a connection that sends half a head, or stays idle after an answer, is
+/// closed after `header_read_timeout`; past `connections_max` new connections
+/// wait until one closes, and then they are served.
+#[test]
+fn slow_and_idle_connections_are_bounded() {
+    let node = common::ServeNode::start("a", "connections_max = 4\nheader_read_timeout = \"2s\"\n");
+    let addr = node.api.base.trim_start_matches("http://").to_owned();
+    let long = Duration::from_secs(15);
+    // Half a request head, then silence: closed.
+    let mut half = RawConn::connect(&addr, long);
+    half.send(b"GET /healthz HTTP/1.1\r\nhost: x\r\n")
+        .expect("send");
+    assert!(
+        half.closed_within(Duration::from_secs(5)),
+        "a half-sent head keeps its connection open"
+    );
+    // Idle after an answer: closed.
+    let mut idle = RawConn::connect(&addr, long);
+    idle.send(&request("GET", "/healthz", &[], b""))
+        .expect("send");
+    let first = idle.read_response(long).expect("answer");
+    assert_eq!(first.status, 200);
+    assert!(!first.says_close());
+    assert!(
+        idle.closed_within(Duration::from_secs(5)),
+        "an idle keep-alive connection stays open"
+    );
+    // Four silent connections hold every slot; a fifth waits, and is served
+    // once the header timeout has closed the silent ones.
+    let holders: Vec<RawConn> = (0..4).map(|_| RawConn::connect(&addr, long)).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut fifth = RawConn::connect(&addr, Duration::from_millis(500));
+    fifth
+        .send(&request("GET", "/healthz", &[], b""))
+        .expect("send");
+    assert_eq!(
+        fifth
+            .read_response(Duration::from_millis(500))
+            .map(|r| r.status),
+        Err(ReadError::Timeout),
+        "a fifth connection was served while four held every slot"
+    );
+    fifth.stream.set_read_timeout(Some(long)).expect("timeout");
+    let served = fifth
+        .read_response(long)
+        .expect("served after a slot freed");
+    assert_eq!(served.status, 200);
+    drop(holders);
+}
+
+/// Rules docs/api.md states, each checked: the first fencing token of a scope
+/// is the acquisition time in milliseconds; an owner token in another form is
+/// 400 while the issued one still completes; outbox replay and reservations
+/// answered by any node cover every region; a 401 for a missing or malformed
+/// token does not wait for the registry.
+#[test]
+fn documented_rules_hold() {
+    let cluster = Cluster::start("a,b", &[]);
+    let a = cluster.api("a");
+    let b = cluster.api("b");
+    let token = cluster.tenant("a").token;
+    let admin = cluster.info.admin_token.clone();
+
+    let before_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as u64;
+    let key = common::unique("pay");
+    let claim = serde_json::json!({
+        "operation": "POST:/v1/payments", "key": key,
+        "fingerprint": "sha256:abc", "lease_ms": 60_000,
+    });
+    let r = a.post_json("/v1/claims", Some(&token), &claim.to_string());
+    let j = r.assert_status(201).json();
+    let fencing = j["fencing_token"].as_u64().expect("fencing_token");
+    let owner = j["owner_token"].as_str().expect("owner_token").to_owned();
+    assert!(
+        fencing >= before_ms && fencing < before_ms + 600_000,
+        "the first fencing token is the acquisition time in ms: {fencing} vs {before_ms}"
+    );
+    assert_eq!(owner.split('.').next(), Some(fencing.to_string().as_str()));
+    let complete = |owner_token: &str| {
+        serde_json::json!({
+            "operation": "POST:/v1/payments", "key": key, "owner_token": owner_token,
+            "outcome": "SUCCEEDED", "response": {"status": 201, "body": {"ok": true}},
+        })
+        .to_string()
+    };
+    a.post_json(
+        "/v1/claims/complete",
+        Some(&token),
+        &complete(&owner.to_uppercase()),
+    )
+    .assert_problem(400, "invalid-request");
+    a.post_json("/v1/claims/complete", Some(&token), &complete(&owner))
+        .assert_status(200);
+
+    // An order with items in region a; its reservations and its outbox event
+    // are visible through region b.
+    let coid = common::unique("co");
+    let body = serde_json::json!({
+        "client_order_id": coid, "cart_id": "c", "amount": 10, "currency": "EUR",
+        "items": [{"sku": "sku-1", "quantity": 2}],
+    });
+    let created = a.create_order(&token, &common::unique("k"), &body.to_string());
+    let order_id = created.assert_status(201).json()["order_id"]
+        .as_str()
+        .expect("order_id")
+        .to_owned();
+    let path = format!("/admin/v1/inventory/reservations?order_id={order_id}");
+    let reserved = common::poll(Duration::from_secs(20), "reservations", || {
+        let r = b.get(&path, Some(&admin));
+        let data = r.assert_status(200).json()["data"].clone();
+        data.as_array().filter(|d| !d.is_empty()).cloned()
+    });
+    assert_eq!(reserved.len(), 1, "{reserved:?}");
+    let replayed = b.post_json("/admin/v1/outbox/replay", Some(&admin), "{}");
+    let n = replayed.assert_status(202).json()["replayed"]
+        .as_u64()
+        .expect("replayed");
+    assert!(n >= 1, "replay through b covers region a's outbox: {n}");
+
+    // 401 without a registry wait for a missing or malformed token.
+    for auth in [
+        None,
+        Some("Bearer"),
+        Some("Basic abc"),
+        Some("Bearer not-a-kh-token"),
+    ] {
+        let mut rb = a.get_rb("/v1/orders/ord_x");
+        if let Some(v) = auth {
+            rb = rb.header("authorization", v);
+        }
+        let started = std::time::Instant::now();
+        a.send(rb).assert_problem(401, "unauthenticated");
+        assert!(
+            started.elapsed() < Duration::from_millis(700),
+            "401 for {auth:?} took {:?}: it waited for the registry",
+            started.elapsed()
+        );
+    }
+}
+
+/// `/readyz` is 503 on a node whose registry replica knows no leader.
+#[test]
+fn readyz_is_503_without_a_registry_leader() {
+    let mut sc = common::ServeCluster::start(&["a", "b", "c"], "");
+    let survivor = sc.index("a");
+    assert_eq!(sc.api(survivor).get("/readyz", None).status, 200);
+    sc.kill9(sc.index("b"));
+    sc.kill9(sc.index("c"));
+    common::poll(Duration::from_secs(20), "readyz 503", || {
+        let r = sc.api(survivor).get("/readyz", None);
+        (r.status == 503).then(|| r.assert_problem(503, "store-unavailable"))
+    });
+}

@@ -1,8 +1,11 @@
 // End to end in headless Chromium against a real `keyhold up` (KEYHOLD_BIN)
-// serving the demo (wasm/site) at /demo: place an order with the flaky network
-// dropping every answer after the server committed, reload mid-retry, let the
-// page resume, place it again — and there is exactly one order, the page shows
-// it as done, and the fingerprint the page sent is the one the server computed.
+// started exactly as the README says (no --demo-dir: the demo compiled into
+// the binary): place an order with the flaky network dropping every answer
+// after the server committed, reload mid-retry, let the page resume, place it
+// again — and there is exactly one order, the page shows it as done, and the
+// fingerprint the page sent is the one the server computed. The tenant lives
+// in region b and the page talks to region a's node, so the page shows the
+// forward: this node a, answered by b, home b.
 
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -11,11 +14,9 @@ import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { launch } from './browser.mjs';
 
-const SITE = fileURLToPath(new URL('../site', import.meta.url));
 const BIN = process.env.KEYHOLD_BIN;
 const SHOTS = process.env.KEYHOLD_SCREENSHOTS; // optional folder for screenshots
 
@@ -47,10 +48,10 @@ async function freeBasePort() {
 
 before(async () => {
   assert.ok(BIN && existsSync(BIN), 'set KEYHOLD_BIN to the keyhold binary (wasm/test.sh does)');
-  assert.ok(existsSync(join(SITE, 'index.html')), 'run wasm/build.sh first (wasm/site)');
   dataDir = mkdtempSync(join(tmpdir(), 'keyhold-e2e-'));
   const base = await freeBasePort();
-  node = spawn(BIN, ['up', '--data-dir', dataDir, '--base-port', String(base), '--regions', 'a', '--demo-dir', SITE], {
+  // The README's command: `keyhold up --data-dir ./data --base-port 7400`.
+  node = spawn(BIN, ['up', '--data-dir', dataDir, '--base-port', String(base)], {
     stdio: ['ignore', 'pipe', 'pipe'],
     env: { ...process.env, RUST_LOG: 'warn' },
   });
@@ -65,7 +66,7 @@ before(async () => {
   }
   const cluster = JSON.parse(readFileSync(clusterFile, 'utf8'));
   api = cluster.regions.find((r) => r.name === 'a').api_url;
-  token = cluster.tenants.find((t) => t.home_region === 'a').token;
+  token = cluster.tenants.find((t) => t.home_region === 'b').token;
   browser = await launch();
 });
 
@@ -142,6 +143,9 @@ test('lost answers, a reload mid-retry and a second click make exactly one order
   assert.equal(await page.textContent('#replayed'), 'true');
   const sentFp = await page.textContent('#sent-fp');
   assert.equal(await page.textContent('#server-fp'), sentFp);
+  assert.equal(await page.textContent('#this-region'), 'a');
+  assert.equal(await page.textContent('#answered-by'), 'b');
+  assert.equal(await page.textContent('#home'), 'b');
   if (SHOTS) await page.screenshot({ path: join(SHOTS, 'demo-resumed.png'), fullPage: true });
 
   // One key for every attempt, before and after the reload; one fingerprint.

@@ -1,6 +1,8 @@
 // The keyhold demo page: places an order through @keyhold/fingerprint/client,
-// shows the submission's state, can drop answers after the server committed
-// ("flaky network"), and resumes a pending intent after a reload.
+// shows the submission's state and the cluster as this page sees it (the
+// region of the node it talks to, which region answered each attempt, the
+// tenant's home region), can drop answers after the server committed ("flaky
+// network"), and resumes a pending intent after a reload.
 
 import { intentFor, loadFingerprinter, pendingIntents, submit } from '/demo/pkg/client.js';
 
@@ -46,6 +48,10 @@ function fillForm(body) {
 // answer is thrown away as if the connection had dropped.
 async function flakyFetch(url, init) {
   const response = await fetch(url, init);
+  // Every answer names the region that executed or replayed it.
+  const region = response.headers.get('Keyhold-Region');
+  show('answered-by', region);
+  log(`answer ${response.status} from region ${region ?? '?'}`);
   if ($('flaky').checked) {
     await response.arrayBuffer();
     log(`answer ${response.status} dropped by the flaky network`);
@@ -84,6 +90,7 @@ async function run(intent, how) {
     show('server-fp', result.fingerprint);
     show('order-id', result.order?.order_id);
     show('order-status', result.order?.status);
+    show('home', result.order?.home_region);
     show('replayed', String(result.replayed));
     setState('done', `HTTP ${result.status} after ${result.attempts} attempt(s)`);
     log(`done: ${result.status} order ${result.order?.order_id}${result.replayed ? ' (replayed)' : ''}`);
@@ -110,6 +117,8 @@ $('order').addEventListener('submit', async (event) => {
 
 async function start() {
   $('token').value = localStorage.getItem(TOKEN_KEY) ?? '';
+  const health = await fetch('/healthz');
+  show('this-region', health.headers.get('Keyhold-Region'));
   $('client_order_id').value = `demo-${Math.random().toString(36).slice(2, 10)}`;
   await loadFingerprinter();
   const pending = pendingIntents().filter((i) => i.attempts > 0);

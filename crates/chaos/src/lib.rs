@@ -62,6 +62,8 @@ pub struct SeedReport {
     pub faults: BTreeMap<String, u64>,
     /// Violations by kind (from the checker).
     pub violations: BTreeMap<String, u64>,
+    /// What the checker checked (orders acknowledged, replays, charges, ...).
+    pub checked: Option<keyhold_checker::verdict::Stats>,
     /// Move operations that did not end in time.
     pub stuck_moves: Vec<String>,
     /// How long after the traffic every move had ended.
@@ -354,7 +356,7 @@ pub async fn run_seed(seed: u64, options: &Options) -> SeedReport {
     let started = Instant::now();
     let dir = options.out_dir.join(format!("seed-{seed}"));
     let plan = Plan::new(seed);
-    let recorder = Recorder::new(usize::MAX);
+    let recorder = Recorder::new(limits::HISTORY_OPS_MAX);
     let mut faults = BTreeMap::new();
     let prepared = (|| {
         let _ = std::fs::remove_dir_all(&dir);
@@ -380,6 +382,7 @@ pub async fn run_seed(seed: u64, options: &Options) -> SeedReport {
         ops_unknown: count(|o| matches!(o, keyhold_checker::Outcome::Unknown { .. })),
         faults,
         violations: BTreeMap::new(),
+        checked: None,
         stuck_moves: Vec::new(),
         moves_wait_ms: 0,
         error: None,
@@ -389,6 +392,7 @@ pub async fn run_seed(seed: u64, options: &Options) -> SeedReport {
         Ok(o) => {
             report.ok = o.verdict.ok && o.stuck_moves.is_empty();
             report.violations = o.verdict.counts;
+            report.checked = Some(o.verdict.stats);
             report.stuck_moves = o.stuck_moves;
             report.moves_wait_ms = o.moves_wait_ms;
         }

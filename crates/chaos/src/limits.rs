@@ -42,6 +42,9 @@ pub const MOVES_SETTLE_MS: u64 = 120_000;
 pub const MOVES_POLL_MS: u64 = 250;
 /// How long the checker waits for downstream work to settle.
 pub const SETTLE_WAIT_MS: u64 = 30_000;
+/// Ops one seed's history keeps: far above what a plan sends (4 clients of at
+/// most 70 steps, a claim job or a duplicates step sending a few requests).
+pub const HISTORY_OPS_MAX: usize = 100_000;
 /// Ports `keyhold up` uses from its base port.
 pub const PORTS_PER_CLUSTER: u16 = 50;
 
@@ -51,3 +54,10 @@ const _: () = assert!(FAULTS_MIN <= FAULTS_MAX && KILLS_MAX <= FAULTS_MAX);
 const _: () = assert!(LEASE_MS_MIN < LEASE_MS_MAX);
 const _: () = assert!(TAKEOVER_ATTEMPTS_MAX as u64 * TAKEOVER_RETRY_MS > LEASE_MS_MAX);
 const _: () = assert!(CLIENT_TIMEOUT_MS_MAX < REQUEST_TIMEOUT_MS);
+// A claim job sends at most its takeover attempts plus four requests; no other
+// step sends more than that.
+const _: () = assert!(
+    HISTORY_OPS_MAX
+        >= CLIENTS as usize * STEPS_PER_CLIENT_MAX * (TAKEOVER_ATTEMPTS_MAX as usize + 4)
+);
+const _: () = assert!(DUPLICATES_MAX <= TAKEOVER_ATTEMPTS_MAX as usize + 4);

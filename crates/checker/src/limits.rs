@@ -12,6 +12,8 @@ pub const READ_TIMEOUT_MS: u64 = 15_000;
 pub const READ_CONCURRENCY_MAX: usize = 32;
 /// Pause between two reads of the downstream state while it settles.
 pub const SETTLE_POLL_MS: u64 = 500;
+/// Violations shown per kind in the readable summary; the JSON keeps them all.
+pub const SUMMARY_VIOLATIONS_PER_KIND_MAX: usize = 10;
 
 // A read retries for at least a move's fence window and a restart.
 const _: () = assert!(READ_ATTEMPTS_MAX as u64 * READ_RETRY_MS >= 10_000);

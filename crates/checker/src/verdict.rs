@@ -1,12 +1,10 @@
 //! The verdict: a small JSON document (kind and detail of every violation, with
 //! the ops that show it) and a readable summary of the same.
 
+use crate::limits::SUMMARY_VIOLATIONS_PER_KIND_MAX;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-
-/// Violations shown per kind in the readable summary; the JSON keeps them all.
-pub const SUMMARY_VIOLATIONS_PER_KIND_MAX: usize = 10;
 
 /// What went wrong. Each kind is a promise of the contract.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

@@ -143,7 +143,8 @@ struct UpArgs {
     /// Nodes per region: the first owns the store, the others forward to it.
     #[arg(long, default_value_t = 1)]
     nodes_per_region: usize,
-    /// Serve this folder (wasm/site, built by wasm/build.sh) at /demo.
+    /// Serve this folder (wasm/site, built by wasm/build.sh) at /demo instead
+    /// of the demo compiled into the binary (for working on the page).
     #[arg(long)]
     demo_dir: Option<PathBuf>,
 }

@@ -7,9 +7,9 @@ use std::time::Duration;
 use crate::credential::NodeCredentials;
 use crate::limits::{
     ELECTION_TIMEOUT_MAX_MS_DEFAULT, ELECTION_TIMEOUT_MIN_MS_DEFAULT,
-    HEARTBEAT_INTERVAL_MS_DEFAULT, INSTALL_SNAPSHOT_TIMEOUT_MS_DEFAULT, SNAPSHOT_CHUNK_BYTES_MAX,
-    SNAPSHOT_LOGS_KEPT_MAX, SNAPSHOT_LOGS_SINCE_LAST_DEFAULT, WRITE_FORWARD_TIMEOUT_MS_DEFAULT,
-    WRITE_TIMEOUT_MS_DEFAULT,
+    HEARTBEAT_INTERVAL_MS_DEFAULT, INSTALL_SNAPSHOT_TIMEOUT_MS_DEFAULT, RPC_TIMEOUT_MS_DEFAULT,
+    SNAPSHOT_CHUNK_BYTES_MAX, SNAPSHOT_LOGS_KEPT_MAX, SNAPSHOT_LOGS_SINCE_LAST_DEFAULT,
+    WRITE_FORWARD_TIMEOUT_MS_DEFAULT, WRITE_TIMEOUT_MS_DEFAULT,
 };
 use crate::types::{NodeId, NodeInfo};
 use crate::Error;
@@ -30,7 +30,10 @@ pub struct RegistryConfig {
     /// The cluster's node credential: sent on every Raft RPC and forwarded write,
     /// required on every request the Raft router serves.
     pub credentials: NodeCredentials,
+    /// How often the leader sends heartbeats (the registry's own ticker).
     pub heartbeat_interval_ms: u64,
+    /// Timeout of one Raft RPC (AppendEntries, heartbeats and votes).
+    pub rpc_timeout_ms: u64,
     pub election_timeout_min_ms: u64,
     pub election_timeout_max_ms: u64,
     pub install_snapshot_timeout_ms: u64,
@@ -56,6 +59,7 @@ impl RegistryConfig {
             data_dir: data_dir.into(),
             credentials,
             heartbeat_interval_ms: HEARTBEAT_INTERVAL_MS_DEFAULT,
+            rpc_timeout_ms: RPC_TIMEOUT_MS_DEFAULT,
             election_timeout_min_ms: ELECTION_TIMEOUT_MIN_MS_DEFAULT,
             election_timeout_max_ms: ELECTION_TIMEOUT_MAX_MS_DEFAULT,
             install_snapshot_timeout_ms: INSTALL_SNAPSHOT_TIMEOUT_MS_DEFAULT,
@@ -63,6 +67,10 @@ impl RegistryConfig {
             write_timeout_ms: WRITE_TIMEOUT_MS_DEFAULT,
             snapshot_logs_since_last: SNAPSHOT_LOGS_SINCE_LAST_DEFAULT,
         }
+    }
+
+    pub(crate) fn heartbeat_interval(&self) -> Duration {
+        Duration::from_millis(self.heartbeat_interval_ms)
     }
 
     pub(crate) fn write_forward_timeout(&self) -> Duration {
@@ -81,6 +89,12 @@ impl RegistryConfig {
         if self.write_timeout_ms == 0 || self.write_forward_timeout_ms == 0 {
             return Err(Error::Config("write timeouts must be positive".to_string()));
         }
+        if self.heartbeat_interval_ms == 0 || self.heartbeat_interval_ms >= self.rpc_timeout_ms {
+            return Err(Error::Config(format!(
+                "heartbeat_interval_ms ({}) must be positive and below rpc_timeout_ms ({})",
+                self.heartbeat_interval_ms, self.rpc_timeout_ms
+            )));
+        }
         if self.snapshot_logs_since_last == 0 {
             return Err(Error::Config(
                 "snapshot_logs_since_last must be positive".to_string(),
@@ -88,7 +102,11 @@ impl RegistryConfig {
         }
         let config = openraft::Config {
             cluster_name: GROUP.to_string(),
-            heartbeat_interval: self.heartbeat_interval_ms,
+            // openraft 0.9 uses its heartbeat interval as the timeout of every
+            // AppendEntries and vote RPC; the heartbeats themselves come from the
+            // registry's ticker every `heartbeat_interval_ms`.
+            heartbeat_interval: self.rpc_timeout_ms,
+            enable_heartbeat: false,
             election_timeout_min: self.election_timeout_min_ms,
             election_timeout_max: self.election_timeout_max_ms,
             install_snapshot_timeout: self.install_snapshot_timeout_ms,

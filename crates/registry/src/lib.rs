@@ -136,6 +136,7 @@ impl Registry {
         )
         .await
         .map_err(|e| Error::Fatal(e.to_string()))?;
+        tokio::spawn(heartbeats(raft.clone(), config.heartbeat_interval()));
         tracing::debug!(node_id = config.node_id, node = %config.node, "registry replica started");
         Ok(Self {
             inner: Arc::new(Inner {
@@ -406,6 +407,20 @@ fn unix_now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Sends the leader's heartbeats every `interval` (a no-op on followers) until
+/// the Raft instance stops. openraft's own heartbeat is off because its period
+/// is also its RPC timeout; this keeps the two apart.
+async fn heartbeats(raft: Raft, interval: Duration) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        if raft.trigger().heartbeat().await.is_err() {
+            return;
+        }
+    }
 }
 
 /// A forwarding failure worth another attempt, with its description.

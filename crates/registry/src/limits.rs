@@ -2,20 +2,32 @@
 //! trips, the write-forwarding budget, and snapshot thresholds. Units come last in every
 //! name; the relations between them are checked at compile time below.
 
-/// Leader heartbeat period. Regions are tens to a few hundred milliseconds apart, so
-/// openraft's 50 ms default would spend most of the link on heartbeats and fire
-/// spurious elections on one slow round trip. openraft also uses it as the timeout of
-/// every AppendEntries RPC, so it must exceed the slowest inter-region round trip plus
-/// a follower's fsync.
+/// The slowest inter-region round trip the default timing is sized for.
+pub const INTER_REGION_RTT_MS_MAX: u64 = 300;
+
+/// The slowest log fsync on a follower the default timing is sized for: a follower
+/// answers an AppendEntries only once the entries are durable.
+pub const LOG_FSYNC_MS_MAX: u64 = 200;
+
+/// Leader heartbeat period (sent by the registry's own ticker, see `Registry::start`).
+/// Regions are tens to a few hundred milliseconds apart, so openraft's 50 ms default
+/// would spend most of the link on heartbeats.
 pub const HEARTBEAT_INTERVAL_MS_DEFAULT: u64 = 250;
 
-/// Lower bound of the randomized election timeout: four missed heartbeats before a
-/// follower campaigns.
-pub const ELECTION_TIMEOUT_MIN_MS_DEFAULT: u64 = 1_000;
+/// Timeout of one Raft RPC (AppendEntries with or without entries, votes). openraft
+/// 0.9 takes it from its `heartbeat_interval` setting, which is why the heartbeat
+/// period is kept apart (openraft's own heartbeat is off): an RPC must outlast a
+/// slow round trip plus a follower's fsync, twice over, or a healthy but distant
+/// follower never acknowledges anything and appends stall.
+pub const RPC_TIMEOUT_MS_DEFAULT: u64 = 1_000;
 
-/// Upper bound of the randomized election timeout. The 1 s spread makes split votes
-/// between regions rare.
-pub const ELECTION_TIMEOUT_MAX_MS_DEFAULT: u64 = 2_000;
+/// Lower bound of the randomized election timeout: six missed heartbeats, and
+/// longer than one RPC timeout, before a follower campaigns.
+pub const ELECTION_TIMEOUT_MIN_MS_DEFAULT: u64 = 1_500;
+
+/// Upper bound of the randomized election timeout. The 1.5 s spread makes split
+/// votes between regions rare.
+pub const ELECTION_TIMEOUT_MAX_MS_DEFAULT: u64 = 3_000;
 
 /// Time a follower may spend receiving one snapshot chunk. openraft's 200 ms default is
 /// less than one inter-region round trip for a multi-megabyte chunk.
@@ -72,6 +84,13 @@ pub const STORE_OPEN_LOCK_RETRY_MS: u64 = 20;
 
 const _: () = assert!(STORE_OPEN_LOCK_RETRY_MS * 10 <= STORE_OPEN_LOCK_WAIT_MS);
 const _: () = assert!(HEARTBEAT_INTERVAL_MS_DEFAULT * 3 <= ELECTION_TIMEOUT_MIN_MS_DEFAULT);
+// Several heartbeats are sent while one RPC may still be outstanding, so a single
+// slow round trip does not silence the leader.
+const _: () = assert!(HEARTBEAT_INTERVAL_MS_DEFAULT * 2 <= RPC_TIMEOUT_MS_DEFAULT);
+const _: () = assert!(RPC_TIMEOUT_MS_DEFAULT >= 2 * (INTER_REGION_RTT_MS_MAX + LOG_FSYNC_MS_MAX));
+// openraft requires it (its heartbeat setting carries the RPC timeout), and a vote
+// must be able to finish before the next candidate's timer fires.
+const _: () = assert!(RPC_TIMEOUT_MS_DEFAULT < ELECTION_TIMEOUT_MIN_MS_DEFAULT);
 const _: () = assert!(ELECTION_TIMEOUT_MIN_MS_DEFAULT < ELECTION_TIMEOUT_MAX_MS_DEFAULT);
 const _: () = assert!(INSTALL_SNAPSHOT_TIMEOUT_MS_DEFAULT >= ELECTION_TIMEOUT_MAX_MS_DEFAULT);
 // A write must outlast one full election (a leader dies, followers time out, a new

@@ -1,7 +1,7 @@
 //! The node's side of the registry: creating the group on first start, and
 //! keeping the tenant directory in step with the local replica.
 
-use crate::limits::REGISTRY_BOOTSTRAP_WAIT_MS;
+use crate::limits::{READY_QUORUM_ACK_MS_MAX, REGISTRY_BOOTSTRAP_WAIT_MS};
 use crate::node::{now, Node, Placement};
 use keyhold_registry::{NodeInfo, Request};
 use std::collections::BTreeMap;
@@ -117,11 +117,22 @@ async fn reconcile_guards(node: &Node) {
     }
 }
 
-/// True once this replica knows a leader and every configured region.
+/// True once this replica knows a live leader and every configured region. A
+/// leader counts as live for itself only while a quorum acknowledged it within
+/// `READY_QUORUM_ACK_MS_MAX`: openraft keeps a leader cut off from every other
+/// voter in place, but it can no longer commit anything.
 pub fn is_ready(node: &Node) -> bool {
     let registry = node.registry();
+    let metrics = registry.metrics();
+    let leader_live = match metrics.current_leader {
+        None => false,
+        Some(leader) if leader == metrics.id => metrics
+            .millis_since_quorum_ack
+            .is_some_and(|ms| ms <= READY_QUORUM_ACK_MS_MAX),
+        Some(_) => true,
+    };
     let regions = registry.regions();
-    registry.leader().is_some()
+    leader_live
         && node
             .config()
             .regions

@@ -85,7 +85,7 @@ pub struct Config {
     #[serde(default)]
     pub fingerprint_hmac_key_env: Option<String>,
     /// Folder of the browser demo (wasm/site, built by wasm/build.sh), served
-    /// at `/demo`; unset, `/demo` is 404.
+    /// at `/demo` instead of the demo compiled into the binary.
     #[serde(default)]
     pub demo_dir: Option<PathBuf>,
 }

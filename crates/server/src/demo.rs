@@ -1,9 +1,12 @@
-//! `/demo`: the browser demo's static files (the `wasm/site` folder that
-//! `wasm/build.sh` assembles: a page, its script and the `@keyhold/fingerprint`
-//! package) served from `Config::demo_dir`, so the page calls the API on its own
-//! origin and needs no CORS. Only plain file names are served (no dot-files, no
-//! `..`, nothing outside the folder, symlinks included); `/demo` redirects to
-//! `/demo/`. Without a `demo_dir` every `/demo` path is a 404 problem.
+//! `/demo`: the browser demo, on the node's own origin so the page calls the API
+//! without CORS. By default the files are compiled into the binary: the page
+//! and its script (wasm/www), the browser client (wasm/js/client.js) and the
+//! `@keyhold/fingerprint` module built by `wasm/build.sh` and committed in
+//! wasm/dist (so `cargo run -p keyhold-cli -- up` serves a working demo with no
+//! wasm toolchain; wasm/test.sh fails when wasm/dist differs from a fresh
+//! build). With `Config::demo_dir` (for working on the page) the folder is
+//! served instead: only plain file names (no dot-files, no `..`, nothing
+//! outside the folder, symlinks included). `/demo` redirects to `/demo/`.
 
 use crate::node::Node;
 use crate::problem::ApiError;
@@ -17,6 +20,27 @@ use std::path::{Path, PathBuf};
 /// Where the demo is mounted; `routes::router` nests [`service`] here.
 pub const MOUNT: &str = "/demo";
 
+/// The demo compiled into the binary: each path below the mount and its bytes.
+const EMBEDDED: [(&str, &[u8]); 5] = [
+    (
+        "/index.html",
+        include_bytes!("../../../wasm/www/index.html"),
+    ),
+    ("/app.js", include_bytes!("../../../wasm/www/app.js")),
+    (
+        "/pkg/client.js",
+        include_bytes!("../../../wasm/js/client.js"),
+    ),
+    (
+        "/pkg/web/keyhold_fingerprint.js",
+        include_bytes!("../../../wasm/dist/keyhold_fingerprint.js"),
+    ),
+    (
+        "/pkg/web/keyhold_fingerprint_bg.wasm",
+        include_bytes!("../../../wasm/dist/keyhold_fingerprint_bg.wasm"),
+    ),
+];
+
 /// The service to nest at [`MOUNT`].
 pub fn service(node: &Node) -> Router {
     let dir = node.config().demo_dir.clone();
@@ -29,17 +53,15 @@ pub fn service(node: &Node) -> Router {
 }
 
 async fn serve(dir: Option<&Path>, method: &Method, original: &str, inner: &str) -> Response {
-    let Some(dir) = dir else {
-        return ApiError::new(Problem::NotFound)
-            .detail("this node serves no demo (start it with --demo-dir)")
-            .into_response();
-    };
     if method != Method::GET && method != Method::HEAD {
         return ApiError::new(Problem::MethodNotAllowed).into_response();
     }
     if original == MOUNT {
         return Redirect::permanent("/demo/").into_response();
     }
+    let Some(dir) = dir else {
+        return serve_embedded(inner);
+    };
     let Some(path) = file_path(dir, inner) else {
         return not_found();
     };
@@ -52,23 +74,38 @@ async fn serve(dir: Option<&Path>, method: &Method, original: &str, inner: &str)
         _ => return not_found(),
     };
     match tokio::fs::read(&inside).await {
-        Ok(bytes) => (
-            [
-                (
-                    header::CONTENT_TYPE,
-                    HeaderValue::from_static(content_type(&inside)),
-                ),
-                (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
-                (
-                    header::X_CONTENT_TYPE_OPTIONS,
-                    HeaderValue::from_static("nosniff"),
-                ),
-            ],
-            bytes,
-        )
-            .into_response(),
+        Ok(bytes) => file_response(&inside, bytes),
         Err(_) => not_found(),
     }
+}
+
+fn serve_embedded(inner: &str) -> Response {
+    let wanted = match inner {
+        "" | "/" => "/index.html",
+        other => other,
+    };
+    match EMBEDDED.iter().find(|(path, _)| *path == wanted) {
+        Some((path, bytes)) => file_response(Path::new(path), bytes.to_vec()),
+        None => not_found(),
+    }
+}
+
+fn file_response(path: &Path, bytes: Vec<u8>) -> Response {
+    (
+        [
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static(content_type(path)),
+            ),
+            (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+            (
+                header::X_CONTENT_TYPE_OPTIONS,
+                HeaderValue::from_static("nosniff"),
+            ),
+        ],
+        bytes,
+    )
+        .into_response()
 }
 
 fn not_found() -> Response {
@@ -181,11 +218,42 @@ mod tests {
             assert_eq!(r.status(), 404, "{original}");
         }
         assert_eq!(serve(dir, &Method::POST, "/demo/", "/").await.status(), 405);
-        let off = serve(None, &get, "/demo/", "/").await;
-        assert_eq!(off.status(), 404);
+    }
+
+    #[tokio::test]
+    async fn without_a_folder_the_compiled_in_demo_is_served() {
+        let get = Method::GET;
+        let index = serve(None, &get, "/demo/", "/").await;
+        assert_eq!(index.status(), 200);
         assert_eq!(
-            off.headers()[header::CONTENT_TYPE],
-            "application/problem+json"
+            index.headers()[header::CONTENT_TYPE],
+            "text/html; charset=utf-8"
+        );
+        let wasm = serve(
+            None,
+            &get,
+            "/demo/pkg/web/keyhold_fingerprint_bg.wasm",
+            "/pkg/web/keyhold_fingerprint_bg.wasm",
+        )
+        .await;
+        assert_eq!(wasm.status(), 200);
+        assert_eq!(wasm.headers()[header::CONTENT_TYPE], "application/wasm");
+        let bytes = axum::body::to_bytes(wasm.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        assert!(bytes.starts_with(b"\0asm"), "a WebAssembly module");
+        assert_eq!(serve(None, &get, "/demo", "/").await.status(), 308);
+        for (original, inner) in [("/demo/nope.js", "/nope.js"), ("/demo/../x", "/../x")] {
+            let missing = serve(None, &get, original, inner).await;
+            assert_eq!(missing.status(), 404, "{original}");
+            assert_eq!(
+                missing.headers()[header::CONTENT_TYPE],
+                "application/problem+json"
+            );
+        }
+        assert_eq!(
+            serve(None, &Method::POST, "/demo/", "/").await.status(),
+            405
         );
     }
 

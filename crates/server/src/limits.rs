@@ -8,8 +8,11 @@ pub const BODY_BYTES_MAX_DEFAULT: usize = 64 * 1024;
 /// past either the answer says `Connection: close`.
 pub const DRAIN_BYTES_MAX: usize = 1024 * 1024;
 pub const DRAIN_MS: u64 = 1_000;
-/// A request body must arrive whole within this long (408 `request-timeout`).
+/// A request body must arrive whole within this long (408 `request-timeout`);
+/// a body allowed to be larger than the client limit (a move's import page)
+/// gets as long as its limit takes at `BODY_READ_BYTES_PER_SECOND_MIN`.
 pub const BODY_READ_MS: u64 = 10_000;
+pub const BODY_READ_BYTES_PER_SECOND_MIN: u64 = 1024 * 1024;
 /// Header lines and bytes (names plus values) the node interprets; more is 431
 /// `headers-too-large`.
 pub const HEADERS_MAX: usize = 100;
@@ -35,6 +38,10 @@ const _: () = assert!(HEADER_BYTES_MAX < HEAD_BYTES_MAX);
 const _: () = assert!(HEAD_BYTES_MAX >= 8 * 1024);
 const _: () = assert!(BODY_READ_MS < REQUEST_TIMEOUT_MS);
 const _: () = assert!(DRAIN_MS < BODY_READ_MS);
+// A client-sized body always gets the plain BODY_READ_MS.
+const _: () = assert!(
+    (BODY_BYTES_MAX_DEFAULT as u64) * 1000 / BODY_READ_BYTES_PER_SECOND_MIN <= BODY_READ_MS
+);
 /// How long an in-flight duplicate waits for the first attempt (contract: 2 s).
 pub const INFLIGHT_WAIT_MS_DEFAULT: u64 = 2_000;
 /// `Retry-After` on 409 `request-in-progress` and on 503s, in seconds.
@@ -96,6 +103,12 @@ pub const REGISTRY_READ_WAIT_MS: u64 = 5_000;
 /// apply entries it already holds: about one heartbeat, after which the follower
 /// knows they committed.
 pub const REGISTRY_CATCH_UP_WAIT_MS: u64 = 1_000;
+/// A node that leads the registry is ready only while a quorum acknowledged it
+/// within this long: after an election timeout the others may have elected
+/// another leader.
+pub const READY_QUORUM_ACK_MS_MAX: u64 = 2_000;
+const _: () =
+    assert!(READY_QUORUM_ACK_MS_MAX <= keyhold_registry::limits::ELECTION_TIMEOUT_MAX_MS_DEFAULT);
 /// How long `keyhold up` and a bootstrapping node wait for the registry to elect a
 /// leader and accept the regions.
 pub const REGISTRY_BOOTSTRAP_WAIT_MS: u64 = 30_000;

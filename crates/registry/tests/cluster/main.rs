@@ -21,6 +21,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use common::{add_region, eventually, tenant};
+use keyhold_netem::Proxy;
 
 const ELECTION_WAIT: Duration = Duration::from_secs(10);
 const APPLY_WAIT: Duration = Duration::from_secs(5);
@@ -68,9 +69,42 @@ impl TestNode {
             .expect("bind raft listener");
         let raft_addr = listener.local_addr().expect("local addr").to_string();
         let info = NodeInfo::new(region, format!("127.0.0.1:{}", 8000 + id), raft_addr);
-        let registry = Registry::start(RegistryConfig::new(id, info, dir.path(), credentials))
+        Self::serve(
+            RegistryConfig::new(id, info, dir.path(), credentials),
+            listener,
+            dir,
+        )
+        .await
+    }
+
+    /// Starts a replica whose Raft listener is reached only through a proxy that
+    /// delays each direction by `one_way`: a member in a distant region.
+    async fn start_distant(id: NodeId, region: &str, one_way: Duration) -> (Self, Proxy) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
-            .expect("start registry");
+            .expect("bind raft listener");
+        let front = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind proxy");
+        let proxy =
+            Proxy::start(front, listener.local_addr().expect("addr"), one_way).expect("proxy");
+        let info = NodeInfo::new(
+            region,
+            format!("127.0.0.1:{}", 8000 + id),
+            proxy.addr().to_string(),
+        );
+        let credentials = NodeCredentials::parse(CREDENTIAL).expect("valid credentials");
+        let config = RegistryConfig::new(id, info, dir.path(), credentials);
+        (Self::serve(config, listener, dir).await, proxy)
+    }
+
+    async fn serve(
+        config: RegistryConfig,
+        listener: tokio::net::TcpListener,
+        dir: TempDir,
+    ) -> Self {
+        let registry = Registry::start(config).await.expect("start registry");
         let (stop_http, stopped) = oneshot::channel::<()>();
         let router = raft_router(registry.clone());
         let http = tokio::spawn(async move {
@@ -320,6 +354,51 @@ async fn cluster_replicates_forwards_moves_and_survives_leader_loss() {
     for (_, node) in nodes {
         node.kill().await;
     }
+}
+
+/// Review defect 10: with openraft's heartbeat period doubling as its RPC
+/// timeout, a 250 ms heartbeat meant every AppendEntries to a member more than
+/// 250 ms of round trip away timed out: the leader was elected (votes have
+/// their own timeout) but never heard an acknowledgement, so nothing committed.
+/// Here every member is 200 ms away in each direction (a 400 ms round trip,
+/// within `INTER_REGION_RTT_MS_MAX` plus fsync, twice over); writes must commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn writes_commit_across_a_slow_inter_region_link() {
+    let one_way = Duration::from_millis(200);
+    let mut nodes = Vec::new();
+    let mut proxies = Vec::new();
+    for (id, region) in (1..=3).zip(["eu", "us", "ap"]) {
+        let (node, proxy) = TestNode::start_distant(id, region, one_way).await;
+        nodes.push(node);
+        proxies.push(proxy);
+    }
+    let members: BTreeMap<NodeId, NodeInfo> = nodes
+        .iter()
+        .map(|n| (n.registry.id(), n.registry.node().clone()))
+        .collect();
+    nodes[0]
+        .registry
+        .initialize(members)
+        .await
+        .expect("initialize");
+    let all: Vec<&TestNode> = nodes.iter().collect();
+    let leader = agreed_leader(&all, None)
+        .await
+        .expect("a leader is elected across the slow link");
+    let leader = all
+        .iter()
+        .find(|n| n.registry.id() == leader)
+        .expect("leader node");
+    let mut last = 0;
+    for region in ["eu", "us", "ap"] {
+        let (index, _) = write_ok(&leader.registry, add_region(region)).await;
+        last = index;
+    }
+    all_applied(&all, last).await;
+    for node in &all {
+        assert_eq!(node.registry.regions().len(), 3);
+    }
+    drop(proxies);
 }
 
 /// POSTs `body` to a Raft route of `node` with the given credential header (if any).

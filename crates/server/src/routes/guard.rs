@@ -29,6 +29,9 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+/// Paths of the node-to-node endpoints.
+const INTERNAL_PREFIX: &str = "/internal/";
+
 /// Refuses requests whose framing or headers the node will not interpret:
 /// both `Content-Length` and `Transfer-Encoding` (400, and the connection is
 /// closed: what follows on it cannot be trusted), more header lines or bytes
@@ -66,8 +69,14 @@ pub async fn check_message(request: Request, next: Next) -> Response {
 /// Bounds the whole request. A request still running after `REQUEST_TIMEOUT_MS`
 /// waits on the store or on another region (a slow body is refused earlier by
 /// `read_body`), so the answer is 503 `store-unavailable`: the outcome is
-/// unknown and the client retries with its key.
+/// unknown and the client retries with its key. Node-to-node move endpoints
+/// are not clients' requests: a fence waits for the relay (up to
+/// `MOVE_DRAIN_WAIT_MS`) and an import writes a whole page; their callers set
+/// their own timeouts.
 pub async fn bound_time(request: Request, next: Next) -> Response {
+    if request.uri().path().starts_with(INTERNAL_PREFIX) {
+        return next.run(request).await;
+    }
     let limit = Duration::from_millis(REQUEST_TIMEOUT_MS);
     match tokio::time::timeout(limit, next.run(request)).await {
         Ok(response) => response,
@@ -230,5 +239,116 @@ impl HttpBody for Tracked {
         guard
             .as_ref()
             .map_or_else(SizeHint::default, Body::size_hint)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::middleware;
+    use axum::routing::post;
+    use axum::Router;
+    use tower::ServiceExt;
+
+    /// A handler that answers before reading the body, like a 401 or a 503
+    /// `tenant-moving`.
+    fn early_answer() -> Router {
+        Router::new()
+            .route("/", post(|| async { ApiError::new(Problem::TenantMoving) }))
+            .layer(middleware::from_fn(settle_body))
+    }
+
+    /// A body that never ends.
+    struct Endless;
+
+    impl HttpBody for Endless {
+        type Data = Bytes;
+        type Error = axum::Error;
+
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+            Poll::Pending
+        }
+    }
+
+    fn post_with(body: Body) -> Request {
+        Request::builder()
+            .method("POST")
+            .uri("/")
+            .body(body)
+            .expect("request")
+    }
+
+    #[tokio::test]
+    async fn an_unread_small_body_is_drained_and_the_connection_kept() {
+        let response = early_answer()
+            .oneshot(post_with(Body::from(vec![b'x'; 70 * 1024])))
+            .await
+            .expect("answer");
+        assert_eq!(response.status(), 503);
+        assert!(response.headers().get(header::CONNECTION).is_none());
+    }
+
+    #[tokio::test]
+    async fn an_unread_endless_or_oversized_body_closes_the_connection_and_says_so() {
+        let bodies = [
+            Body::new(Endless),
+            Body::from(vec![b'x'; DRAIN_BYTES_MAX + 64 * 1024]),
+        ];
+        for body in bodies {
+            let response = early_answer()
+                .oneshot(post_with(body))
+                .await
+                .expect("answer");
+            assert_eq!(response.status(), 503);
+            let connection = response.headers().get(header::CONNECTION);
+            assert_eq!(connection.map(|v| v.as_bytes()), Some(&b"close"[..]));
+        }
+    }
+
+    #[tokio::test]
+    async fn framework_rejections_become_problems() {
+        let app = Router::new()
+            .route(
+                "/",
+                post(|| async { (StatusCode::BAD_REQUEST, "Failed to deserialize") }),
+            )
+            .layer(middleware::from_fn(problems_only));
+        let response = app.oneshot(post_with(Body::empty())).await.expect("answer");
+        assert_eq!(response.status(), 400);
+        assert_eq!(
+            response
+                .headers()
+                .get(header::CONTENT_TYPE)
+                .map(|v| v.as_bytes()),
+            Some(PROBLEM_JSON.as_bytes())
+        );
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .expect("body")
+            .to_bytes();
+        let j: serde_json::Value = serde_json::from_slice(&body).expect("json");
+        assert_eq!(j["type"], Problem::InvalidRequest.type_uri());
+        assert_eq!(j["detail"], "Failed to deserialize");
+    }
+
+    #[tokio::test]
+    async fn too_many_headers_are_a_431_problem() {
+        let app = Router::new()
+            .route("/", post(|| async { "ok" }))
+            .layer(middleware::from_fn(check_message));
+        let mut request = post_with(Body::empty());
+        for i in 0..=HEADERS_MAX {
+            request.headers_mut().insert(
+                axum::http::HeaderName::from_bytes(format!("x-h{i}").as_bytes()).expect("name"),
+                HeaderValue::from_static("v"),
+            );
+        }
+        let response = app.oneshot(request).await.expect("answer");
+        assert_eq!(response.status(), 431);
     }
 }

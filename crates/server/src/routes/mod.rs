@@ -209,12 +209,14 @@ pub async fn read_body(
         }
         Ok(Bytes::from(buf))
     };
-    let wait = std::time::Duration::from_millis(crate::limits::BODY_READ_MS);
+    // Client bodies get BODY_READ_MS; a larger limit (a move's import page)
+    // gets the time its size needs at the slowest accepted rate.
+    let wait_ms = crate::limits::BODY_READ_MS
+        .max(limit as u64 * 1000 / crate::limits::BODY_READ_BYTES_PER_SECOND_MIN);
+    let wait = std::time::Duration::from_millis(wait_ms);
     tokio::time::timeout(wait, read).await.unwrap_or_else(|_| {
-        Err(ApiError::new(Problem::RequestTimeout).detail(format!(
-            "the body did not arrive within {} ms",
-            crate::limits::BODY_READ_MS
-        )))
+        Err(ApiError::new(Problem::RequestTimeout)
+            .detail(format!("the body did not arrive within {wait_ms} ms")))
     })
 }
 
