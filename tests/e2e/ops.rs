@@ -53,7 +53,10 @@ fn startup_log_is_quiet_plain_and_names_the_urls() {
             region.api_url
         );
     }
-    assert!(ready[0].contains("/demo/"), "{log}");
+    assert!(
+        ready[0].contains("/demo/") && ready[0].contains("/admin/"),
+        "{log}"
+    );
     // Library chatter (openraft's start-up vote warnings among it) stays below
     // the default level; nothing else is logged on a clean start.
     assert!(
@@ -322,4 +325,55 @@ fn deleting_a_tenant_refuses_its_tokens_and_erases_its_data_everywhere() {
         None,
     )
     .assert_problem(404, "not-found");
+}
+
+#[test]
+fn the_cluster_page_and_the_admin_lists() {
+    let cluster = Cluster::start("a,b", &[]);
+    let admin = cluster.info.admin_token.clone();
+    let b = cluster.api("b");
+    // The page loads without a token and carries none.
+    let page = b.get("/admin/", None);
+    page.assert_status(200);
+    assert!(
+        page.content_type().starts_with("text/html"),
+        "{}",
+        page.content_type()
+    );
+    assert!(page.text().contains("keyhold cluster") && !page.text().contains(&admin));
+    let redirect = b.send(b.get_rb("/admin"));
+    assert_eq!(redirect.status, 200, "the redirect leads to the page");
+    // The lists it polls.
+    b.get("/admin/v1/tenants", None)
+        .assert_problem(401, "unauthenticated");
+    b.get("/admin/v1/operations", Some(&cluster.tenant("a").token))
+        .assert_problem(401, "unauthenticated");
+    let tenants = b.get("/admin/v1/tenants", Some(&admin)).json();
+    let ids: Vec<&str> = tenants["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .map(|t| t["tenant_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, vec!["demo-a", "demo-b"], "{tenants}");
+    assert_eq!(tenants["truncated"], false);
+    let started = admin_send(
+        &b,
+        reqwest::Method::POST,
+        "/admin/v1/tenants/demo-a/move",
+        &admin,
+        Some(json!({"to": "b"})),
+    );
+    started.assert_status(202);
+    let op = started.json()["operation_id"].as_str().unwrap().to_owned();
+    let listed = poll(Duration::from_secs(30), "the move listed as done", || {
+        let ops = b.get("/admin/v1/operations", Some(&admin)).json();
+        let first = ops["data"][0].clone();
+        (first["operation_id"] == op.as_str() && first["state"] == "done").then_some(first)
+    });
+    assert_eq!(listed["progress"], 1.0, "{listed}");
+    assert_eq!(
+        (listed["from"].as_str(), listed["to"].as_str()),
+        (Some("a"), Some("b"))
+    );
 }

@@ -1,17 +1,22 @@
 //! The TTL policy and the rules that tie its parts together: the **dedupe
 //! horizon**.
 //!
-//! Duplicate protection is a chain of stages, each a backstop for the one before
-//! it, in the order a duplicate meets them: the stored response (a retry under
-//! the same `Idempotency-Key`), the business marker (a retry under a new key with
-//! the same `client_order_id`), the consumers' processed messages (a redelivered
-//! or replayed outbox event, kept as long as they are) and the payment
-//! provider's key retention (a charge retried after its answer was lost, which
-//! can happen as long as the event is kept). A stage that forgets before the one
-//! before it reopens the very window that stage exists to close, so such a
-//! policy is refused at start-up, naming the broken link, rather than served.
-//! The earliest stage to end bounds the whole window; it is published with
-//! every stage by `GET /v1/idempotency-policy`.
+//! Duplicate protection is a set of stages, listed in the order a duplicate
+//! meets them: the stored response (a retry under the same `Idempotency-Key`),
+//! the business marker (a retry under a new key with the same
+//! `client_order_id`), the consumers' processed messages (a redelivered or
+//! replayed outbox event, kept as long as they are) and the payment provider's
+//! key retention (a charge retried after its answer was lost, which can happen
+//! as long as the event is kept). Some stages back others: the marker and the
+//! processed messages must outlive the response cache (contract section 6), and
+//! the provider must keep keys as long as events can be redelivered. A stage
+//! that forgets before the one it backs reopens the very window that stage
+//! exists to close, so such a policy is refused at start-up, naming the broken
+//! link, rather than served. The marker and the processed messages guard
+//! different paths (a new request vs. a redelivered event), so neither bounds
+//! the other: a marker may outlive the consumers' memory. The earliest stage to
+//! end bounds the whole window; it is published with every stage by
+//! `GET /v1/idempotency-policy`.
 
 use serde::Serialize;
 
@@ -86,8 +91,7 @@ impl Stage {
             Stage::ResponseCache => "",
             Stage::Marker => "a retry whose record expired is caught only by the marker",
             Stage::ProcessedMessages => {
-                "events stay replayable as long as consumers remember them, and \
-                 an order younger than its marker may still be redelivered"
+                "an order's event may be redelivered while its response is still replayed"
             }
             Stage::ProviderKey => {
                 "a charge whose answer was lost is retried as long as its event is kept"
@@ -132,23 +136,30 @@ impl Horizon {
         first
     }
 
-    /// Refuses a chain in which a later stage forgets before an earlier one.
+    /// How long `stage` remembers.
+    fn retention(&self, stage: Stage) -> Retention {
+        self.stages
+            .iter()
+            .find(|(s, _)| *s == stage)
+            .map(|(_, r)| *r)
+            .expect("a horizon holds every stage")
+    }
+
+    /// Refuses a policy in which a stage forgets before the one it backs.
     pub fn validate(&self) -> Result<(), PolicyError> {
         for (stage, retention) in &self.stages {
             if *retention == Retention::Ms(0) {
                 return Err(PolicyError::Zero(stage.setting()));
             }
         }
-        for pair in self.stages.windows(2) {
-            let [(earlier, earlier_ttl), (later, later_ttl)] = pair else {
-                continue;
-            };
+        for (earlier, later) in LINKS {
+            let (earlier_ttl, later_ttl) = (self.retention(earlier), self.retention(later));
             if later_ttl < earlier_ttl {
                 return Err(PolicyError::ChainBroken {
                     later: later.setting(),
-                    later_ttl: human(*later_ttl),
+                    later_ttl: human(later_ttl),
                     earlier: earlier.setting(),
-                    earlier_ttl: human(*earlier_ttl),
+                    earlier_ttl: human(earlier_ttl),
                     why: later.backs(),
                 });
             }
@@ -156,6 +167,13 @@ impl Horizon {
         Ok(())
     }
 }
+
+/// `(earlier, later)`: `later` must remember at least as long as `earlier`.
+const LINKS: [(Stage, Stage); 3] = [
+    (Stage::ResponseCache, Stage::Marker),
+    (Stage::ResponseCache, Stage::ProcessedMessages),
+    (Stage::ProcessedMessages, Stage::ProviderKey),
+];
 
 const HOUR_MS: u64 = 3_600_000;
 const DAY_MS: u64 = 24 * HOUR_MS;
@@ -241,15 +259,20 @@ mod tests {
 
     #[test]
     fn every_link_of_the_chain_is_checked() {
-        // Consumers forgetting before markers: refused although both outlive
-        // the response cache (the rule before the chain let this through).
+        // A marker may outlive the consumers' memory: they guard different
+        // paths, and the contract only ties both to the response cache.
         let p = Policy {
             marker_ttl_ms: 40 * DAY_MS,
             ..Policy::default()
         };
+        assert_eq!(p.validate(), Ok(()));
+        let p = Policy {
+            processed_ttl_ms: DAY_MS,
+            ..Policy::default()
+        };
         let e = p.validate().unwrap_err().to_string();
         assert!(
-            e.starts_with("processed_ttl (35days) must be at least marker_ttl (40days)"),
+            e.starts_with("processed_ttl (1day) must be at least response_ttl (2days)"),
             "{e}"
         );
         // A provider that forgets keys before events stop being retried.

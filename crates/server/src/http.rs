@@ -90,13 +90,13 @@ pub async fn serve(
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        metrics::gauge!("keyhold_http_connections")
-            .set((limits.connections_max - permits.available_permits()) as f64);
+        let open = OpenConnection::open();
         let app = app.clone();
         let builder = builder.clone();
         let mut closing = closing_rx.clone();
         tokio::spawn(async move {
-            let _permit = permit;
+            // Both released however the connection ends.
+            let _held = (permit, open);
             let framing = Framing(Arc::new(AtomicBool::new(false)));
             let io = TokioIo::new(Sniffed::new(stream, framing.clone()));
             let service =
@@ -117,6 +117,8 @@ pub async fn serve(
         });
     }
     drop(listener);
+    // Only the connections' receivers may keep the channel open below.
+    drop(closing_rx);
     let _ = closing_tx.send(true);
     // Every connection task holds a receiver; they are all gone once closed.
     let drained = tokio::time::timeout(
@@ -128,6 +130,22 @@ pub async fn serve(
         tracing::warn!("connections still open at shutdown; leaving them");
     }
     Ok(())
+}
+
+/// One open connection in the `keyhold_http_connections` gauge.
+struct OpenConnection;
+
+impl OpenConnection {
+    fn open() -> OpenConnection {
+        metrics::gauge!("keyhold_http_connections").increment(1.0);
+        OpenConnection
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        metrics::gauge!("keyhold_http_connections").decrement(1.0);
+    }
 }
 
 /// The connection's byte stream, watched for request heads that declare their
@@ -242,7 +260,37 @@ impl AsyncWrite for Sniffed {
 
 #[cfg(test)]
 mod tests {
-    use super::HeadScan;
+    use super::{serve, ConnectionLimits, HeadScan};
+    use std::time::Duration;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[tokio::test]
+    async fn shutdown_closes_idle_connections_and_returns_at_once() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        let limits = ConnectionLimits {
+            connections_max: 8,
+            header_read_timeout: Duration::from_secs(60),
+        };
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(listener, app, limits, async {
+            let _ = stop_rx.await;
+        }));
+        // One keep-alive connection that got an answer and now idles.
+        let mut conn = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        conn.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .expect("send");
+        let mut buf = [0u8; 256];
+        let n = conn.read(&mut buf).await.expect("answer");
+        assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
+        stop_tx.send(()).expect("stop");
+        let stopped = tokio::time::timeout(Duration::from_secs(5), server).await;
+        assert!(stopped.is_ok(), "serve() kept waiting after shutdown");
+    }
 
     #[test]
     fn a_head_with_both_lengths_is_ambiguous_in_any_order_and_split() {

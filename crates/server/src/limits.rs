@@ -68,6 +68,8 @@ pub const TOKEN_GRACE_SECONDS_DEFAULT: u64 = 86_400;
 pub const TOKEN_GRACE_SECONDS_MAX: u64 = 7 * 86_400;
 /// The highest per-tenant rate limit the admin API accepts.
 pub const TENANT_RATE_PER_SECOND_MAX: u32 = 1_000_000;
+/// Entries one admin list answer (tenants, operations) carries at most.
+pub const ADMIN_LIST_ITEMS_MAX: usize = 1_000;
 /// How long the erasure task waits before trying a failed erasure (or its
 /// registry report) again.
 pub const ERASE_RETRY_MS: u64 = 1_000;

@@ -474,6 +474,7 @@ pub async fn run(
             .collect::<Vec<_>>()
             .join(" "),
         demo = %format!("{first_api}/demo/"),
+        admin = %format!("{first_api}/admin/"),
         psp = %cluster.psp_url,
         cluster_json = %up.data_dir.join("cluster.json").display(),
         "cluster ready"

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 /// The router of `src/routes/mod.rs`, written out by hand. Update it together with
 /// the router, docs/openapi.json and docs/api.md.
-const ROUTES: [(&str, &str); 22] = [
+const ROUTES: [(&str, &str); 24] = [
     ("POST", "/v1/orders"),
     ("GET", "/v1/orders"),
     ("GET", "/v1/orders/{order_id}"),
@@ -20,6 +20,8 @@ const ROUTES: [(&str, &str); 22] = [
     ("GET", "/v1/idempotency-policy"),
     ("GET", "/v1/fingerprint-specs"),
     ("POST", "/admin/v1/tenants"),
+    ("GET", "/admin/v1/tenants"),
+    ("GET", "/admin/v1/operations"),
     ("GET", "/admin/v1/tenants/{tenant_id}"),
     ("DELETE", "/admin/v1/tenants/{tenant_id}"),
     ("POST", "/admin/v1/tenants/{tenant_id}/token"),

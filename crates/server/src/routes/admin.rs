@@ -342,6 +342,25 @@ pub async fn get_tenant(
     Ok(tenant_response(&node, &record))
 }
 
+/// `GET /admin/v1/tenants`: the tenants this node's replica knows, deleted ones
+/// included, in id order; at most `ADMIN_LIST_ITEMS_MAX` (`truncated` says
+/// when more exist). The live cluster page polls it.
+pub async fn list_tenants(
+    State(node): State<Arc<Node>>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    authenticate_admin(&headers, node.admin_token_sha256())?;
+    let tenants = node.registry().tenants();
+    let max = crate::limits::ADMIN_LIST_ITEMS_MAX;
+    let data: Vec<serde_json::Value> = tenants
+        .iter()
+        .take(max)
+        .map(|t| tenant_view(&node, t))
+        .collect();
+    let body = serde_json::json!({ "data": data, "truncated": tenants.len() > max });
+    Ok(json_response(200, serde_json::to_vec(&body).expect("json")))
+}
+
 pub async fn cluster(
     State(node): State<Arc<Node>>,
     headers: HeaderMap,

@@ -2,6 +2,7 @@
 //! helpers (content type, bounded body, strict JSON) every handler uses.
 
 mod admin;
+mod admin_page;
 mod claims;
 mod forward;
 mod guard;
@@ -48,9 +49,13 @@ pub fn router(node: Arc<Node>) -> Router {
     Router::new()
         .merge(tenant_routes)
         .merge(internal::router(node.clone()))
+        .merge(admin_page::router())
         .route("/v1/idempotency-policy", get(meta::policy))
         .route("/v1/fingerprint-specs", get(meta::specs))
-        .route("/admin/v1/tenants", post(admin::create_tenant))
+        .route(
+            "/admin/v1/tenants",
+            post(admin::create_tenant).get(admin::list_tenants),
+        )
         .route(
             "/admin/v1/tenants/{tenant_id}",
             get(admin::get_tenant).delete(admin::delete_tenant),
@@ -71,6 +76,7 @@ pub fn router(node: Arc<Node>) -> Router {
             "/admin/v1/operations/{operation_id}",
             get(moves::get_operation),
         )
+        .route("/admin/v1/operations", get(moves::list_operations))
         .route("/admin/v1/cluster", get(admin::cluster))
         .route("/admin/v1/outbox/replay", post(admin::replay_outbox))
         .route("/admin/v1/inventory/reservations", get(admin::reservations))

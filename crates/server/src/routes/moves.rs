@@ -137,3 +137,21 @@ pub async fn get_operation(
         serde_json::to_vec(&operation_json(&op)).expect("json"),
     ))
 }
+
+/// `GET /admin/v1/operations`: every operation the registry knows, the most
+/// recently updated first; at most `ADMIN_LIST_ITEMS_MAX` (`truncated` says
+/// when more exist). The live cluster page polls it.
+pub async fn list_operations(
+    State(node): State<Arc<Node>>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    authenticate_admin(&headers, node.admin_token_sha256())?;
+    let mut ops: Vec<Operation> = node
+        .registry()
+        .read(|s| s.operations.values().cloned().collect());
+    ops.sort_by_key(|op| std::cmp::Reverse(op.updated_at_ms));
+    let max = crate::limits::ADMIN_LIST_ITEMS_MAX;
+    let data: Vec<serde_json::Value> = ops.iter().take(max).map(operation_json).collect();
+    let body = serde_json::json!({ "data": data, "truncated": ops.len() > max });
+    Ok(json_response(200, serde_json::to_vec(&body).expect("json")))
+}
