@@ -655,8 +655,9 @@ fn planned_move_under_load_loses_nothing_and_executes_nothing_twice() {
     start_move(&own[0], &admin, &id, "b").assert_problem(400, "invalid-request");
 }
 
-/// Regions (3a): A request carrying an epoch the node is not home at is refused with 421
-/// and executes nothing, on the new home and on the old one.
+/// Regions (3a): A forwarded request (it carries the node credential, as a
+/// forwarding node does) with an epoch the node is not home at is refused with
+/// 421 and executes nothing, on the new home and on the old one.
 #[test]
 fn stale_epoch_is_misdirected_and_executes_nothing() {
     let cluster = Cluster::start("a,b,c", &[]);
@@ -682,13 +683,18 @@ fn stale_epoch_is_misdirected_and_executes_nothing() {
     let new_epoch = old_epoch + 1;
     wait_tenant_everywhere(&own, &admin, &id, "b", new_epoch);
     let created_before = orders_created(&own[0]);
+    let credential = std::fs::read_to_string(cluster.data_dir().join("node-credential"))
+        .expect("the node credential")
+        .trim()
+        .to_owned();
 
     let (key, coid) = (unique("k"), unique("co"));
     let body = order_body(&coid, 421);
     let with_epoch = |api: &Api, epoch: u64, key: &str, body: &str| {
         api.send(
             api.order_rb(&tenant.token, key, body)
-                .header("keyhold-epoch", epoch.to_string()),
+                .header("keyhold-epoch", epoch.to_string())
+                .header("keyhold-node-credential", &credential),
         )
     };
     // The new home at the old epoch, the old home at either epoch, a third node.
@@ -709,6 +715,7 @@ fn stale_epoch_is_misdirected_and_executes_nothing() {
             .post("/v1/claims")
             .bearer_auth(&tenant.token)
             .header("keyhold-epoch", old_epoch.to_string())
+            .header("keyhold-node-credential", &credential)
             .header("content-type", "application/json")
             .body(claim.to_string()),
     );

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::credential::NodeCredentials;
 use crate::limits::{
     ELECTION_TIMEOUT_MAX_MS_DEFAULT, ELECTION_TIMEOUT_MIN_MS_DEFAULT,
     HEARTBEAT_INTERVAL_MS_DEFAULT, INSTALL_SNAPSHOT_TIMEOUT_MS_DEFAULT, RPC_TIMEOUT_MS_DEFAULT,
@@ -26,6 +27,9 @@ pub struct RegistryConfig {
     pub node: NodeInfo,
     /// Directory of this replica's sled database (created if missing, owned alone).
     pub data_dir: PathBuf,
+    /// The cluster's node credential: sent on every Raft RPC and forwarded write,
+    /// required on every request the Raft router serves.
+    pub credentials: NodeCredentials,
     /// How often the leader sends heartbeats (the registry's own ticker).
     pub heartbeat_interval_ms: u64,
     /// Timeout of one Raft RPC (AppendEntries, heartbeats and votes).
@@ -43,11 +47,17 @@ pub struct RegistryConfig {
 
 impl RegistryConfig {
     /// A configuration with the default timing of `limits.rs`.
-    pub fn new(node_id: NodeId, node: NodeInfo, data_dir: impl Into<PathBuf>) -> Self {
+    pub fn new(
+        node_id: NodeId,
+        node: NodeInfo,
+        data_dir: impl Into<PathBuf>,
+        credentials: NodeCredentials,
+    ) -> Self {
         Self {
             node_id,
             node,
             data_dir: data_dir.into(),
+            credentials,
             heartbeat_interval_ms: HEARTBEAT_INTERVAL_MS_DEFAULT,
             rpc_timeout_ms: RPC_TIMEOUT_MS_DEFAULT,
             election_timeout_min_ms: ELECTION_TIMEOUT_MIN_MS_DEFAULT,

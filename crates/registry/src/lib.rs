@@ -10,12 +10,14 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use keyhold_registry::{raft_router, NodeInfo, Registry, RegistryConfig};
+//! use keyhold_registry::{raft_router, NodeCredentials, NodeInfo, Registry, RegistryConfig};
 //! // Bind the Raft listener first so that its address can go into the NodeInfo.
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:7101").await?;
 //! let raft_addr = listener.local_addr()?.to_string();
 //! let info = NodeInfo::new("eu", "127.0.0.1:7001", raft_addr);
-//! let config = RegistryConfig::new(1, info.clone(), "/var/lib/keyhold/registry");
+//! // Every member shares the node credential; the first listed is sent.
+//! let credentials = NodeCredentials::parse(&std::env::var("KEYHOLD_NODE_CREDENTIAL")?)?;
+//! let config = RegistryConfig::new(1, info.clone(), "/var/lib/keyhold/registry", credentials);
 //! let registry = Registry::start(config).await?;
 //! let router = raft_router(registry.clone());
 //! tokio::spawn(async move { axum::serve(listener, router).await });
@@ -25,6 +27,7 @@
 
 mod codec;
 mod config;
+pub mod credential;
 mod error;
 pub mod limits;
 pub mod network;
@@ -42,11 +45,12 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 pub use crate::config::{RegistryConfig, GROUP};
+pub use crate::credential::{NodeCredentials, NODE_CREDENTIAL_HEADER};
 pub use crate::error::Error;
 pub use crate::network::raft_router;
 pub use crate::state::{
-    Operation, OperationKind, OperationState, RegionRecord, RegistryState, Rejection, Request,
-    Response, RetiredToken, TenantRecord, TenantState,
+    DriverLease, Operation, OperationKind, OperationState, RegionRecord, RegistryState, Rejection,
+    Request, Response, RetiredToken, TenantRecord, TenantState,
 };
 pub use crate::types::{NodeId, NodeInfo, RaftMetrics};
 
@@ -122,7 +126,7 @@ impl Registry {
             tokio::task::spawn_blocking(move || store::open(&data_dir))
                 .await
                 .map_err(|e| Error::Storage(format!("open task: {e}")))??;
-        let network = HttpNetwork::new(client.clone(), config.node_id);
+        let network = HttpNetwork::new(client.clone(), config.node_id, config.credentials.clone());
         let raft = Raft::new(
             config.node_id,
             raft_config,
@@ -147,6 +151,11 @@ impl Registry {
     /// This replica's node id.
     pub fn id(&self) -> NodeId {
         self.inner.config.node_id
+    }
+
+    /// The node credentials this replica sends and accepts.
+    pub fn credentials(&self) -> &NodeCredentials {
+        &self.inner.config.credentials
     }
 
     /// This replica's region and addresses.
@@ -239,7 +248,9 @@ impl Registry {
     }
 
     /// `client_write` on this node only (no forwarding); served at `/raft/registry/write`.
-    pub(crate) async fn write_here(&self, request: Request) -> WriteReply {
+    pub(crate) async fn write_here(&self, mut request: Request) -> WriteReply {
+        // Only the leader's client_write succeeds, so this is the leader's clock.
+        request.stamp_leader_time(unix_now_ms());
         let response = self.inner.raft.client_write(request).await?;
         Ok(Written {
             log_index: response.log_id.index,
@@ -256,18 +267,20 @@ impl Registry {
     ) -> Result<Option<Written>, Retry> {
         let url = rpc_url(&node.raft_addr, "write");
         let timeout = self.inner.config.write_forward_timeout();
-        let reply: WriteReply = match exchange(&self.inner.client, &url, request, timeout).await {
-            Ok(reply) => reply,
-            Err(Exchange::Unreachable(e)) => {
-                return Err(Retry(format!("leader {leader} unreachable: {e}")))
-            }
-            Err(Exchange::TimedOut) => {
-                return Err(Retry(format!(
-                    "leader {leader} timed out after {timeout:?}"
-                )))
-            }
-            Err(Exchange::Failed(e)) => return Err(Retry(format!("leader {leader}: {e}"))),
-        };
+        let credentials = &self.inner.config.credentials;
+        let reply: WriteReply =
+            match exchange(&self.inner.client, credentials, &url, request, timeout).await {
+                Ok(reply) => reply,
+                Err(Exchange::Unreachable(e)) => {
+                    return Err(Retry(format!("leader {leader} unreachable: {e}")))
+                }
+                Err(Exchange::TimedOut) => {
+                    return Err(Retry(format!(
+                        "leader {leader} timed out after {timeout:?}"
+                    )))
+                }
+                Err(Exchange::Failed(e)) => return Err(Retry(format!("leader {leader}: {e}"))),
+            };
         match reply {
             Ok(written) => Ok(Some(written)),
             Err(RaftError::APIError(OpenraftClientWriteError::ForwardToLeader(_))) => Ok(None),
@@ -387,6 +400,13 @@ impl Registry {
         tracing::debug!(node_id = self.id(), "registry replica stopped");
         Ok(())
     }
+}
+
+/// The wall clock in Unix milliseconds, read only to stamp driver leases.
+fn unix_now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// Sends the leader's heartbeats every `interval` (a no-op on followers) until

@@ -68,6 +68,9 @@ pub const SNAPSHOT_CHUNK_BYTES_MAX: u64 = 4 * 1024 * 1024;
 /// single bad request cannot bloat every replica.
 pub const NAME_BYTES_MAX: usize = 128;
 
+/// Shortest node credential accepted: 32 bytes is 192 bits of base64 or 128 of hex.
+pub const NODE_CREDENTIAL_BYTES_MIN: usize = 32;
+
 /// On-disk format version of everything this crate writes to sled (bincode 2,
 /// `config::standard()`); bumped on any incompatible change to a stored type.
 pub const STORAGE_FORMAT_VERSION: u32 = 1;

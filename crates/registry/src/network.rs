@@ -4,6 +4,10 @@
 //! is `raft_router`, an axum router to mount on the Raft listener; it also serves
 //! `/raft/{group}/write`, where followers forward client writes to the leader.
 //!
+//! Every request carries the cluster's node credential (`credential.rs`); the router
+//! answers anything else with 401 `unauthenticated` (problem+json) before decoding it,
+//! so a forged vote, append or write changes nothing.
+//!
 //! Routes are registered with the literal group name (`/raft/registry/...`) instead of a
 //! `{group}` parameter, so that a second Raft group in the same process can merge its own
 //! router into the same listener without conflicting paths.
@@ -11,8 +15,9 @@
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, Request as HttpRequest, State};
 use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response as HttpResponse};
 use axum::routing::post;
 use axum::Router;
@@ -30,6 +35,7 @@ use serde::Serialize;
 
 use crate::codec;
 use crate::config::GROUP;
+use crate::credential::{NodeCredentials, NODE_CREDENTIAL_HEADER};
 use crate::limits::RPC_BODY_BYTES_MAX;
 use crate::state::Request;
 use crate::types::{NodeId, NodeInfo, RaftError, RpcError, TypeConfig};
@@ -53,11 +59,20 @@ pub(crate) fn rpc_url(raft_addr: &str, rpc: &str) -> String {
 pub struct HttpNetwork {
     client: reqwest::Client,
     local_id: NodeId,
+    credentials: NodeCredentials,
 }
 
 impl HttpNetwork {
-    pub(crate) fn new(client: reqwest::Client, local_id: NodeId) -> Self {
-        Self { client, local_id }
+    pub(crate) fn new(
+        client: reqwest::Client,
+        local_id: NodeId,
+        credentials: NodeCredentials,
+    ) -> Self {
+        Self {
+            client,
+            local_id,
+            credentials,
+        }
     }
 }
 
@@ -68,6 +83,7 @@ impl RaftNetworkFactory<TypeConfig> for HttpNetwork {
         HttpConnection {
             client: self.client.clone(),
             local_id: self.local_id,
+            credentials: self.credentials.clone(),
             target,
             raft_addr: node.raft_addr.clone(),
         }
@@ -79,6 +95,7 @@ impl RaftNetworkFactory<TypeConfig> for HttpNetwork {
 pub struct HttpConnection {
     client: reqwest::Client,
     local_id: NodeId,
+    credentials: NodeCredentials,
     target: NodeId,
     raft_addr: String,
 }
@@ -93,9 +110,10 @@ pub(crate) enum Exchange {
     Failed(AnyError),
 }
 
-/// POSTs `body` to `url` and decodes the reply as `Resp`.
+/// POSTs `body` to `url` with the node credential and decodes the reply as `Resp`.
 pub(crate) async fn exchange<Req: Serialize, Resp: DeserializeOwned>(
     client: &reqwest::Client,
+    credentials: &NodeCredentials,
     url: &str,
     body: &Req,
     timeout: Duration,
@@ -105,6 +123,7 @@ pub(crate) async fn exchange<Req: Serialize, Resp: DeserializeOwned>(
         .post(url)
         .timeout(timeout)
         .header(header::CONTENT_TYPE, CONTENT_TYPE_BINCODE)
+        .header(NODE_CREDENTIAL_HEADER, credentials.current())
         .body(body)
         .send()
         .await;
@@ -145,7 +164,7 @@ impl HttpConnection {
         let url = rpc_url(&self.raft_addr, rpc);
         let ttl = option.hard_ttl();
         let reply: Result<Resp, RaftError<E>> =
-            match exchange(&self.client, &url, request, ttl).await {
+            match exchange(&self.client, &self.credentials, &url, request, ttl).await {
                 Ok(reply) => reply,
                 Err(Exchange::Unreachable(e)) => {
                     return Err(RPCError::Unreachable(Unreachable::new(&e)))
@@ -201,7 +220,8 @@ impl RaftNetwork<TypeConfig> for HttpConnection {
 ///   longer the leader, and never forwards again itself.
 ///
 /// Bodies are bincode (`codec`); the reply is always HTTP 200 with the encoded
-/// `Result`, except for undecodable requests (400).
+/// `Result`, except for undecodable requests (400) and requests without the node
+/// credential (401 `unauthenticated`, checked before the body is read).
 pub fn raft_router(registry: Registry) -> Router {
     Router::new()
         .route(&rpc_path("append"), post(append))
@@ -209,7 +229,36 @@ pub fn raft_router(registry: Registry) -> Router {
         .route(&rpc_path("snapshot"), post(snapshot))
         .route(&rpc_path("write"), post(write))
         .layer(DefaultBodyLimit::max(RPC_BODY_BYTES_MAX))
+        .route_layer(middleware::from_fn_with_state(
+            registry.clone(),
+            require_credential,
+        ))
         .with_state(registry)
+}
+
+/// 401 `unauthenticated` (problem+json, the contract's slug) unless the caller
+/// presents the node credential.
+async fn require_credential(
+    State(registry): State<Registry>,
+    request: HttpRequest,
+    next: Next,
+) -> HttpResponse {
+    if registry.credentials().check(request.headers()) {
+        return next.run(request).await;
+    }
+    tracing::warn!(path = %request.uri().path(), "raft request without the node credential refused");
+    let body = serde_json::json!({
+        "type": "https://keyhold.dev/problems/unauthenticated",
+        "title": "Unauthenticated",
+        "status": 401,
+        "detail": "inter-node endpoints accept only the cluster's node credential",
+    });
+    (
+        StatusCode::UNAUTHORIZED,
+        [(header::CONTENT_TYPE, "application/problem+json")],
+        body.to_string(),
+    )
+        .into_response()
 }
 
 fn reply<T: Serialize>(value: &T) -> HttpResponse {

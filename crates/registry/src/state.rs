@@ -139,6 +139,16 @@ pub struct Operation {
     pub updated_at_ms: u64,
 }
 
+/// Who drives a move operation, and until when (by the clock of the registry
+/// leader that granted it). A successor may take over only after it expired,
+/// and then gets a higher generation: writes naming an older one are refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DriverLease {
+    pub holder: NodeId,
+    pub generation: u64,
+    pub expires_at_ms: u64,
+}
+
 /// The whole replicated state. Snapshots carry exactly this value.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct RegistryState {
@@ -147,6 +157,8 @@ pub struct RegistryState {
     pub nodes: BTreeMap<NodeId, NodeInfo>,
     pub tenants: BTreeMap<String, TenantRecord>,
     pub operations: BTreeMap<String, Operation>,
+    /// The driver lease of each move operation that has had a driver.
+    pub drivers: BTreeMap<String, DriverLease>,
 }
 
 /// A change to the registry, replicated through the Raft log. Times are inputs, never
@@ -167,7 +179,8 @@ pub enum Request {
         operation_id: String,
         now_ms: u64,
     },
-    /// Reports progress of a running operation. Only `pending` and `running` are
+    /// Reports progress of a running operation (without a driver lease: kept for
+    /// entries already in logs; drivers send `ReportMove`). Only `pending` and `running` are
     /// accepted here: `done` and `failed` go through `CompleteMove` / `AbortMove` so the
     /// tenant changes in the same entry.
     UpdateOperation {
@@ -178,7 +191,7 @@ pub enum Request {
         now_ms: u64,
     },
     /// Activates the tenant in the new home: `home_region = to`, `epoch + 1`, and the
-    /// operation becomes `done`.
+    /// operation becomes `done`. (Without a driver lease: drivers send `FinishMove`.)
     CompleteMove {
         tenant_id: String,
         operation_id: String,
@@ -210,6 +223,34 @@ pub enum Request {
     DeleteTenant { tenant_id: String, now_ms: u64 },
     /// `region`'s store has erased the deleted tenant's data. Idempotent.
     TenantErased { tenant_id: String, region: String },
+    /// Takes or renews the lease on driving move `operation_id` for `holder`,
+    /// `lease_ms` from `now_ms` (the registry leader stamps its own clock). Granted
+    /// when nobody holds it, when `holder` holds it (a renewal), or when it expired;
+    /// a new holder gets the next generation.
+    AcquireDriver {
+        operation_id: String,
+        holder: NodeId,
+        lease_ms: u64,
+        now_ms: u64,
+    },
+    /// Progress of a running move, by the driver holding lease `generation`;
+    /// renews the lease for `lease_ms` from `now_ms` (stamped by the leader).
+    ReportMove {
+        operation_id: String,
+        generation: u64,
+        progress: f64,
+        lease_ms: u64,
+        now_ms: u64,
+    },
+    /// `CompleteMove` (no `error`) or `AbortMove` by the driver holding lease
+    /// `generation`; any other driver is refused.
+    FinishMove {
+        tenant_id: String,
+        operation_id: String,
+        generation: u64,
+        error: Option<String>,
+        now_ms: u64,
+    },
 }
 
 /// The result of applying one `Request` (or of a blank/membership entry: `Ok`).
@@ -228,6 +269,8 @@ pub enum Response {
     TenantUpdated { record: TenantRecord },
     /// `UpdateOperation` took effect.
     OperationUpdated { operation: Operation },
+    /// `AcquireDriver` (or `ReportMove`) granted or renewed this lease.
+    DriverLeased { lease: DriverLease },
     /// The request was valid Raft input but refused by the registry's rules; nothing
     /// changed.
     Rejected { reason: Rejection },
@@ -267,6 +310,17 @@ pub enum Rejection {
     TenantDeleted { tenant_id: String },
     #[error("invalid request: {reason}")]
     Invalid { reason: String },
+    #[error("operation {operation_id} is driven by node {holder} until {expires_at_ms}")]
+    DriverLeaseHeld {
+        operation_id: String,
+        holder: NodeId,
+        expires_at_ms: u64,
+    },
+    #[error("operation {operation_id}: driver generation {generation} no longer holds the lease")]
+    NotDriver {
+        operation_id: String,
+        generation: u64,
+    },
 }
 
 impl Response {
@@ -289,6 +343,7 @@ pub(crate) enum StateKey {
     Region(String),
     Tenant(String),
     Operation(String),
+    Driver(String),
 }
 
 impl Request {
@@ -322,6 +377,33 @@ impl Request {
                 StateKey::Tenant(tenant_id.clone()),
                 StateKey::Operation(operation_id.clone()),
             ],
+            Request::AcquireDriver { operation_id, .. } => {
+                vec![StateKey::Driver(operation_id.clone())]
+            }
+            Request::ReportMove { operation_id, .. } => vec![
+                StateKey::Operation(operation_id.clone()),
+                StateKey::Driver(operation_id.clone()),
+            ],
+            Request::FinishMove {
+                tenant_id,
+                operation_id,
+                ..
+            } => vec![
+                StateKey::Tenant(tenant_id.clone()),
+                StateKey::Operation(operation_id.clone()),
+            ],
+        }
+    }
+
+    /// Puts the registry leader's clock into a request whose meaning depends on
+    /// when the leader applied it (driver leases), so that every lease is
+    /// measured by one clock. Other requests keep their caller's time.
+    pub(crate) fn stamp_leader_time(&mut self, leader_now_ms: u64) {
+        match self {
+            Request::AcquireDriver { now_ms, .. } | Request::ReportMove { now_ms, .. } => {
+                *now_ms = leader_now_ms
+            }
+            _ => {}
         }
     }
 }
@@ -369,6 +451,27 @@ impl fmt::Display for Request {
             Request::TenantErased { tenant_id, region } => {
                 write!(f, "TenantErased({tenant_id} in {region})")
             }
+            Request::AcquireDriver {
+                operation_id,
+                holder,
+                ..
+            } => write!(f, "AcquireDriver({operation_id}, node {holder})"),
+            Request::ReportMove {
+                operation_id,
+                generation,
+                ..
+            } => write!(f, "ReportMove({operation_id}, generation {generation})"),
+            Request::FinishMove {
+                tenant_id,
+                operation_id,
+                generation,
+                error,
+                ..
+            } => write!(
+                f,
+                "FinishMove({tenant_id}, {operation_id}, generation {generation}, {})",
+                if error.is_some() { "abort" } else { "complete" }
+            ),
         }
     }
 }
@@ -434,6 +537,39 @@ impl RegistryState {
             } => self.set_limits(tenant_id, *requests_per_second, *new_keys_per_second),
             Request::DeleteTenant { tenant_id, now_ms } => self.delete_tenant(tenant_id, *now_ms),
             Request::TenantErased { tenant_id, region } => self.tenant_erased(tenant_id, region),
+            Request::AcquireDriver {
+                operation_id,
+                holder,
+                lease_ms,
+                now_ms,
+            } => self.acquire_driver(operation_id, *holder, *lease_ms, *now_ms),
+            Request::ReportMove {
+                operation_id,
+                generation,
+                progress,
+                lease_ms,
+                now_ms,
+            } => self
+                .check_driver(operation_id, *generation)
+                .and_then(|lease| {
+                    self.update_operation(
+                        operation_id,
+                        OperationState::Running,
+                        *progress,
+                        &None,
+                        *now_ms,
+                    )?;
+                    Ok(self.renew(operation_id, lease, *lease_ms, *now_ms))
+                }),
+            Request::FinishMove {
+                tenant_id,
+                operation_id,
+                generation,
+                error,
+                now_ms,
+            } => self
+                .check_driver(operation_id, *generation)
+                .and_then(|_| self.finish_move(tenant_id, operation_id, error.as_ref(), *now_ms)),
         };
         result.unwrap_or_else(Response::rejected)
     }
@@ -687,18 +823,12 @@ impl RegistryState {
                 reason: "progress must be within 0.0..=1.0".to_string(),
             });
         }
-        let operation =
-            self.operations
-                .get_mut(operation_id)
-                .ok_or_else(|| Rejection::UnknownOperation {
-                    operation_id: operation_id.to_string(),
-                })?;
-        if operation.state.is_terminal() {
-            return Err(Rejection::OperationFinished {
+        self.running(operation_id)?;
+        let Some(operation) = self.operations.get_mut(operation_id) else {
+            return Err(Rejection::UnknownOperation {
                 operation_id: operation_id.to_string(),
-                state: operation.state,
             });
-        }
+        };
         operation.state = state;
         operation.progress = progress;
         operation.error = error.clone();
@@ -777,6 +907,80 @@ impl RegistryState {
             operation.updated_at_ms = now_ms;
         }
         Ok(self.move_response(tenant_id, operation_id))
+    }
+
+    /// The operation, unless it is unknown or finished.
+    fn running(&self, operation_id: &str) -> Result<&Operation, Rejection> {
+        let operation =
+            self.operations
+                .get(operation_id)
+                .ok_or_else(|| Rejection::UnknownOperation {
+                    operation_id: operation_id.to_string(),
+                })?;
+        if operation.state.is_terminal() {
+            return Err(Rejection::OperationFinished {
+                operation_id: operation_id.to_string(),
+                state: operation.state,
+            });
+        }
+        Ok(operation)
+    }
+
+    fn acquire_driver(
+        &mut self,
+        operation_id: &str,
+        holder: NodeId,
+        lease_ms: u64,
+        now_ms: u64,
+    ) -> Result<Response, Rejection> {
+        self.running(operation_id)?;
+        let lease = match self.drivers.get(operation_id) {
+            None => DriverLease {
+                holder,
+                generation: 1,
+                expires_at_ms: 0,
+            },
+            Some(lease) if lease.holder == holder => *lease,
+            Some(lease) if lease.expires_at_ms <= now_ms => DriverLease {
+                holder,
+                generation: lease.generation + 1,
+                expires_at_ms: 0,
+            },
+            Some(lease) => {
+                return Err(Rejection::DriverLeaseHeld {
+                    operation_id: operation_id.to_string(),
+                    holder: lease.holder,
+                    expires_at_ms: lease.expires_at_ms,
+                })
+            }
+        };
+        Ok(self.renew(operation_id, lease, lease_ms, now_ms))
+    }
+
+    /// The lease of `operation_id`, if `generation` still holds it.
+    fn check_driver(&self, operation_id: &str, generation: u64) -> Result<DriverLease, Rejection> {
+        match self.drivers.get(operation_id) {
+            Some(lease) if lease.generation == generation => Ok(*lease),
+            _ => Err(Rejection::NotDriver {
+                operation_id: operation_id.to_string(),
+                generation,
+            }),
+        }
+    }
+
+    fn renew(
+        &mut self,
+        operation_id: &str,
+        lease: DriverLease,
+        lease_ms: u64,
+        now_ms: u64,
+    ) -> Response {
+        let lease = DriverLease {
+            expires_at_ms: lease.expires_at_ms.max(now_ms.saturating_add(lease_ms)),
+            ..lease
+        };
+        self.drivers.insert(operation_id.to_string(), lease);
+        Response::DriverLeased { lease }
     }
 
     fn move_response(&self, tenant_id: &str, operation_id: &str) -> Response {
@@ -1150,6 +1354,87 @@ mod tests {
         ));
     }
 
+    fn acquire(op: &str, holder: NodeId, now_ms: u64) -> Request {
+        Request::AcquireDriver {
+            operation_id: op.to_string(),
+            holder,
+            lease_ms: 100,
+            now_ms,
+        }
+    }
+
+    fn lease_of(response: &Response) -> DriverLease {
+        match response {
+            Response::DriverLeased { lease } => *lease,
+            other => panic!("no lease: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn one_driver_at_a_time_and_a_successor_fences_the_old_one_out() {
+        let mut state = two_regions();
+        state.apply(&Request::CreateTenant {
+            record: tenant("t1", "eu"),
+        });
+        state.apply(&begin("t1", "us", "op1"));
+        let first = lease_of(&state.apply(&acquire("op1", 1, 1_000)));
+        assert_eq!(
+            (first.holder, first.generation, first.expires_at_ms),
+            (1, 1, 1_100)
+        );
+        // Held: another node is refused until it expires; the holder renews.
+        assert!(matches!(
+            state.apply(&acquire("op1", 2, 1_050)).rejection(),
+            Some(Rejection::DriverLeaseHeld { holder: 1, .. })
+        ));
+        let report = Request::ReportMove {
+            operation_id: "op1".to_string(),
+            generation: 1,
+            progress: 0.5,
+            lease_ms: 100,
+            now_ms: 1_080,
+        };
+        assert_eq!(lease_of(&state.apply(&report)).expires_at_ms, 1_180);
+        assert_eq!(state.operations["op1"].progress, 0.5);
+        // Expired: node 2 takes over with the next generation.
+        let second = lease_of(&state.apply(&acquire("op1", 2, 1_180)));
+        assert_eq!((second.holder, second.generation), (2, 2));
+        // The old driver's writes are refused and change nothing.
+        let before = state.clone();
+        assert!(matches!(
+            state.apply(&report).rejection(),
+            Some(Rejection::NotDriver { generation: 1, .. })
+        ));
+        let stale_finish = Request::FinishMove {
+            tenant_id: "t1".to_string(),
+            operation_id: "op1".to_string(),
+            generation: 1,
+            error: None,
+            now_ms: 1_200,
+        };
+        assert!(matches!(
+            state.apply(&stale_finish).rejection(),
+            Some(Rejection::NotDriver { .. })
+        ));
+        assert_eq!(state, before);
+        // The successor finishes; a replay answers alike; nobody drives a done move.
+        let finish = Request::FinishMove {
+            tenant_id: "t1".to_string(),
+            operation_id: "op1".to_string(),
+            generation: 2,
+            error: None,
+            now_ms: 1_200,
+        };
+        let done = state.apply(&finish);
+        assert!(matches!(done, Response::MoveUpdated { .. }), "{done:?}");
+        assert_eq!(state.apply(&finish), done);
+        assert_eq!(state.tenants["t1"].home_region, "us");
+        assert!(matches!(
+            state.apply(&acquire("op1", 3, 5_000)).rejection(),
+            Some(Rejection::OperationFinished { .. })
+        ));
+    }
+
     #[test]
     fn state_round_trips_through_the_storage_codec() {
         let mut state = two_regions();
@@ -1157,6 +1442,12 @@ mod tests {
             record: tenant("t1", "eu"),
         });
         state.apply(&begin("t1", "us", "op1"));
+        state.apply(&Request::AcquireDriver {
+            operation_id: "op1".to_string(),
+            holder: 3,
+            lease_ms: 10,
+            now_ms: 5,
+        });
         let bytes = crate::codec::encode(&state).expect("encode");
         let back: RegistryState = crate::codec::decode(&bytes).expect("decode");
         assert_eq!(back, state);

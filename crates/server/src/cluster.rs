@@ -2,7 +2,7 @@
 //! keeping the tenant directory in step with the local replica.
 
 use crate::limits::{READY_QUORUM_ACK_MS_MAX, REGISTRY_BOOTSTRAP_WAIT_MS};
-use crate::node::{now, Node};
+use crate::node::{now, Node, Placement};
 use keyhold_registry::{NodeInfo, Request};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -70,11 +70,13 @@ pub async fn bootstrap(node: Arc<Node>) {
     tracing::debug!("registry bootstrapped");
 }
 
-/// Rebuilds the tenant directory whenever the local replica applies an entry.
+/// Rebuilds the tenant directory whenever the local replica applies an entry,
+/// and lets the store own the tenants the registry gives this region.
 pub async fn follow_registry(node: Arc<Node>, mut stop: watch::Receiver<bool>) {
     let mut applied = node.registry().subscribe();
     loop {
         node.refresh_tenants();
+        reconcile_guards(&node).await;
         tokio::select! {
             changed = applied.changed() => {
                 if changed.is_err() {
@@ -82,6 +84,35 @@ pub async fn follow_registry(node: Arc<Node>, mut stop: watch::Receiver<bool>) {
                 }
             }
             _ = stop.changed() => return,
+        }
+    }
+}
+
+/// The store lifts its own fences: every guard that does not execute (a fence,
+/// an import) gives way once the registry replica shows this region owning the
+/// tenant at a later epoch (the move was aborted, or completed towards here).
+/// Runs at start and after every applied registry entry, so a node that was
+/// down when a move ended lifts the fence as soon as it is back.
+async fn reconcile_guards(node: &Node) {
+    let guards = match node.store().guards() {
+        Ok(guards) => guards,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the store's tenant guards");
+            return;
+        }
+    };
+    for (tenant, guard) in guards {
+        if guard.executes() {
+            continue;
+        }
+        let Some(record) = node.registry().tenant(tenant.as_str()) else {
+            continue;
+        };
+        if node.placement(&record) != Placement::Local || record.epoch <= guard.epoch() {
+            continue;
+        }
+        if let Err(e) = node.ensure_owned(&tenant, record.epoch).await {
+            tracing::warn!(tenant = %tenant.as_str(), error = %e, "fence not lifted yet");
         }
     }
 }

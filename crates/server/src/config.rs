@@ -4,6 +4,7 @@
 use crate::limits;
 use crate::Error;
 use keyhold_core::{Horizon, Policy, Retention};
+use keyhold_registry::NodeCredentials;
 use serde::Deserialize;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -33,6 +34,15 @@ pub struct Config {
     pub members: Vec<Member>,
     /// Bearer token of the admin API.
     pub admin_token: String,
+    /// File holding the cluster's node credential(s): the secret every inter-node
+    /// call carries (Raft, forwarding, move copy). One per line; the first is sent,
+    /// all are accepted, so a rotation lists the new and the old one for a while.
+    #[serde(default)]
+    pub node_credential_file: Option<PathBuf>,
+    /// Name of an environment variable holding the node credential(s) instead
+    /// (same form, commas allowed as separators).
+    #[serde(default)]
+    pub node_credential_env: Option<String>,
     #[serde(default = "d_response_ttl", with = "humantime_serde_compat")]
     pub response_ttl: Duration,
     #[serde(default = "d_marker_ttl", with = "humantime_serde_compat")]
@@ -48,6 +58,10 @@ pub struct Config {
     pub inflight_wait: Duration,
     #[serde(default = "d_sweep_interval", with = "humantime_serde_compat")]
     pub sweep_interval: Duration,
+    /// Lease of a move's driver in the registry: a successor takes a move over
+    /// only after its driver stayed silent this long.
+    #[serde(default = "d_move_driver_lease", with = "humantime_serde_compat")]
+    pub move_driver_lease: Duration,
     #[serde(default = "d_body_bytes_max")]
     pub body_bytes_max: usize,
     #[serde(default = "d_requests_per_second")]
@@ -110,6 +124,9 @@ fn d_inflight_wait() -> Duration {
 fn d_sweep_interval() -> Duration {
     Duration::from_millis(limits::SWEEP_INTERVAL_MS_DEFAULT)
 }
+fn d_move_driver_lease() -> Duration {
+    Duration::from_millis(limits::MOVE_DRIVER_LEASE_MS_DEFAULT)
+}
 fn d_body_bytes_max() -> usize {
     limits::BODY_BYTES_MAX_DEFAULT
 }
@@ -168,12 +185,15 @@ impl Config {
             raft_listen: d_raft_listen(),
             members: Vec::new(),
             admin_token,
+            node_credential_file: None,
+            node_credential_env: None,
             response_ttl: d_response_ttl(),
             marker_ttl: d_marker_ttl(),
             processed_ttl: d_processed_ttl(),
             psp_key_retention: None,
             inflight_wait: d_inflight_wait(),
             sweep_interval: d_sweep_interval(),
+            move_driver_lease: d_move_driver_lease(),
             body_bytes_max: d_body_bytes_max(),
             tenant_requests_per_second: d_requests_per_second(),
             tenant_new_keys_per_second: d_new_keys_per_second(),
@@ -191,6 +211,27 @@ impl Config {
             config.regions = vec![config.region.clone()];
         }
         Ok(config)
+    }
+
+    /// The node credentials: read from `node_credential_file` or
+    /// `node_credential_env`; a node configured with neither (only allowed alone,
+    /// see `validate`) makes up a random one, since nobody else calls it.
+    pub fn node_credentials(&self) -> Result<NodeCredentials, Error> {
+        let text = match (&self.node_credential_file, &self.node_credential_env) {
+            (Some(path), _) => std::fs::read_to_string(path).map_err(|e| {
+                Error::Config(format!(
+                    "node_credential_file {} is not readable: {e}",
+                    path.display()
+                ))
+            })?,
+            (None, Some(var)) => std::env::var(var).map_err(|_| {
+                Error::Config(format!(
+                    "node_credential_env names {var}, which is unset or not UTF-8"
+                ))
+            })?,
+            (None, None) => crate::tenants::new_token(),
+        };
+        NodeCredentials::parse(&text).map_err(|e| Error::Config(e.to_string()))
     }
 
     pub fn policy(&self) -> Policy {
@@ -226,6 +267,22 @@ impl Config {
                 "admin_token must be at least 16 characters".into(),
             ));
         }
+        if self.node_credential_file.is_some() && self.node_credential_env.is_some() {
+            return Err(Error::Config(
+                "set node_credential_file or node_credential_env, not both".into(),
+            ));
+        }
+        let several_nodes = self.members.len() > 1;
+        if several_nodes
+            && self.node_credential_file.is_none()
+            && self.node_credential_env.is_none()
+        {
+            return Err(Error::Config(
+                "a cluster of several nodes needs node_credential_file or node_credential_env \
+                 (the secret inter-node calls carry)"
+                    .into(),
+            ));
+        }
         if !self.members.is_empty() {
             // A node that is not among the first members joins later as a
             // registry learner (added by the leader) and serves the API by
@@ -241,10 +298,17 @@ impl Config {
                 )));
             }
         }
-        if self.body_bytes_max == 0 {
-            return Err(Error::Config(
-                "body_bytes_max must be greater than zero".into(),
-            ));
+        if self.body_bytes_max == 0 || self.body_bytes_max > limits::MOVE_PAGE_BYTES_MAX {
+            return Err(Error::Config(format!(
+                "body_bytes_max must be from 1 to {} (a stored entry must fit a move's page)",
+                limits::MOVE_PAGE_BYTES_MAX
+            )));
+        }
+        if self.move_driver_lease < Duration::from_millis(limits::MOVE_DRIVER_LEASE_MS_MIN) {
+            return Err(Error::Config(format!(
+                "move_driver_lease must be at least {} ms",
+                limits::MOVE_DRIVER_LEASE_MS_MIN
+            )));
         }
         if self.connections_max == 0 {
             return Err(Error::Config(
@@ -295,6 +359,31 @@ mod tests {
         c.marker_ttl = Duration::from_secs(60);
         let e = c.validate().unwrap_err().to_string();
         assert!(e.contains("marker_ttl"), "{e}");
+    }
+
+    #[test]
+    fn several_nodes_need_a_node_credential() {
+        let mut c = Config::new("a", "/tmp/x".into(), "0123456789abcdef0123".into());
+        c.regions = vec!["a".into(), "b".into()];
+        c.members = ["a", "b"]
+            .iter()
+            .enumerate()
+            .map(|(i, r)| Member {
+                id: i as u64 + 1,
+                region: (*r).into(),
+                api_addr: format!("127.0.0.1:{}", 7400 + i),
+                raft_addr: format!("127.0.0.1:{}", 7410 + i),
+            })
+            .collect();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("node_credential"), "{e}");
+        c.node_credential_env = Some("KEYHOLD_TEST_NODE_CREDENTIAL_UNSET".into());
+        c.validate().unwrap();
+        let e = c.node_credentials().unwrap_err().to_string();
+        assert!(e.contains("KEYHOLD_TEST_NODE_CREDENTIAL_UNSET"), "{e}");
+        // Alone, a node makes up its own.
+        let alone = Config::new("a", "/tmp/x".into(), "0123456789abcdef0123".into());
+        assert!(alone.node_credentials().is_ok());
     }
 
     #[test]

@@ -18,6 +18,7 @@ mod http;
 mod inflight;
 pub mod limits;
 mod metrics;
+mod mover;
 mod node;
 mod problem;
 mod routes;
@@ -80,7 +81,7 @@ pub async fn serve(
     });
     let bootstrap = tokio::spawn(cluster::bootstrap(node.clone()));
     let directory = tokio::spawn(cluster::follow_registry(node.clone(), stop_rx.clone()));
-    let move_watch = tokio::spawn(routes::resume_stalled_moves(node.clone(), stop_rx.clone()));
+    let move_watch = tokio::spawn(mover::resume_stalled(node.clone(), stop_rx.clone()));
     let sweeper = tokio::spawn(sweeper::run(node.clone(), stop_rx.clone()));
     let eraser = tokio::spawn(erase::run(node.clone(), stop_rx.clone()));
     let relays: Vec<_> = downstream::consumers(&node)
@@ -103,6 +104,9 @@ pub async fn serve(
     http::serve(listener, app, limits, shutdown).await?;
     let _ = stop_tx.send(true);
     bootstrap.abort();
+    // A stopped driver's move stays running in the registry; the watchdog of
+    // the registry leader's node resumes it.
+    node.drivers.stop_all();
     let _ = sweeper.await;
     let _ = eraser.await;
     let _ = directory.await;

@@ -119,10 +119,33 @@ pub const REGISTRY_BOOTSTRAP_WAIT_MS: u64 = 30_000;
 pub const FORWARD_TIMEOUT_MS: u64 = 10_000;
 /// Forwarding tries the home once, and once more after a 421 and a registry refresh.
 pub const FORWARD_ATTEMPTS_MAX: u32 = 2;
-/// Entries per page when a tenant's data is copied to its new home.
-pub const MOVE_PAGE_ENTRIES_MAX: usize = 2_000;
+/// Bytes of keys and payloads per page when a tenant's data is copied to its
+/// new home (a page holds at least one entry, however large).
+pub const MOVE_PAGE_BYTES_MAX: usize = 4 * 1024 * 1024;
+/// Body of one import call: a full page plus one more entry, which holds at
+/// most one request body (`body_bytes_max`, at most `MOVE_PAGE_BYTES_MAX`)
+/// and its small fields.
+pub const MOVE_IMPORT_BODY_BYTES_MAX: usize = 2 * MOVE_PAGE_BYTES_MAX + 1024 * 1024;
 /// How long the old home waits for its relay to deliver the moving tenant's
-/// events before it exports.
+/// events before it exports, and how often it looks.
 pub const MOVE_DRAIN_WAIT_MS: u64 = 300_000;
+pub const MOVE_DRAIN_POLL_MS: u64 = 20;
+/// One call between nodes during a move (a page export or import).
+pub const MOVE_CALL_TIMEOUT_MS: u64 = 60_000;
+/// Pages copied between two progress reports (each is a registry write that
+/// also renews the driver's lease).
+pub const MOVE_PROGRESS_EVERY_PAGES: u64 = 10;
+/// Default lease of a move's driver in the registry (`move_driver_lease`). A
+/// driver renews it every third of it; the registry leader's node looks for
+/// expired leases as often, and a successor takes over only after expiry.
+pub const MOVE_DRIVER_LEASE_MS_DEFAULT: u64 = 30_000;
+pub const MOVE_DRIVER_LEASE_MS_MIN: u64 = 300;
+pub const MOVE_DRIVER_RENEWALS_PER_LEASE: u64 = 3;
+
+const _: () = assert!(BODY_BYTES_MAX_DEFAULT <= MOVE_PAGE_BYTES_MAX);
+const _: () = assert!(2 * MOVE_PAGE_BYTES_MAX < MOVE_IMPORT_BODY_BYTES_MAX);
+const _: () = assert!(MOVE_DRAIN_POLL_MS * 100 <= MOVE_DRAIN_WAIT_MS);
+const _: () = assert!(MOVE_DRIVER_LEASE_MS_MIN <= MOVE_DRIVER_LEASE_MS_DEFAULT);
+const _: () = assert!(MOVE_DRIVER_RENEWALS_PER_LEASE >= 2);
 
 const _: () = assert!(INFLIGHT_WAIT_MS_DEFAULT < FORWARD_TIMEOUT_MS);

@@ -9,9 +9,10 @@ use crate::Error;
 use keyhold_core::{Policy, TenantId, UnixMillis};
 use keyhold_fingerprint::{Fingerprint, Spec, Value};
 use keyhold_registry::{
-    NodeId, NodeInfo, Registry, RegistryConfig, Request, Response, TenantRecord, TenantState,
+    NodeCredentials, NodeId, NodeInfo, Registry, RegistryConfig, Request, Response, TenantRecord,
+    TenantState,
 };
-use keyhold_store::Store;
+use keyhold_store::{Applied, Command, GuardOutcome, Store};
 use std::net::SocketAddr;
 use std::time::Duration;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -31,6 +32,8 @@ pub struct Node {
     registry: Registry,
     pub(crate) tenants: Tenants,
     pub(crate) inflight: Inflight,
+    /// The tenant moves this node drives.
+    pub(crate) drivers: crate::mover::Drivers,
     admin_token_sha256: [u8; 32],
     /// Woken when an order is created, so idle relays deliver at once.
     pub(crate) outbox_notify: tokio::sync::Notify,
@@ -99,8 +102,12 @@ impl Node {
             api_addr.to_string(),
             raft_addr.to_string(),
         );
-        let registry_config =
-            RegistryConfig::new(config.node_id, info, config.data_dir.join("registry"));
+        let registry_config = RegistryConfig::new(
+            config.node_id,
+            info,
+            config.data_dir.join("registry"),
+            config.node_credentials()?,
+        );
         let registry = Registry::start_with_client(registry_config, Some(http.clone()))
             .await
             .map_err(|e| Error::Config(format!("registry: {e}")))?;
@@ -116,6 +123,7 @@ impl Node {
             registry,
             tenants,
             inflight: Inflight::default(),
+            drivers: crate::mover::Drivers::default(),
             outbox_notify: tokio::sync::Notify::new(),
             http,
             hmac_secret,
@@ -125,6 +133,12 @@ impl Node {
 
     pub fn registry(&self) -> &Registry {
         &self.registry
+    }
+
+    /// The cluster's node credentials (the registry's: one secret for every
+    /// inter-node call).
+    pub fn credentials(&self) -> &NodeCredentials {
+        self.registry.credentials()
     }
 
     /// Waits, bounded, for this replica to apply at least one more registry entry,
@@ -157,6 +171,36 @@ impl Node {
         // Read the index first: the directory then holds at least that much.
         let index = self.registry.applied_index();
         self.tenants.rebuild(self.registry.tenants(), index);
+    }
+
+    /// Makes the store execute for `tenant` at `epoch`, which the local registry
+    /// replica says this region owns: a store guard of an earlier epoch (the
+    /// fence of an aborted move, the import of a completed one) gives way to
+    /// ownership. False when the store refuses: it holds a guard of this epoch
+    /// or a later one, so this replica lags and must not execute.
+    pub async fn ensure_owned(
+        &self,
+        tenant: &TenantId,
+        epoch: u64,
+    ) -> Result<bool, keyhold_store::Error> {
+        match self.store.guard(tenant)? {
+            None => return Ok(true),
+            Some(guard) if guard.executes() && guard.epoch() >= epoch => return Ok(true),
+            Some(_) => {}
+        }
+        let command = Command::Own {
+            tenant: tenant.clone(),
+            epoch,
+        };
+        let owned = matches!(
+            self.store.execute(command).await?,
+            Applied::Guard(GuardOutcome::Accepted { .. })
+        );
+        if owned {
+            metrics::counter!("keyhold_move_guards_lifted_total").increment(1);
+            tracing::info!(tenant = %tenant.as_str(), epoch, "the store owns the tenant again");
+        }
+        Ok(owned)
     }
 
     /// Where this tenant's requests execute, by the local replica.

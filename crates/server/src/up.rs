@@ -6,7 +6,9 @@
 //! homed in each region. Secrets (the admin token and the demo tenants' tokens)
 //! are kept in `DIR/up-secrets.json` so that a restart on the same data dir
 //! resumes the same cluster; `DIR/cluster.json` is written when every node is
-//! listening. A fake payment provider (`keyhold-fakepsp`) runs beside the nodes on
+//! listening. The cluster's node credential (the secret of every inter-node
+//! call) is generated once into `DIR/node-credential` and kept across restarts;
+//! every node reads it through `node_credential_file`. A fake payment provider (`keyhold-fakepsp`) runs beside the nodes on
 //! `base_port + PSP_PORT_OFFSET`, and every node's payments consumer charges it.
 
 use crate::config::{Config, Member};
@@ -27,6 +29,8 @@ use tokio::net::TcpListener;
 pub const PORTS_PER_CLUSTER: u16 = 50;
 /// Regions one local cluster may have (one API port each).
 pub const REGIONS_MAX: usize = 8;
+/// The file in the data dir holding the cluster's node credential.
+pub const NODE_CREDENTIAL_FILE: &str = "node-credential";
 /// The fake payment provider's port, relative to the base port.
 pub const PSP_PORT_OFFSET: u16 = 40;
 /// Each node's Raft listener: base port + this + the node's index.
@@ -206,6 +210,14 @@ pub async fn run(
         &serde_json::to_vec_pretty(&secrets).expect("json"),
     )?;
 
+    let credential_path = up.data_dir.join(NODE_CREDENTIAL_FILE);
+    if !credential_path.exists() {
+        write_atomically(&credential_path, format!("{}\n", new_token()).as_bytes())?;
+        // A secret: readable by the cluster's user only.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&credential_path, std::fs::Permissions::from_mode(0o600))?;
+    }
+
     let psp_listener = bind(up.base_port + PSP_PORT_OFFSET).await?;
     let psp_url = format!("http://{}", psp_listener.local_addr()?);
     let psp_config = keyhold_fakepsp::PspConfig {
@@ -283,6 +295,7 @@ pub async fn run(
         config.listen = api.local_addr()?.to_string();
         config.raft_listen = raft.local_addr()?.to_string();
         config.psp_url = Some(psp_url.clone());
+        config.node_credential_file = Some(credential_path.clone());
         if let Some(d) = up.response_ttl {
             config.response_ttl = d;
         }

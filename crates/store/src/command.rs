@@ -99,16 +99,68 @@ pub enum Command {
         from_seq: u64,
         consumers: Vec<String>,
     },
-    /// Stops all execution for a tenant in this region: its tenant is moving away.
-    /// Every command queued before the fence is applied before it, so once the
-    /// fence answers, nothing for the tenant can change here any more.
-    Fence { tenant: TenantId },
-    /// Writes a tenant's entries exported by its previous home, and lifts this
-    /// region's fence for the tenant (it may be moving back).
+    /// Stops all execution for a tenant in this region: it is moving away under
+    /// `operation_id`, at the tenant's `epoch`. Every command queued before the
+    /// fence is applied before it, so once the fence answers, nothing for the
+    /// tenant can change here any more. Refused (a value, nothing changes) when
+    /// the store's guard belongs to a later epoch or another operation.
+    Fence {
+        tenant: TenantId,
+        operation_id: String,
+        epoch: u64,
+    },
+    /// Writes a tenant's entries exported by its previous home, for the move
+    /// `operation_id` at `epoch`; the tenant is `Importing` here (nothing executes)
+    /// until it is owned. Refused when the store has moved past that move: it
+    /// owns the tenant at a later epoch, or imports it for another operation.
     Import {
         tenant: TenantId,
+        operation_id: String,
+        epoch: u64,
         entries: Vec<ExportEntry>,
     },
+    /// The registry says this region owns the tenant at `epoch`: execution may
+    /// resume (after an aborted move) or start (after a completed one). Every
+    /// fence or import of an earlier epoch is over, and refused from now on.
+    Own { tenant: TenantId, epoch: u64 },
+}
+
+/// Where a region store stands with one tenant, by epoch (the registry's count of
+/// ownership changes). A tenant without a guard (never moved) executes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TenantGuard {
+    /// This store executes the tenant's commands; it owns the tenant at `epoch`.
+    Owned { epoch: u64 },
+    /// Moving away under `operation_id` from `epoch`: nothing executes.
+    Fenced { operation_id: String, epoch: u64 },
+    /// Arriving under `operation_id` at `epoch`: nothing executes until owned.
+    Importing { operation_id: String, epoch: u64 },
+}
+
+impl TenantGuard {
+    pub fn epoch(&self) -> u64 {
+        match self {
+            TenantGuard::Owned { epoch }
+            | TenantGuard::Fenced { epoch, .. }
+            | TenantGuard::Importing { epoch, .. } => *epoch,
+        }
+    }
+
+    /// True when the tenant's commands may execute under this guard.
+    pub fn executes(&self) -> bool {
+        matches!(self, TenantGuard::Owned { .. })
+    }
+}
+
+/// The answer to `Fence`, `Import` and `Own`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GuardOutcome {
+    /// Took effect (or already had): the tenant's guard is now `guard`;
+    /// `imported` entries were written.
+    Accepted { guard: TenantGuard, imported: u64 },
+    /// Nothing changed: the store's guard `current` is of a later epoch or
+    /// another operation.
+    Refused { current: TenantGuard },
 }
 
 /// One stored entry of a tenant, as moved between regions: the key and the
@@ -118,6 +170,17 @@ pub enum Command {
 pub struct ExportEntry {
     pub key: Vec<u8>,
     pub payload: Vec<u8>,
+}
+
+impl ExportEntry {
+    /// The wire form of one page of a move (bincode 2, standard config).
+    pub fn encode_page(entries: &[ExportEntry]) -> Vec<u8> {
+        crate::codec::encode_plain(&entries)
+    }
+
+    pub fn decode_page(bytes: &[u8]) -> Result<Vec<ExportEntry>, crate::Error> {
+        crate::codec::decode_plain(bytes)
+    }
 }
 
 impl Command {
@@ -308,10 +371,8 @@ pub enum Applied {
     Replayed {
         events: u64,
     },
-    Fenced,
-    Imported {
-        entries: u64,
-    },
+    /// `Fence`, `Import` or `Own`.
+    Guard(GuardOutcome),
     /// `EraseTenant` removed `entries`; `more` when it stopped at its limit.
     Erased {
         entries: u64,

@@ -83,8 +83,19 @@ pub fn tenant_last_event(tenant: &TenantId) -> Vec<u8> {
     key
 }
 
-/// Present while a tenant is fenced in this region.
-pub fn fence(tenant: &TenantId) -> Vec<u8> {
+/// Prefix of the tenants' guards (`TenantGuard`).
+pub const GUARD_PREFIX: &[u8] = b"sguard:";
+
+/// The tenant's guard: where this store stands with it, by epoch.
+pub fn guard(tenant: &TenantId) -> Vec<u8> {
+    let mut key = GUARD_PREFIX.to_vec();
+    key.extend_from_slice(tenant.as_str().as_bytes());
+    key
+}
+
+/// Present while a tenant is fenced, in stores written before guards existed;
+/// read as a fence of epoch 0, which any ownership lifts.
+pub fn legacy_fence(tenant: &TenantId) -> Vec<u8> {
     let mut key = b"sfence:".to_vec();
     key.extend_from_slice(tenant.as_str().as_bytes());
     key

@@ -25,8 +25,8 @@ mod wal;
 
 pub use command::{
     Applied, ClaimOutcome, Command, CompleteOutcome, ConsumeOutcome, Cursor, CursorOutcome,
-    ExportEntry, HeartbeatOutcome, OrderOutcome, OutboxEvent, Processed, Rejection, Reservation,
-    SweepOutcome,
+    ExportEntry, GuardOutcome, HeartbeatOutcome, OrderOutcome, OutboxEvent, Processed, Rejection,
+    Reservation, SweepOutcome, TenantGuard,
 };
 pub use commit::CommitStats;
 
@@ -309,25 +309,58 @@ impl Store {
         Ok(list)
     }
 
+    /// The tenant's guard: where this store stands with it by epoch (`None`:
+    /// never moved, executes). A read of the applied state; the apply thread
+    /// decides with the same value.
+    pub fn guard(&self, tenant: &TenantId) -> Result<Option<TenantGuard>, Error> {
+        self.inner.machine.guard(tenant)
+    }
+
+    /// Every tenant with a guard, and the guard.
+    pub fn guards(&self) -> Result<Vec<(TenantId, TenantGuard)>, Error> {
+        let mut out = Vec::new();
+        for item in self.inner.machine_tree().scan_prefix(keys::GUARD_PREFIX) {
+            let (key, value) = item?;
+            let name = String::from_utf8_lossy(&key[keys::GUARD_PREFIX.len()..]).into_owned();
+            let tenant = TenantId::parse(&name)
+                .map_err(|_| Error::Corrupt(format!("guard of an invalid tenant id {name:?}")))?;
+            out.push((tenant, codec::decode::<TenantGuard>(&value)?.0));
+        }
+        Ok(out)
+    }
+
     /// One page of a tenant's entries for a move: records (orders' and claims'),
-    /// markers, the order index and orders, in key order after `after`. Returns
-    /// the page and the cursor of the next page (`None` when done). Call it only
-    /// after fencing the tenant: a fenced tenant's entries no longer change.
+    /// markers, the order index and orders, in key order after `after`, adding
+    /// entries while their keys and payloads fit in `bytes_max` (always at least
+    /// one, so any entry travels). Returns the page and the cursor of the next
+    /// page (`None` when done). Call it only after fencing the tenant: a fenced
+    /// tenant's entries no longer change.
     pub fn export_tenant(
         &self,
         tenant: &TenantId,
         after: Option<&[u8]>,
-        max: usize,
+        bytes_max: usize,
     ) -> Result<(Vec<ExportEntry>, Option<Vec<u8>>), Error> {
-        let mut out = Vec::new();
+        let mut out: Vec<ExportEntry> = Vec::new();
+        let mut bytes = 0usize;
+        let mut last: Option<Vec<u8>> = None;
         let next = self.visit_tenant(tenant, after, |key, value| {
+            let payload = codec::payload(value)?;
+            let size = key.len() + payload.len();
+            if !out.is_empty() && bytes + size > bytes_max {
+                return Ok(false);
+            }
+            bytes += size;
             out.push(ExportEntry {
                 key: key.to_vec(),
-                payload: codec::payload(value)?.to_vec(),
+                payload: payload.to_vec(),
             });
-            Ok(out.len() < max)
+            last = Some(key.to_vec());
+            Ok(true)
         })?;
-        Ok((out, next))
+        // `visit_tenant` stopped at an entry that did not fit: the page ends at the
+        // one before it, and the next page starts after that one.
+        Ok((out, next.and(last)))
     }
 
     /// How many entries a move of the tenant would carry.

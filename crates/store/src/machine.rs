@@ -8,7 +8,8 @@
 use crate::codec::{decode, decode_plain, encode, encode_raw};
 use crate::command::{
     Applied, ClaimOutcome, Command, CompleteOutcome, ConsumeOutcome, CursorOutcome, ExportEntry,
-    HeartbeatOutcome, OrderOutcome, OutboxEvent, Processed, Rejection, Reservation, SweepOutcome,
+    GuardOutcome, HeartbeatOutcome, OrderOutcome, OutboxEvent, Processed, Rejection, Reservation,
+    SweepOutcome, TenantGuard,
 };
 use crate::keys;
 use crate::limits::SWEEP_DEFER_MS;
@@ -234,20 +235,51 @@ impl Machine {
                 }
                 Applied::Consumed(consumed(fresh))
             }
-            Command::Fence { tenant } => {
-                w.put(keys::fence(tenant), &true);
-                Applied::Fenced
+            Command::Fence {
+                tenant,
+                operation_id,
+                epoch,
+            } => {
+                let wanted = TenantGuard::Fenced {
+                    operation_id: operation_id.clone(),
+                    epoch: *epoch,
+                };
+                Applied::Guard(self.set_guard(w, tenant, wanted, |current| match current {
+                    // The owner at this epoch (or an earlier one) fences.
+                    TenantGuard::Owned { epoch: owned } => owned <= epoch,
+                    other => other.epoch() < *epoch,
+                })?)
             }
-            Command::Import { tenant, entries } => {
-                w.batch.remove(keys::fence(tenant));
+            Command::Import {
+                tenant,
+                operation_id,
+                epoch,
+                entries,
+            } => {
+                let wanted = TenantGuard::Importing {
+                    operation_id: operation_id.clone(),
+                    epoch: *epoch,
+                };
+                let outcome =
+                    self.set_guard(w, tenant, wanted, |current| current.epoch() < *epoch)?;
+                let GuardOutcome::Accepted { guard, .. } = outcome else {
+                    return Ok(Ok(Applied::Guard(outcome)));
+                };
                 for (index, entry) in entries.iter().enumerate() {
                     if let Err(rejection) = import(w, tenant, index, entry) {
                         return Ok(Err(rejection));
                     }
                 }
-                Applied::Imported {
-                    entries: entries.len() as u64,
-                }
+                Applied::Guard(GuardOutcome::Accepted {
+                    guard,
+                    imported: entries.len() as u64,
+                })
+            }
+            Command::Own { tenant, epoch } => {
+                let wanted = TenantGuard::Owned { epoch: *epoch };
+                Applied::Guard(
+                    self.set_guard(w, tenant, wanted, |current| current.epoch() < *epoch)?,
+                )
             }
             Command::AdvanceCursor {
                 consumer,
@@ -297,8 +329,45 @@ impl Machine {
         Ok(Ok(applied))
     }
 
-    /// The answer to a command for a tenant fenced in this region (moving away),
-    /// or `None` when the command may run.
+    /// The tenant's guard (`None`: never moved, executes).
+    pub fn guard(&self, tenant: &TenantId) -> Result<Option<TenantGuard>, Error> {
+        if let Some(guard) = self.get::<TenantGuard>(&keys::guard(tenant))? {
+            return Ok(Some(guard));
+        }
+        if self.tree.contains_key(keys::legacy_fence(tenant))? {
+            return Ok(Some(TenantGuard::Fenced {
+                operation_id: String::new(),
+                epoch: 0,
+            }));
+        }
+        Ok(None)
+    }
+
+    /// Moves the tenant's guard to `wanted` when there is none, when it already
+    /// is `wanted` (a replay), or when `gives_way` says the current one yields;
+    /// otherwise refuses, changing nothing.
+    fn set_guard(
+        &self,
+        w: &mut Writes,
+        tenant: &TenantId,
+        wanted: TenantGuard,
+        gives_way: impl FnOnce(&TenantGuard) -> bool,
+    ) -> Result<GuardOutcome, Error> {
+        if let Some(current) = self.guard(tenant)? {
+            if current != wanted && !gives_way(&current) {
+                return Ok(GuardOutcome::Refused { current });
+            }
+        }
+        w.batch.remove(keys::legacy_fence(tenant));
+        w.put(keys::guard(tenant), &wanted);
+        Ok(GuardOutcome::Accepted {
+            guard: wanted,
+            imported: 0,
+        })
+    }
+
+    /// The answer to a command for a tenant this store does not execute for
+    /// (fenced, or still importing), or `None` when the command may run.
     fn fenced(&self, command: &Command) -> Result<Option<Applied>, Error> {
         let scope = match command {
             Command::CreateOrder { scope, .. }
@@ -307,7 +376,7 @@ impl Machine {
             | Command::Heartbeat { scope, .. } => scope,
             _ => return Ok(None),
         };
-        if !self.tree.contains_key(keys::fence(&scope.tenant))? {
+        if self.guard(&scope.tenant)?.is_none_or(|g| g.executes()) {
             return Ok(None);
         }
         Ok(Some(match command {

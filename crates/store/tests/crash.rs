@@ -62,6 +62,8 @@ async fn crash_child_entry_point() {
     // Another tenant's entries: refused.
     let foreign = Command::Import {
         tenant: tenant("t2"),
+        operation_id: "op1".into(),
+        epoch: 1,
         entries: entries.clone(),
     };
     assert!(store.execute(foreign).await.is_err());
@@ -78,9 +80,17 @@ async fn crash_child_entry_point() {
     // A marker without its order (a partial import), then an order that hits it.
     let partial = Command::Import {
         tenant: tenant("t1"),
+        operation_id: "op1".into(),
+        epoch: 1,
         entries: marker,
     };
     assert!(store.execute(partial).await.is_ok());
+    // The move completed: this store owns t1 (a later epoch) and executes.
+    let own = Command::Own {
+        tenant: tenant("t1"),
+        epoch: 2,
+    };
+    assert!(store.execute(own).await.is_ok());
     assert!(store
         .execute(create("k1", "c0", "fp", "ord_x", T0))
         .await
@@ -174,6 +184,8 @@ async fn refusals_are_typed_and_write_nothing() {
     }
     let bad = Command::Import {
         tenant: tenant("t1"),
+        operation_id: "op1".into(),
+        epoch: 1,
         entries: vec![keyhold_store::ExportEntry {
             key: b"rt1\0whatever".to_vec(),
             payload: vec![0xff, 0xff, 0xff],
@@ -188,6 +200,8 @@ async fn refusals_are_typed_and_write_nothing() {
     ));
     let odd = Command::Import {
         tenant: tenant("t1"),
+        operation_id: "op1".into(),
+        epoch: 1,
         entries: vec![keyhold_store::ExportEntry {
             key: b"zzz".to_vec(),
             payload: vec![],

@@ -6,8 +6,8 @@ use keyhold_core::{
     OrderStatus, Outcome, OwnerToken, RecordState, StoredResponse, TenantId, UnixMillis,
 };
 use keyhold_store::{
-    Applied, ClaimOutcome, Command, CompleteOutcome, EntryKind, HeartbeatOutcome, OrderOutcome,
-    Store,
+    Applied, ClaimOutcome, Command, CompleteOutcome, EntryKind, GuardOutcome, HeartbeatOutcome,
+    OrderOutcome, Store,
 };
 
 mod common;
@@ -422,14 +422,16 @@ async fn a_fenced_tenant_exports_and_imports_elsewhere() {
     order(&from, other).await;
 
     let tenant = TenantId::parse("t1").unwrap();
-    assert_eq!(
+    assert!(matches!(
         from.execute(Command::Fence {
-            tenant: tenant.clone()
+            tenant: tenant.clone(),
+            operation_id: "op1".into(),
+            epoch: 1,
         })
         .await
         .unwrap(),
-        Applied::Fenced
-    );
+        Applied::Guard(GuardOutcome::Accepted { .. })
+    ));
     assert_eq!(
         order(&from, create("k7", "c7", "fp", "ord_7", T0)).await,
         OrderOutcome::Fenced
@@ -439,15 +441,18 @@ async fn a_fenced_tenant_exports_and_imports_elsewhere() {
     let mut cursor: Option<Vec<u8>> = None;
     let mut moved = 0;
     loop {
-        let (page, next) = from.export_tenant(&tenant, cursor.as_deref(), 3).unwrap();
+        let (page, next) = from.export_tenant(&tenant, cursor.as_deref(), 300).unwrap();
+        assert!(!page.is_empty());
         moved += page.len();
         let command = Command::Import {
             tenant: tenant.clone(),
+            operation_id: "op1".into(),
+            epoch: 1,
             entries: page,
         };
         assert!(matches!(
             to.execute(command).await.unwrap(),
-            Applied::Imported { .. }
+            Applied::Guard(GuardOutcome::Accepted { .. })
         ));
         match next {
             Some(c) => cursor = Some(c),
@@ -456,6 +461,17 @@ async fn a_fenced_tenant_exports_and_imports_elsewhere() {
     }
     // 5 orders x (record, marker, index, order) + 1 claim record.
     assert_eq!(moved, 21);
+    // Nothing executes at the new home until it owns the tenant.
+    assert_eq!(
+        order(&to, create("k1", "c1", "fp", "ord_x", T0)).await,
+        OrderOutcome::Fenced
+    );
+    to.execute(Command::Own {
+        tenant: tenant.clone(),
+        epoch: 2,
+    })
+    .await
+    .unwrap();
     assert_eq!(to.count_prefix(EntryKind::Order), 5);
     // The new home replays and decides exactly as the old one would have.
     assert!(matches!(
@@ -552,11 +568,16 @@ async fn every_command_is_a_no_op_on_its_own_result() {
         },
         Command::Fence {
             tenant: tenant.clone(),
+            operation_id: "op1".into(),
+            epoch: 1,
         },
         Command::Import {
-            tenant,
+            tenant: tenant.clone(),
+            operation_id: "op2".into(),
+            epoch: 2,
             entries: vec![],
         },
+        Command::Own { tenant, epoch: 3 },
         Command::EraseTenant {
             tenant: TenantId::parse("t1").unwrap(),
             entries_max: 1_000,

@@ -948,6 +948,8 @@ pub struct ServeMember {
     child: Option<Child>,
     starts: u32,
     stopped: bool,
+    /// Environment variables set on this member's next start (fault injection).
+    pub env: Vec<(String, String)>,
 }
 
 impl ServeMember {
@@ -966,6 +968,7 @@ impl ServeMember {
             .arg("serve")
             .arg("--config")
             .arg(self.config_path())
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr)
@@ -1003,6 +1006,8 @@ impl ServeMember {
 pub struct ServeCluster {
     tmp: tempfile::TempDir,
     pub admin_token: String,
+    /// The cluster's node credential (in every config's `node_credential_file`).
+    pub node_credential: String,
     pub members: Vec<ServeMember>,
 }
 
@@ -1025,9 +1030,13 @@ impl ServeCluster {
             .tempdir()
             .expect("tempdir");
         let admin_token = format!("admin-{:016x}{:016x}", random_u64(), random_u64());
+        let node_credential = format!("node-{:016x}{:016x}", random_u64(), random_u64());
+        std::fs::write(tmp.path().join("node-credential"), &node_credential)
+            .expect("write the node credential");
         let mut cluster = ServeCluster {
             tmp,
             admin_token,
+            node_credential,
             members: Vec::new(),
         };
         let mut last = String::new();
@@ -1087,9 +1096,10 @@ impl ServeCluster {
             let dir = self.tmp.path().join(format!("try{n}-node{id}-{region}"));
             std::fs::create_dir_all(&dir).expect("node dir");
             let config = format!(
-                "region = \"{region}\"\nregions = [{regions_toml}]\ndata_dir = \"{}\"\nlisten = \"{api}\"\nnode_id = {id}\nraft_listen = \"{raft}\"\nadmin_token = \"{}\"\n{extra_toml}\n{members_toml}",
+                "region = \"{region}\"\nregions = [{regions_toml}]\ndata_dir = \"{}\"\nlisten = \"{api}\"\nnode_id = {id}\nraft_listen = \"{raft}\"\nadmin_token = \"{}\"\nnode_credential_file = \"{}\"\n{extra_toml}\n{members_toml}",
                 dir.join("data").display(),
-                self.admin_token
+                self.admin_token,
+                self.tmp.path().join("node-credential").display(),
             );
             std::fs::write(dir.join("node.toml"), config).expect("write config");
             self.members.push(ServeMember {
@@ -1101,6 +1111,7 @@ impl ServeCluster {
                 child: None,
                 starts: 0,
                 stopped: false,
+                env: Vec::new(),
             });
         }
     }
@@ -1139,7 +1150,7 @@ impl ServeCluster {
         }
     }
 
-    fn exited(&mut self, i: usize) -> Option<ExitStatus> {
+    pub fn exited(&mut self, i: usize) -> Option<ExitStatus> {
         let child = self.members[i].child.as_mut()?;
         child.try_wait().expect("try_wait")
     }

@@ -30,6 +30,7 @@ const KEY_MEMBERSHIP: &[u8] = b"meta/membership";
 const PREFIX_REGION: &str = "region/";
 const PREFIX_TENANT: &str = "tenant/";
 const PREFIX_OPERATION: &str = "operation/";
+const PREFIX_DRIVER: &str = "driver/";
 const PREFIX_NODE: &[u8] = b"node/";
 const KEY_SNAPSHOT: &[u8] = b"current";
 
@@ -110,6 +111,10 @@ fn stage_key(
             text_key(PREFIX_OPERATION, id),
             state.operations.get(id).map(codec::encode).transpose()?,
         ),
+        StateKey::Driver(id) => (
+            text_key(PREFIX_DRIVER, id),
+            state.drivers.get(id).map(codec::encode).transpose()?,
+        ),
     };
     match value {
         Some(value) => batch.insert(db_key, value),
@@ -131,7 +136,8 @@ fn stage_all(batch: &mut sled::Batch, applied: &Applied) -> Result<(), EncodeErr
                 .operations
                 .keys()
                 .map(|k| StateKey::Operation(k.clone())),
-        );
+        )
+        .chain(state.drivers.keys().map(|k| StateKey::Driver(k.clone())));
     for key in keys {
         stage_key(batch, state, &key)?;
     }
@@ -178,6 +184,10 @@ fn load(tree: &sled::Tree) -> Result<Applied, crate::Error> {
             let id = String::from_utf8_lossy(id).into_owned();
             let record = decode_value(&value).map_err(corrupt)?;
             applied.state.operations.insert(id, record);
+        } else if let Some(id) = key.strip_prefix(PREFIX_DRIVER.as_bytes()) {
+            let id = String::from_utf8_lossy(id).into_owned();
+            let lease = decode_value(&value).map_err(corrupt)?;
+            applied.state.drivers.insert(id, lease);
         } else {
             return Err(crate::Error::Storage(format!(
                 "unknown state key {}",

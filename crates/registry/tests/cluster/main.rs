@@ -2,7 +2,9 @@
 //! each with its own sled directory and its own HTTP Raft listener on port 0, using the
 //! default (inter-region) Raft timing. Covers initialization, writes forwarded from a
 //! follower and a learner, replication to every replica, a tenant move with its epoch
-//! bump, the loss of the leader, and its restart from disk.
+//! bump, the loss of the leader, and its restart from disk; and the node credential:
+//! forged Raft calls are refused with 401 and change nothing, while a cluster in the
+//! middle of a credential rotation keeps replicating.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -11,8 +13,8 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use keyhold_registry::{
-    raft_router, NodeId, NodeInfo, OperationState, Registry, RegistryConfig, Request, Response,
-    TenantState,
+    raft_router, NodeCredentials, NodeId, NodeInfo, OperationState, Registry, RegistryConfig,
+    Request, Response, TenantState, NODE_CREDENTIAL_HEADER,
 };
 use tempfile::TempDir;
 use tokio::sync::oneshot;
@@ -23,6 +25,8 @@ use keyhold_netem::Proxy;
 
 const ELECTION_WAIT: Duration = Duration::from_secs(10);
 const APPLY_WAIT: Duration = Duration::from_secs(5);
+/// The node credential of the tests' clusters (one secret, sent and accepted).
+const CREDENTIAL: &str = "test-node-credential-0123456789abcdef";
 
 /// One running replica and what the test must stop to kill it.
 struct TestNode {
@@ -40,15 +44,37 @@ impl TestNode {
         Self::start_at(id, region, "127.0.0.1:0", dir).await
     }
 
+    /// A fresh replica that sends the first of `credentials` and accepts them all.
+    async fn start_with(id: NodeId, region: &str, credentials: &str) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        Self::start_full(id, region, "127.0.0.1:0", dir, credentials).await
+    }
+
     /// Starts a replica on `raft_addr` with the data in `dir` (a restart when both are
     /// those of a stopped replica).
     async fn start_at(id: NodeId, region: &str, raft_addr: &str, dir: TempDir) -> Self {
+        Self::start_full(id, region, raft_addr, dir, CREDENTIAL).await
+    }
+
+    async fn start_full(
+        id: NodeId,
+        region: &str,
+        raft_addr: &str,
+        dir: TempDir,
+        credentials: &str,
+    ) -> Self {
+        let credentials = NodeCredentials::parse(credentials).expect("valid credentials");
         let listener = tokio::net::TcpListener::bind(raft_addr)
             .await
             .expect("bind raft listener");
         let raft_addr = listener.local_addr().expect("local addr").to_string();
         let info = NodeInfo::new(region, format!("127.0.0.1:{}", 8000 + id), raft_addr);
-        Self::serve(RegistryConfig::new(id, info, dir.path()), listener, dir).await
+        Self::serve(
+            RegistryConfig::new(id, info, dir.path(), credentials),
+            listener,
+            dir,
+        )
+        .await
     }
 
     /// Starts a replica whose Raft listener is reached only through a proxy that
@@ -68,7 +94,8 @@ impl TestNode {
             format!("127.0.0.1:{}", 8000 + id),
             proxy.addr().to_string(),
         );
-        let config = RegistryConfig::new(id, info, dir.path());
+        let credentials = NodeCredentials::parse(CREDENTIAL).expect("valid credentials");
+        let config = RegistryConfig::new(id, info, dir.path(), credentials);
         (Self::serve(config, listener, dir).await, proxy)
     }
 
@@ -372,4 +399,134 @@ async fn writes_commit_across_a_slow_inter_region_link() {
         assert_eq!(node.registry.regions().len(), 3);
     }
     drop(proxies);
+}
+
+/// POSTs `body` to a Raft route of `node` with the given credential header (if any).
+async fn raw_post(
+    node: &TestNode,
+    rpc: &str,
+    credential: Option<&str>,
+    body: Vec<u8>,
+) -> (u16, String) {
+    let url = format!(
+        "http://{}/raft/registry/{rpc}",
+        node.registry.node().raft_addr
+    );
+    let mut builder = reqwest::Client::new().post(url).body(body);
+    if let Some(c) = credential {
+        builder = builder.header(NODE_CREDENTIAL_HEADER, c);
+    }
+    let response = builder.send().await.expect("raft listener answers");
+    let status = response.status().as_u16();
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap_or("").to_owned());
+    let text = response.text().await.unwrap_or_default();
+    if status == 401 {
+        assert_eq!(content_type.as_deref(), Some("application/problem+json"));
+        assert!(text.contains("/problems/unauthenticated"), "{text}");
+    }
+    (status, text)
+}
+
+fn bincode_of<T: serde::Serialize>(value: &T) -> Vec<u8> {
+    bincode::serde::encode_to_vec(value, bincode::config::standard()).expect("encode")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn forged_raft_calls_are_refused_and_rotation_keeps_replicating() {
+    const OLD: &str = "old-node-credential-0123456789abcdef";
+    const NEW: &str = "new-node-credential-0123456789abcdef";
+    // Mid-rotation: node 1 still sends the old secret, nodes 2 and 3 already send the
+    // new one; every node accepts both.
+    let mut nodes: BTreeMap<NodeId, TestNode> = BTreeMap::new();
+    let credentials = [
+        format!("{OLD},{NEW}"),
+        format!("{NEW},{OLD}"),
+        format!("{NEW}\n{OLD}"),
+    ];
+    for ((id, region), creds) in (1..=3).zip(["eu", "us", "ap"]).zip(&credentials) {
+        nodes.insert(id, TestNode::start_with(id, region, creds).await);
+    }
+    let members: BTreeMap<NodeId, NodeInfo> = nodes
+        .iter()
+        .map(|(id, n)| (*id, n.registry.node().clone()))
+        .collect();
+    nodes[&1]
+        .registry
+        .initialize(members)
+        .await
+        .expect("initialize");
+    let all: Vec<&TestNode> = nodes.values().collect();
+    let leader = agreed_leader(&all, None)
+        .await
+        .expect("a leader is elected");
+    // Writes through every node replicate to every node.
+    let mut index = 0;
+    for (id, region) in (1..=3).zip(["eu", "us", "ap"]) {
+        (index, _) = write_ok(&nodes[&id].registry, add_region(region)).await;
+    }
+    all_applied(&all, index).await;
+
+    let term_before: Vec<u64> = all
+        .iter()
+        .map(|n| n.registry.metrics().current_term)
+        .collect();
+    let state_before: Vec<_> = all.iter().map(|n| n.registry.state()).collect();
+    let forged_write = bincode_of(&Request::CreateTenant {
+        record: tenant("forged", "eu"),
+    });
+    // A vote for a far-future term: accepted, it would depose the leader.
+    let forged_vote = bincode_of(&openraft::raft::VoteRequest::<NodeId>::new(
+        openraft::Vote::new(term_before[0] + 100, 99),
+        None,
+    ));
+    let wrong = "not-the-node-credential-0123456789abcdef";
+    for node in &all {
+        for credential in [None, Some(wrong), Some("")] {
+            let (status, _) = raw_post(node, "write", credential, forged_write.clone()).await;
+            assert_eq!(status, 401);
+            let (status, _) = raw_post(node, "vote", credential, forged_vote.clone()).await;
+            assert_eq!(status, 401);
+            for rpc in ["append", "snapshot"] {
+                let (status, _) = raw_post(node, rpc, credential, b"junk".to_vec()).await;
+                assert_eq!(status, 401, "{rpc}");
+            }
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let term_after: Vec<u64> = all
+        .iter()
+        .map(|n| n.registry.metrics().current_term)
+        .collect();
+    assert_eq!(term_after, term_before, "no forged vote took effect");
+    let state_after: Vec<_> = all.iter().map(|n| n.registry.state()).collect();
+    assert_eq!(state_after, state_before, "no forged write took effect");
+    assert_eq!(all[0].registry.leader(), Some(leader));
+
+    // The very same write with an accepted credential (old or new) is served: the
+    // refusals above were the credential's doing, not the body's.
+    let leader_node = &nodes[&leader];
+    let (status, _) = raw_post(leader_node, "write", Some(OLD), forged_write).await;
+    assert_eq!(status, 200);
+    let (status, _) = raw_post(
+        leader_node,
+        "write",
+        Some(NEW),
+        bincode_of(&Request::CreateTenant {
+            record: tenant("rotated", "us"),
+        }),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert!(
+        eventually(APPLY_WAIT, || all
+            .iter()
+            .all(|n| n.registry.tenant("rotated").is_some()))
+        .await
+    );
+    for (_, node) in nodes {
+        node.kill().await;
+    }
 }

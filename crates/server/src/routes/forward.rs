@@ -8,20 +8,40 @@
 //! not the owner at that epoch answers 421; this node then waits for its
 //! replica to reach the home's registry index and places the request once more.
 //! An unreachable home is 503 `owner-unreachable`: never local execution.
+//!
+//! A forward carries the cluster's node credential; only then does the home
+//! trust `Keyhold-Epoch`. A client cannot set it: without the credential the
+//! header is ignored (the request is placed like any other), with a wrong one
+//! the answer is 401 `unauthenticated`. Forwards copy an allow-list of the
+//! client's headers, so nothing internal a client sent travels on.
 
 use super::{read_body, KEYHOLD_REGION};
 use crate::limits::{FORWARD_ATTEMPTS_MAX, FORWARD_TIMEOUT_MS, REGISTRY_READ_WAIT_MS};
 use crate::node::{Node, Placement};
 use crate::problem::ApiError;
-use crate::tenants::has_tenant_token_form;
+use crate::tenants::{has_tenant_token_form, Tenant};
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use keyhold_core::Problem;
+use keyhold_registry::NODE_CREDENTIAL_HEADER;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// Executes here, once the store owns the tenant at the epoch the registry
+/// replica shows (lifting the guard an ended move left); a store that knows a
+/// later epoch refuses, and nothing executes.
+async fn run_local(node: &Node, tenant: &Tenant, request: Request, next: Next) -> Response {
+    match node.ensure_owned(tenant.id(), tenant.record.epoch).await {
+        Ok(true) => next.run(request).await,
+        Ok(false) => ApiError::new(Problem::TenantMoving)
+            .detail("this node's registry replica is behind the store")
+            .into_response(),
+        Err(e) => ApiError::from(e).into_response(),
+    }
+}
 
 /// The epoch a forwarding node believes the tenant is at.
 pub const KEYHOLD_EPOCH: HeaderName = HeaderName::from_static("keyhold-epoch");
@@ -67,21 +87,40 @@ pub async fn route(State(node): State<Arc<Node>>, request: Request, next: Next) 
         Ok(t) => t,
         Err(e) => return e.into_response(),
     };
-    let believed_epoch = request
-        .headers()
-        .get(KEYHOLD_EPOCH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
+    let believed_epoch = match forwarded_epoch(&node, request.headers()) {
+        Ok(epoch) => epoch,
+        Err(e) => return e.into_response(),
+    };
     match (node.placement(&tenant.record), believed_epoch) {
         (Placement::Moving, _) => ApiError::new(Problem::TenantMoving).into_response(),
         // A forwarder that believes another epoch must refresh first, whether it
         // is behind or (after a move back) ahead.
         (Placement::Local, Some(e)) if e != tenant.record.epoch => misdirected(&node),
-        (Placement::Local, _) => next.run(request).await,
+        (Placement::Local, _) => run_local(&node, &tenant, request, next).await,
         // Forwarded to a node that is not home: never forward twice.
         (Placement::Remote { .. }, Some(_)) => misdirected(&node),
         (Placement::Remote { region }, None) => forward(node, request, next, region).await,
     }
+}
+
+/// The epoch a forwarding node believes, trusted only from a caller holding the
+/// node credential. No credential header: a client's request, whose
+/// `Keyhold-Epoch` (if any) means nothing. A credential that is not accepted:
+/// 401, whatever else the request carries.
+fn forwarded_epoch(node: &Node, headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
+    if !headers.contains_key(NODE_CREDENTIAL_HEADER) {
+        return Ok(None);
+    }
+    if !node.credentials().check(headers) {
+        metrics::counter!("keyhold_node_credential_refused_total").increment(1);
+        return Err(
+            ApiError::new(Problem::Unauthenticated).detail("the node credential is not accepted")
+        );
+    }
+    Ok(headers
+        .get(KEYHOLD_EPOCH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok()))
 }
 
 async fn forward(node: Arc<Node>, request: Request, next: Next, region: String) -> Response {
@@ -112,7 +151,7 @@ async fn forward(node: Arc<Node>, request: Request, next: Next, region: String) 
                 // After a refresh the tenant turned out to live here.
                 Placement::Local => {
                     let request = Request::from_parts(parts, Body::from(bytes));
-                    return next.run(request).await;
+                    return run_local(&node, &tenant, request, next).await;
                 }
                 Placement::Remote { region: r } => region = r,
             }
@@ -130,6 +169,7 @@ async fn forward(node: Arc<Node>, request: Request, next: Next, region: String) 
             )
             .timeout(Duration::from_millis(FORWARD_TIMEOUT_MS))
             .header(KEYHOLD_EPOCH, tenant.record.epoch)
+            .header(NODE_CREDENTIAL_HEADER, node.credentials().current())
             .body(bytes.clone());
         for name in FORWARDED_HEADERS {
             for value in parts.headers.get_all(name) {

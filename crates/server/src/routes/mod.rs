@@ -6,11 +6,12 @@ mod admin_page;
 mod claims;
 mod forward;
 mod guard;
+mod internal;
 mod meta;
 mod moves;
-
-pub use moves::resume_stalled as resume_stalled_moves;
 mod orders;
+
+pub(crate) use internal::NEXT_CURSOR;
 
 use crate::node::Node;
 use crate::problem::ApiError;
@@ -47,7 +48,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route_layer(middleware::from_fn_with_state(node.clone(), forward::route));
     Router::new()
         .merge(tenant_routes)
-        .merge(moves::internal_router())
+        .merge(internal::router(node.clone()))
         .merge(admin_page::router())
         .route("/v1/idempotency-policy", get(meta::policy))
         .route("/v1/fingerprint-specs", get(meta::specs))
@@ -101,6 +102,23 @@ pub fn router(node: Arc<Node>) -> Router {
         ))
         .layer(TraceLayer::new_for_http())
         .with_state(node)
+}
+
+/// The gate of every node-to-node route: 401 `unauthenticated` (problem+json)
+/// unless the caller presents the cluster's node credential. Tenant and admin
+/// tokens open nothing here.
+pub(crate) async fn require_node_credential(
+    axum::extract::State(node): axum::extract::State<Arc<Node>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if node.credentials().check(request.headers()) {
+        return next.run(request).await;
+    }
+    metrics::counter!("keyhold_node_credential_refused_total").increment(1);
+    ApiError::new(Problem::Unauthenticated)
+        .detail("inter-node endpoints accept only the cluster's node credential")
+        .into_response()
 }
 
 /// A panicking handler is a bug; the client still gets a problem document, and

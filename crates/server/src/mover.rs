@@ -1,0 +1,410 @@
+//! The task that drives a planned tenant move, and the watchdog that resumes
+//! moves whose driver went silent. Drivers are tracked background tasks of the
+//! node (`Drivers`): at most one per operation on a node, stopped with it.
+//!
+//! One driver per move in the whole cluster: a driver first takes the move's
+//! lease in the registry (`AcquireDriver`: holder and expiry by the registry
+//! leader's clock) and renews it with every progress report. A successor (the
+//! registry leader's watchdog) gets the lease only once it expired, with a
+//! higher generation; from then on the registry refuses the old driver's
+//! reports and its `FinishMove`, and the new home refuses its imports, so a
+//! driver that was only slow can no longer write anything.
+//!
+//! A move is four steps, each safe to repeat:
+//! 1. `BeginMove` in the registry (by the admin endpoint): the tenant is
+//!    `moving` at its current epoch, so no node places requests for it (503
+//!    `tenant-moving`).
+//! 2. The old home fences its store for this operation and epoch (through the
+//!    apply loop, so no queued command slips past) and lets its relay deliver
+//!    the tenant's events, so order states settle before they travel.
+//! 3. The tenant's records, markers and orders travel page by page (pages sized
+//!    by bytes) from the old home's store into the new home's, each import
+//!    scoped by the operation and epoch.
+//! 4. `CompleteMove` in the registry: home is the new region, epoch + 1. `done`
+//!    is reported by that same committed entry.
+//!
+//! A failure aborts the move (`AbortMove`: back to the old home, epoch + 1). A
+//! registry rejection of either is a failure, never a success. Nobody calls the
+//! old home to lift its fence: every store lifts its own once its registry
+//! replica shows it owns the tenant at a later epoch (`cluster::follow_registry`
+//! and the placement check), so a node that was down when the move ended lifts
+//! it when it comes back.
+
+use crate::limits::{
+    MOVE_CALL_TIMEOUT_MS, MOVE_DRAIN_WAIT_MS, MOVE_DRIVER_RENEWALS_PER_LEASE, MOVE_PAGE_BYTES_MAX,
+    MOVE_PROGRESS_EVERY_PAGES,
+};
+use crate::node::{now, Node};
+use crate::routes::NEXT_CURSOR;
+use keyhold_registry::{
+    Operation, OperationState, Rejection, Request, Response as RegistryResponse, TenantState,
+    NODE_CREDENTIAL_HEADER,
+};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::task::JoinHandle;
+
+/// Everything a driver needs to know about its move.
+#[derive(Debug, Clone)]
+pub struct MoveJob {
+    pub tenant_id: String,
+    pub from: String,
+    pub to: String,
+    pub operation_id: String,
+    /// The tenant's epoch during the move (`BeginMove` does not change it).
+    pub epoch: u64,
+    /// The registry entry that began the move.
+    pub begin_index: u64,
+}
+
+/// The move drivers running on this node, by operation id.
+#[derive(Default)]
+pub struct Drivers {
+    running: Mutex<HashMap<String, JoinHandle<()>>>,
+}
+
+impl Drivers {
+    /// Starts a driver for `job` unless one runs for that operation on this node
+    /// already; returns whether it started one.
+    pub fn start(&self, node: Arc<Node>, job: MoveJob) -> bool {
+        let mut running = self.running.lock().expect("drivers lock");
+        running.retain(|_, task| !task.is_finished());
+        if running.contains_key(&job.operation_id) {
+            return false;
+        }
+        let operation_id = job.operation_id.clone();
+        running.insert(operation_id, tokio::spawn(drive(node, job)));
+        true
+    }
+
+    /// Stops every driver (node shutdown). A stopped driver's move stays
+    /// running in the registry; the watchdog of the registry leader's node
+    /// resumes it.
+    pub fn stop_all(&self) {
+        for (_, task) in self.running.lock().expect("drivers lock").drain() {
+            task.abort();
+        }
+    }
+}
+
+/// The job of a running move operation, from the local registry replica.
+fn job_of(node: &Node, op: &Operation, begin_index: u64) -> Option<MoveJob> {
+    let record = node.registry().tenant(&op.tenant_id)?;
+    match &record.state {
+        TenantState::Moving { operation_id, .. } if operation_id == &op.operation_id => {
+            Some(MoveJob {
+                tenant_id: op.tenant_id.clone(),
+                from: op.from.clone(),
+                to: op.to.clone(),
+                operation_id: op.operation_id.clone(),
+                epoch: record.epoch,
+                begin_index,
+            })
+        }
+        _ => None,
+    }
+}
+
+/// The lease of a move's driver, and how often it is renewed.
+fn lease_ms(node: &Node) -> u64 {
+    node.config().move_driver_lease.as_millis() as u64
+}
+
+fn renew_every(node: &Node) -> Duration {
+    Duration::from_millis(lease_ms(node) / MOVE_DRIVER_RENEWALS_PER_LEASE)
+}
+
+/// On the registry leader's node: re-drives moves whose driver's lease expired
+/// (it may have died with its node, or stalled). The registry grants the lease
+/// to the successor only if it really expired by the leader's clock.
+pub async fn resume_stalled(node: Arc<Node>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(renew_every(&node)) => {}
+            _ = stop.changed() => return,
+        }
+        let registry = node.registry();
+        if registry.leader() != Some(registry.id()) {
+            continue;
+        }
+        let at = now().0;
+        let stalled: Vec<Operation> = registry.read(|s| {
+            s.operations
+                .values()
+                .filter(|op| !op.state.is_terminal())
+                .filter(|op| match s.drivers.get(&op.operation_id) {
+                    Some(lease) => lease.expires_at_ms <= at,
+                    // Never driven: its first driver may still be starting.
+                    None => at.saturating_sub(op.updated_at_ms) > lease_ms(&node),
+                })
+                .cloned()
+                .collect()
+        });
+        for op in stalled {
+            let Some(job) = job_of(&node, &op, registry.applied_index()) else {
+                continue;
+            };
+            if node.drivers.start(node.clone(), job) {
+                tracing::warn!(operation = %op.operation_id, tenant = %op.tenant_id, "taking over a move whose driver's lease expired");
+            }
+        }
+    }
+}
+
+/// Set in a node's environment (milliseconds), its drivers stall that long
+/// after the fence without renewing their lease: the one way tests make a
+/// driver that is alive but lost its lease.
+const FAULT_DRIVER_PAUSE_MS: &str = "KEYHOLD_FAULT_DRIVER_PAUSE_MS";
+
+/// A driver holding the lease of one move at `generation`.
+struct Driver<'a> {
+    node: &'a Node,
+    job: MoveJob,
+    generation: u64,
+    /// The registry entry that granted the lease.
+    lease_index: u64,
+    renewed: Instant,
+}
+
+/// Takes the move's lease; `None` when another driver holds it (or the move
+/// ended, or the registry cannot be written: the watchdog tries again).
+async fn acquire(node: &Node, job: MoveJob) -> Option<Driver<'_>> {
+    let request = Request::AcquireDriver {
+        operation_id: job.operation_id.clone(),
+        holder: node.registry().id(),
+        lease_ms: lease_ms(node),
+        now_ms: now().0,
+    };
+    let written = match node.registry().write(request).await {
+        Ok(written) => written,
+        Err(e) => {
+            tracing::warn!(operation = %job.operation_id, error = %e, "driver lease not taken");
+            return None;
+        }
+    };
+    match written.response {
+        RegistryResponse::DriverLeased { lease } => {
+            if lease.generation > 1 {
+                metrics::counter!("keyhold_move_driver_takeovers_total").increment(1);
+            }
+            Some(Driver {
+                node,
+                job,
+                generation: lease.generation,
+                lease_index: written.log_index,
+                renewed: Instant::now(),
+            })
+        }
+        other => {
+            tracing::info!(operation = %job.operation_id, ?other, "another driver holds the move");
+            None
+        }
+    }
+}
+
+/// Drives one move to `done`, or aborts it, if it gets the move's lease.
+async fn drive(node: Arc<Node>, job: MoveJob) {
+    let Some(mut driver) = acquire(&node, job).await else {
+        return;
+    };
+    let started = Instant::now();
+    metrics::gauge!("keyhold_moves_running").increment(1.0);
+    let result = driver.copy().await;
+    let job = &driver.job;
+    if let Err(error) = &result {
+        tracing::error!(tenant = %job.tenant_id, from = %job.from, to = %job.to, error, "tenant move failed; aborting");
+        metrics::counter!("keyhold_moves_failed_total").increment(1);
+    }
+    let request = Request::FinishMove {
+        tenant_id: job.tenant_id.clone(),
+        operation_id: job.operation_id.clone(),
+        generation: driver.generation,
+        error: result.err(),
+        now_ms: now().0,
+    };
+    match node.registry().write(request).await {
+        Ok(written) => match written.response {
+            RegistryResponse::MoveUpdated { operation, .. } => {
+                // The tenant was fenced (503 tenant-moving) from BeginMove on.
+                metrics::histogram!("keyhold_move_fenced_seconds")
+                    .record(started.elapsed().as_secs_f64());
+                if operation.state == OperationState::Done {
+                    metrics::histogram!("keyhold_move_duration_seconds")
+                        .record(started.elapsed().as_secs_f64());
+                    tracing::info!(tenant = %job.tenant_id, from = %job.from, to = %job.to, "tenant moved");
+                }
+            }
+            RegistryResponse::Rejected { reason } => {
+                // Another driver took the move over (or finished it): this
+                // one's work is void, and it must not report success.
+                metrics::counter!("keyhold_move_driver_superseded_total").increment(1);
+                tracing::error!(tenant = %job.tenant_id, %reason, "the registry refused to finish the move");
+            }
+            other => {
+                tracing::error!(tenant = %job.tenant_id, ?other, "unexpected registry answer")
+            }
+        },
+        // The operation stays running; the watchdog resumes it once the
+        // lease expired.
+        Err(e) => {
+            tracing::error!(tenant = %job.tenant_id, error = %e, "move not finished in the registry")
+        }
+    }
+    metrics::gauge!("keyhold_moves_running").decrement(1.0);
+}
+
+/// One call to another node with the node credential; non-2xx is an error.
+async fn call(
+    node: &Node,
+    builder: reqwest::RequestBuilder,
+    timeout_ms: u64,
+) -> Result<reqwest::Response, String> {
+    let response = builder
+        .header(NODE_CREDENTIAL_HEADER, node.credentials().current())
+        .timeout(Duration::from_millis(timeout_ms))
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    if response.status().is_success() {
+        return Ok(response);
+    }
+    let status = response.status();
+    let text = response.text().await.unwrap_or_default();
+    Err(format!("{status}: {text}"))
+}
+
+impl Driver<'_> {
+    /// Reports progress and renews the lease; a refusal means this driver lost
+    /// the lease (a successor took over) or the move ended, which stops it.
+    async fn report(&mut self, fraction: f64) -> Result<(), String> {
+        let request = Request::ReportMove {
+            operation_id: self.job.operation_id.clone(),
+            generation: self.generation,
+            progress: fraction.clamp(0.0, 0.99),
+            lease_ms: lease_ms(self.node),
+            now_ms: now().0,
+        };
+        match self.node.registry().write(request).await {
+            Ok(written) => match written.response.rejection() {
+                Some(reason @ Rejection::NotDriver { .. }) => {
+                    Err(format!("this driver lost the lease: {reason}"))
+                }
+                Some(reason) => Err(format!("the operation ended: {reason}")),
+                None => {
+                    self.renewed = Instant::now();
+                    Ok(())
+                }
+            },
+            Err(e) => {
+                tracing::warn!(operation = %self.job.operation_id, error = %e, "progress not recorded");
+                Ok(())
+            }
+        }
+    }
+
+    async fn copy(&mut self) -> Result<(), String> {
+        self.report(0.0).await?;
+        let node = self.node;
+        let job = self.job.clone();
+        let (_, old) = node
+            .store_node_of(&job.from)
+            .ok_or(format!("no node of region {}", job.from))?;
+        let (_, new) = node
+            .store_node_of(&job.to)
+            .ok_or(format!("no node of region {}", job.to))?;
+        let (t, op, epoch) = (&job.tenant_id, &job.operation_id, job.epoch);
+        // The lease was granted after the move began: waiting for it covers both.
+        let scope = format!(
+            "operation_id={op}&epoch={epoch}&generation={}&registry_index={}",
+            self.generation,
+            self.lease_index.max(job.begin_index)
+        );
+        let fence_url = format!(
+            "http://{}/internal/v1/moves/{t}/fence?{scope}",
+            old.api_addr
+        );
+        // Fencing includes letting the old home's relay deliver the tenant's events.
+        let fence = call(
+            node,
+            node.http().post(fence_url),
+            MOVE_DRAIN_WAIT_MS + MOVE_CALL_TIMEOUT_MS,
+        );
+        let fenced: serde_json::Value = self
+            .alive_while(fence)
+            .await?
+            .json()
+            .await
+            .map_err(|e| e.to_string())?;
+        if let Some(ms) = std::env::var(FAULT_DRIVER_PAUSE_MS)
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+        {
+            tracing::error!("{FAULT_DRIVER_PAUSE_MS} is set: stalling {ms} ms without renewing");
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+        let estimate = fenced["entries"].as_u64().unwrap_or(0).max(1) as f64;
+        let import_url = format!(
+            "http://{}/internal/v1/moves/{t}/import?{scope}",
+            new.api_addr
+        );
+        let mut cursor: Option<String> = None;
+        let (mut copied, mut pages) = (0u64, 0u64);
+        loop {
+            let mut url = format!(
+                "http://{}/internal/v1/moves/{t}/export?bytes_max={MOVE_PAGE_BYTES_MAX}",
+                old.api_addr
+            );
+            if let Some(c) = &cursor {
+                url.push_str("&after=");
+                url.push_str(c);
+            }
+            let page = call(node, node.http().get(url), MOVE_CALL_TIMEOUT_MS).await?;
+            let next = page
+                .headers()
+                .get(NEXT_CURSOR)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            let bytes = page.bytes().await.map_err(|e| e.to_string())?;
+            let imported: serde_json::Value = call(
+                node,
+                node.http().post(&import_url).body(bytes),
+                MOVE_CALL_TIMEOUT_MS,
+            )
+            .await?
+            .json()
+            .await
+            .map_err(|e| e.to_string())?;
+            copied += imported["imported"].as_u64().unwrap_or(0);
+            pages += 1;
+            // A registry write per page would cost a Raft round trip each; the
+            // lease is renewed in time either way.
+            if pages.is_multiple_of(MOVE_PROGRESS_EVERY_PAGES)
+                || self.renewed.elapsed() >= renew_every(node)
+            {
+                self.report(copied as f64 / estimate).await?;
+            }
+            match next {
+                Some(c) => cursor = Some(c),
+                None => break,
+            }
+        }
+        tracing::info!(tenant = %t, copied, pages, "tenant data copied");
+        Ok(())
+    }
+
+    /// Runs `step`, renewing the lease meanwhile, so that no successor takes over
+    /// while it runs.
+    async fn alive_while<T>(
+        &mut self,
+        step: impl std::future::Future<Output = Result<T, String>>,
+    ) -> Result<T, String> {
+        tokio::pin!(step);
+        loop {
+            tokio::select! {
+                out = &mut step => return out,
+                _ = tokio::time::sleep(renew_every(self.node)) => self.report(0.0).await?,
+            }
+        }
+    }
+}

@@ -1,0 +1,494 @@
+//! End-to-end tests of planned moves and of the inter-node boundary they rely on
+//! (contract section 8, last two bullets), against the real binary: inter-node
+//! endpoints (Raft, move copy) refuse every caller without the cluster's node
+//! credential and change nothing; a client's `Keyhold-Epoch` has no effect; an
+//! old export page replayed after a move is refused; a tenant with large claim
+//! responses moves; an old home killed right after fencing, whose move was
+//! aborted meanwhile, serves the tenant again after its restart; of two racing
+//! drivers exactly one wins and the new home's content equals the old one's.
+
+mod common;
+
+use common::{assert_order, order_body, unique, Cluster, ServeCluster};
+use serde_json::{json, Value};
+use std::time::Duration;
+
+const REGIONS: [&str; 3] = ["a", "b", "c"];
+
+/// A raw answer from a listener that is not an API node (no common checks).
+fn raw(rb: reqwest::blocking::RequestBuilder) -> (u16, String, String) {
+    let r = rb.send().expect("the listener answers");
+    let status = r.status().as_u16();
+    let content_type = r
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    (status, content_type, r.text().unwrap_or_default())
+}
+
+/// Inter-node (1): Raft and move endpoints answer 401 `unauthenticated` to the
+/// admin token, a tenant token, no credential and a wrong one; nothing changes
+/// (the tenant still executes, the registry still has its leader and tenants);
+/// the right credential opens them. A client's `Keyhold-Epoch` is ignored.
+#[test]
+fn inter_node_endpoints_need_the_node_credential() {
+    let cluster = Cluster::start("a,b,c", &[]);
+    let admin = cluster.info.admin_token.clone();
+    let tenant = cluster.tenant("a");
+    let credential = std::fs::read_to_string(cluster.data_dir().join("node-credential"))
+        .expect("keyhold up keeps the node credential in its data dir")
+        .trim()
+        .to_owned();
+    assert!(credential.len() >= 32);
+    assert_ne!(credential, admin);
+    let http = reqwest::blocking::Client::new();
+    let tenants_before = cluster.api("b").get(
+        &format!("/admin/v1/tenants/{}", tenant.tenant_id),
+        Some(&admin),
+    );
+    tenants_before.assert_status(200);
+
+    let wrong = "wrong-node-credential-0123456789abcdef";
+    type Caller<'a> = (
+        &'a str,
+        Box<dyn Fn(reqwest::blocking::RequestBuilder) -> reqwest::blocking::RequestBuilder + 'a>,
+    );
+    let callers: Vec<Caller> = vec![
+        ("nobody", Box::new(|rb| rb)),
+        ("the admin token", Box::new(|rb| rb.bearer_auth(&admin))),
+        (
+            "a tenant token",
+            Box::new(|rb| rb.bearer_auth(&tenant.token)),
+        ),
+        (
+            "a wrong credential",
+            Box::new(|rb| rb.header("keyhold-node-credential", wrong)),
+        ),
+        (
+            "the admin token as credential",
+            Box::new(|rb| rb.header("keyhold-node-credential", &admin)),
+        ),
+    ];
+    let t = &tenant.tenant_id;
+    for (i, region) in REGIONS.iter().enumerate() {
+        let raft = format!(
+            "http://127.0.0.1:{}",
+            cluster.base_port + common::RAFT_PORT_OFFSET + i as u16
+        );
+        let api = cluster.region(region).api_url.clone();
+        for (who, with) in &callers {
+            for rpc in ["append", "vote", "snapshot", "write"] {
+                let url = format!("{raft}/raft/registry/{rpc}");
+                let (status, content_type, body) = raw(with(http.post(url)).body(vec![0u8; 8]));
+                assert_eq!(status, 401, "{rpc} on {region} from {who}: {body}");
+                assert_eq!(content_type, "application/problem+json");
+                assert!(body.contains("/problems/unauthenticated"), "{body}");
+            }
+            let internal = [
+                http.post(format!(
+                    "{api}/internal/v1/moves/{t}/fence?registry_index=0"
+                )),
+                http.get(format!(
+                    "{api}/internal/v1/moves/{t}/export?max=10&bytes_max=65536"
+                )),
+                http.post(format!("{api}/internal/v1/moves/{t}/import"))
+                    .body(vec![0u8]),
+            ];
+            for rb in internal {
+                let api = cluster.api(region);
+                let r = api.send(with(rb));
+                r.assert_problem(401, "unauthenticated");
+            }
+        }
+    }
+    // Nothing changed: the tenant is still active at home, and executes there.
+    let after = cluster
+        .api("b")
+        .get(&format!("/admin/v1/tenants/{t}"), Some(&admin));
+    assert_eq!(after.json(), tenants_before.json());
+    let coid = unique("co");
+    let r = cluster
+        .api("a")
+        .create_order(&tenant.token, &unique("k"), &order_body(&coid, 7));
+    assert_order(&r, 201, &coid, 7);
+
+    // The right credential opens an internal endpoint (export reads only).
+    let api = cluster.region("a").api_url.clone();
+    let (status, _, _) = raw(http
+        .get(format!(
+            "{api}/internal/v1/moves/{t}/export?max=10&bytes_max=65536"
+        ))
+        .header("keyhold-node-credential", &credential));
+    assert_eq!(status, 200);
+
+    // A client's Keyhold-Epoch changes nothing: sent to the home or to another
+    // region, with any value, the order is placed and executed as usual.
+    for via in REGIONS {
+        for epoch in ["0", "1", "99"] {
+            let coid = unique("co");
+            let api = cluster.api(via).expecting("a");
+            let rb = api
+                .order_rb(&tenant.token, &unique("k"), &order_body(&coid, 8))
+                .header("keyhold-epoch", epoch);
+            let r = api.send(rb);
+            assert_order(&r, 201, &coid, 8);
+        }
+        // A wrong credential on a tenant route is refused, never trusted.
+        let api = cluster.api(via);
+        let rb = api
+            .order_rb(&tenant.token, &unique("k"), &order_body(&unique("co"), 9))
+            .header("keyhold-epoch", "1")
+            .header("keyhold-node-credential", wrong);
+        api.send(rb).assert_problem(401, "unauthenticated");
+    }
+}
+
+/// `POST /admin/v1/tenants/{id}/move` that must be accepted; the operation id.
+#[track_caller]
+fn start_move(api: &common::Api, admin: &str, tenant_id: &str, to: &str) -> String {
+    let r = api.post_json(
+        &format!("/admin/v1/tenants/{tenant_id}/move"),
+        Some(admin),
+        &serde_json::json!({ "to": to }).to_string(),
+    );
+    r.assert_status(202);
+    r.json()["operation_id"]
+        .as_str()
+        .expect("operation_id")
+        .to_owned()
+}
+
+/// Polls the operation until it is `done` or `failed`; returns its last view.
+fn wait_finished(api: &common::Api, admin: &str, op: &str, timeout: Duration) -> Value {
+    common::poll(timeout, &format!("operation {op} to finish"), || {
+        let r = api.get(&format!("/admin/v1/operations/{op}"), Some(admin));
+        r.assert_status(200);
+        let j = r.json();
+        matches!(j["state"].as_str(), Some("done" | "failed")).then_some(j)
+    })
+}
+
+/// The node credential `keyhold up` keeps in its data dir.
+fn node_credential(cluster: &Cluster) -> String {
+    std::fs::read_to_string(cluster.data_dir().join("node-credential"))
+        .expect("keyhold up keeps the node credential in its data dir")
+        .trim()
+        .to_owned()
+}
+
+/// Every page of a tenant's export from one node (with the node credential).
+fn export_pages(api_url: &str, credential: &str, tenant_id: &str) -> Vec<Vec<u8>> {
+    let http = reqwest::blocking::Client::new();
+    let mut pages = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let mut url = format!("{api_url}/internal/v1/moves/{tenant_id}/export?bytes_max=65536");
+        if let Some(a) = &after {
+            url.push_str(&format!("&after={a}"));
+        }
+        let r = http
+            .get(url)
+            .header("keyhold-node-credential", credential)
+            .send()
+            .expect("export answers");
+        assert_eq!(r.status().as_u16(), 200);
+        let next = r
+            .headers()
+            .get("keyhold-next-cursor")
+            .map(|v| v.to_str().expect("hex").to_owned());
+        pages.push(r.bytes().expect("page").to_vec());
+        match next {
+            Some(n) => after = Some(n),
+            None => return pages,
+        }
+    }
+}
+
+fn claim_body(key: &str, fingerprint: &str) -> String {
+    json!({"operation": "POST:/v1/payments", "key": key, "fingerprint": fingerprint, "lease_ms": 3_600_000})
+        .to_string()
+}
+
+fn complete_body(key: &str, owner_token: &str, body: Value) -> String {
+    json!({
+        "operation": "POST:/v1/payments", "key": key, "owner_token": owner_token,
+        "outcome": "SUCCEEDED",
+        "response": {"status": 201, "headers": {}, "body": body},
+        "resource_id": key,
+    })
+    .to_string()
+}
+
+/// Moves (1): an export page of the old home, replayed to the new home's import
+/// after the move finished (a stale driver's late import), is refused with 409
+/// and changes nothing: a claim completed at the new home stays completed. On
+/// the old code the import took the page and put the claim back to PROCESSING
+/// (review defect 2).
+#[test]
+fn an_old_page_replayed_after_the_move_is_refused_and_changes_nothing() {
+    let cluster = Cluster::start("a,b,c", &[]);
+    let admin = cluster.info.admin_token.clone();
+    let credential = node_credential(&cluster);
+    let tenant = cluster.create_tenant("a", json!({}));
+    let t = tenant.tenant_id.clone();
+    let key = unique("job");
+    let r = cluster
+        .api("a")
+        .post_json("/v1/claims", Some(&tenant.token), &claim_body(&key, "fp"));
+    r.assert_status(201);
+    let owner = r.json()["owner_token"].as_str().expect("owner").to_owned();
+    let coid = unique("co");
+    let order_key = unique("k");
+    let first = cluster
+        .api("a")
+        .create_order(&tenant.token, &order_key, &order_body(&coid, 5));
+    assert_order(&first, 201, &coid, 5);
+
+    let op = start_move(&cluster.api("b"), &admin, &t, "b");
+    let done = wait_finished(&cluster.api("b"), &admin, &op, Duration::from_secs(30));
+    assert_eq!(done["state"], "done", "{done}");
+    // The old home still holds the tenant as it was when fenced.
+    let pages = export_pages(&cluster.region("a").api_url, &credential, &t);
+    // At the new home, the claim's owner completes it.
+    let b = cluster.api("b");
+    b.post_json(
+        "/v1/claims/complete",
+        Some(&tenant.token),
+        &complete_body(&key, &owner, json!({"paid": true})),
+    )
+    .assert_status(200);
+
+    // The replayed pages, with the node credential and the finished move's scope.
+    let http = reqwest::blocking::Client::new();
+    let import = format!(
+        "{}/internal/v1/moves/{t}/import?operation_id={op}&epoch=1&generation=1&registry_index=0",
+        cluster.region("b").api_url
+    );
+    for page in pages {
+        let r = b.send(
+            http.post(&import)
+                .header("keyhold-node-credential", &credential)
+                .body(page),
+        );
+        r.assert_problem(409, "conflict");
+    }
+    // Nothing changed: the claim replays completed, the order replays, at b.
+    let replay = b.post_json("/v1/claims", Some(&tenant.token), &claim_body(&key, "fp"));
+    replay.assert_status(200);
+    assert_eq!(replay.json()["state"], "SUCCEEDED");
+    assert_eq!(replay.json()["response"]["body"], json!({"paid": true}));
+    let again = b
+        .expecting("b")
+        .create_order(&tenant.token, &order_key, &order_body(&coid, 5));
+    assert_eq!((again.status, &again.body), (201, &first.body));
+}
+
+/// Moves (2): a tenant with 1,100 claims holding 60 KiB responses (more than
+/// 64 MiB in all) moves: pages are sized by bytes, and every response replays
+/// byte-identically from the new home. On the old code a 2,000-entry page
+/// exceeded the 64 MiB import limit, the import answered 413 and the move
+/// failed (review defect 5).
+#[test]
+fn a_tenant_with_large_claim_responses_moves() {
+    let cluster = Cluster::start("a,b,c", &[]);
+    let admin = cluster.info.admin_token.clone();
+    let tenant = cluster.tenant("a");
+    const CLAIMS: usize = 1_100;
+    const THREADS: usize = 8;
+    let filler = "x".repeat(60 * 1024);
+    let prefix = unique("big");
+    std::thread::scope(|s| {
+        for th in 0..THREADS {
+            let (api, tenant, filler, prefix) = (cluster.api("a"), &tenant, &filler, &prefix);
+            s.spawn(move || {
+                for i in (th..CLAIMS).step_by(THREADS) {
+                    let key = format!("{prefix}-{i}");
+                    let r =
+                        api.post_json("/v1/claims", Some(&tenant.token), &claim_body(&key, "fp"));
+                    r.assert_status(201);
+                    let owner = r.json()["owner_token"].as_str().expect("owner").to_owned();
+                    let body = json!({"i": i, "filler": filler});
+                    api.post_json(
+                        "/v1/claims/complete",
+                        Some(&tenant.token),
+                        &complete_body(&key, &owner, body),
+                    )
+                    .assert_status(200);
+                }
+            });
+        }
+    });
+    let op = start_move(&cluster.api("c"), &admin, &tenant.tenant_id, "b");
+    let done = wait_finished(&cluster.api("c"), &admin, &op, Duration::from_secs(120));
+    assert_eq!(done["state"], "done", "{done}");
+    let b = cluster.api("b");
+    for i in (0..CLAIMS).step_by(37).chain([CLAIMS - 1]) {
+        let key = format!("{prefix}-{i}");
+        let r = b.post_json("/v1/claims", Some(&tenant.token), &claim_body(&key, "fp"));
+        r.assert_status(200);
+        let j = r.json();
+        assert_eq!(j["state"], "SUCCEEDED");
+        assert_eq!(j["response"]["body"], json!({"i": i, "filler": filler}));
+    }
+}
+
+/// Moves (3): the old home dies right after its store fenced the tenant (the
+/// fault hook aborts the process there), so the driver aborts the move while
+/// the old home is down. Restarted, the old home lifts its own fence from the
+/// registry (the move ended, it owns the tenant at a later epoch): the tenant
+/// gets 201 again through every node, with no manual step. On the old code the
+/// fence was lifted by one HTTP call to the dead node, and the tenant answered
+/// 503 `tenant-moving` forever (review defect 3).
+#[test]
+fn an_old_home_down_when_its_move_was_aborted_lifts_its_fence_after_restart() {
+    let mut sc = ServeCluster::start(&["a", "b", "c"], "");
+    let admin = sc.admin_token.clone();
+    let (a, b) = (sc.index("a"), sc.index("b"));
+    let tenant = sc.create_tenant(b, "a");
+    let coid = unique("co");
+    let key = unique("k");
+    let first = common::poll(Duration::from_secs(10), "the tenant on a", || {
+        let r = sc
+            .api(a)
+            .expecting("a")
+            .create_order(&tenant.token, &key, &order_body(&coid, 3));
+        (r.status == 201).then_some(r)
+    });
+    assert_order(&first, 201, &coid, 3);
+
+    sc.members[a]
+        .env
+        .push(("KEYHOLD_FAULT_ABORT_AFTER_FENCE".into(), "1".into()));
+    sc.kill9(a);
+    sc.restart(a);
+    sc.wait_ready(a, Duration::from_secs(20));
+    let op = start_move(&sc.api(b), &admin, &tenant.tenant_id, "b");
+    let finished = wait_finished(&sc.api(b), &admin, &op, Duration::from_secs(60));
+    assert_eq!(finished["state"], "failed", "{finished}");
+    assert!(sc.exited(a).is_some(), "the old home died after fencing");
+
+    // Back without the fault hook: no call lifts the fence; the node must.
+    sc.members[a].env.clear();
+    sc.kill9(a);
+    sc.restart(a);
+    sc.wait_ready(a, Duration::from_secs(20));
+    for via in [a, b, sc.index("c")] {
+        let api = sc.api(via).expecting("a");
+        let coid = unique("co");
+        let r = common::poll(
+            Duration::from_secs(10),
+            "the tenant served again after the aborted move",
+            || {
+                let r = api.create_order(&tenant.token, &unique("k"), &order_body(&coid, 4));
+                match r.status {
+                    201 => Some(r),
+                    503 => {
+                        r.assert_problem(503, "tenant-moving");
+                        None
+                    }
+                    _ => panic!("unexpected {} {}", r.status, r.text()),
+                }
+            },
+        );
+        assert_order(&r, 201, &coid, 4);
+    }
+    let again = sc
+        .api(b)
+        .expecting("a")
+        .create_order(&tenant.token, &key, &order_body(&coid, 3));
+    assert_eq!((again.status, &again.body), (201, &first.body));
+}
+
+/// The concatenated export pages of a tenant on one node (its stored content).
+fn content(api_url: &str, credential: &str, tenant_id: &str) -> Vec<u8> {
+    export_pages(api_url, credential, tenant_id).concat()
+}
+
+/// Moves (4): two drivers race. The node that accepted the move stalls after
+/// the fence without renewing its lease (fault hook), so the registry leader's
+/// node takes the move over once the lease expired and completes it; when the
+/// first driver wakes, its imports and its FinishMove are refused. Exactly one
+/// driver wins, and the new home's content equals the old home's.
+#[test]
+fn two_drivers_race_one_wins_and_the_new_home_equals_the_old() {
+    let mut sc = ServeCluster::start(&["a", "b", "c"], "move_driver_lease = \"2s\"");
+    let admin = sc.admin_token.clone();
+    let credential = sc.node_credential.clone();
+    let leader = common::poll(Duration::from_secs(10), "a registry leader", || {
+        sc.leader_seen_by(0)
+    });
+    let leader = sc.index_of_id(leader);
+    // The first driver runs on a node that is not the leader (whose watchdog
+    // takes over); the tenant moves from a to b.
+    let slow = (0..3).find(|&i| i != leader).expect("a follower");
+    let tenant = sc.create_tenant(slow, "a");
+    let (a, b) = (sc.index("a"), sc.index("b"));
+    let mut made = Vec::new();
+    for n in 0..20 {
+        let (key, coid) = (unique("k"), unique("co"));
+        let body = order_body(&coid, 100 + n);
+        let r = common::poll(Duration::from_secs(10), "the tenant on a", || {
+            let r = sc
+                .api(a)
+                .expecting("a")
+                .create_order(&tenant.token, &key, &body);
+            (r.status == 201).then_some(r)
+        });
+        made.push((key, body, r));
+    }
+    sc.members[slow]
+        .env
+        .push(("KEYHOLD_FAULT_DRIVER_PAUSE_MS".into(), "8000".into()));
+    sc.kill9(slow);
+    sc.restart(slow);
+    sc.wait_ready(slow, Duration::from_secs(20));
+    let op = start_move(&sc.api(slow), &admin, &tenant.tenant_id, "b");
+    let done = wait_finished(&sc.api(leader), &admin, &op, Duration::from_secs(60));
+    assert_eq!(done["state"], "done", "{done}");
+
+    // The first driver wakes (8 s after the fence) and is refused everywhere.
+    let superseded = || {
+        let r = sc.api(slow).get("/metrics", None);
+        r.text()
+            .lines()
+            .find(|l| l.starts_with("keyhold_move_driver_superseded_total"))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+    };
+    common::poll(
+        Duration::from_secs(30),
+        "the stale driver to be refused",
+        || superseded().filter(|n| *n >= 1.0),
+    );
+    let op_now = sc
+        .api(b)
+        .get(&format!("/admin/v1/operations/{op}"), Some(&admin));
+    assert_eq!(
+        op_now.json()["state"],
+        "done",
+        "the stale driver changed nothing"
+    );
+    let old = content(
+        &format!("http://{}", sc.members[a].api_addr),
+        &credential,
+        &tenant.tenant_id,
+    );
+    let new = content(
+        &format!("http://{}", sc.members[b].api_addr),
+        &credential,
+        &tenant.tenant_id,
+    );
+    assert!(!old.is_empty());
+    assert_eq!(
+        new, old,
+        "the new home holds exactly the old home's content"
+    );
+    for (key, body, first) in &made {
+        let again = sc
+            .api(leader)
+            .expecting("b")
+            .create_order(&tenant.token, key, body);
+        assert_eq!((again.status, &again.body), (201, &first.body));
+    }
+}
