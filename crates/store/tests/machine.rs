@@ -262,9 +262,11 @@ fn commands_round_trip_through_their_encoding() {
 fn a_length_prefix_claiming_too_much_is_refused_not_allocated() {
     let fence = Command::Fence {
         tenant: TenantId::parse("a").unwrap(),
+        operation_id: "op".into(),
+        epoch: 1,
     }
     .encode();
-    // [variant, 1, b'a']: the same variant with a tenant name of 2^62 bytes.
+    // [variant, 1, b'a', ...]: the same variant with a tenant name of 2^62 bytes.
     let mut huge = vec![fence[0], 0xfd];
     huge.extend_from_slice(&(1u64 << 62).to_le_bytes());
     assert!(Command::decode(&huge).is_err());
