@@ -351,6 +351,12 @@ fn the_cluster_page_and_the_admin_lists() {
     assert!(page.text().contains("keyhold cluster") && !page.text().contains(&admin));
     let redirect = b.send(b.get_rb("/admin"));
     assert_eq!(redirect.status, 200, "the redirect leads to the page");
+    // The demo page's view of the cluster: every region, no token needed.
+    let demo = b.get("/demo/cluster.json", None).json();
+    assert_eq!(
+        demo,
+        json!({"this_region": "b", "regions": [{"name": "a"}, {"name": "b"}]}),
+    );
     // The lists it polls.
     b.get("/admin/v1/tenants", None)
         .assert_problem(401, "unauthenticated");

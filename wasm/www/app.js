@@ -119,6 +119,8 @@ async function start() {
   $('token').value = localStorage.getItem(TOKEN_KEY) ?? '';
   const health = await fetch('/healthz');
   show('this-region', health.headers.get('Keyhold-Region'));
+  const cluster = await fetch('/demo/cluster.json').then((r) => (r.ok ? r.json() : null));
+  if (cluster) show('regions', cluster.regions.map((r) => r.name).join(', '));
   $('client_order_id').value = `demo-${Math.random().toString(36).slice(2, 10)}`;
   await loadFingerprinter();
   const pending = pendingIntents().filter((i) => i.attempts > 0);

@@ -7,15 +7,19 @@
 //! build). With `Config::demo_dir` (for working on the page) the folder is
 //! served instead: only plain file names (no dot-files, no `..`, nothing
 //! outside the folder, symlinks included). `/demo` redirects to `/demo/`.
+//! `/demo/cluster.json` tells the page which regions the cluster has (names
+//! only, from this node's registry replica), whichever folder is served.
 
 use crate::node::Node;
 use crate::problem::ApiError;
 use axum::extract::OriginalUri;
 use axum::http::{header, HeaderValue, Method, Uri};
 use axum::response::{IntoResponse, Redirect, Response};
-use axum::Router;
+use axum::routing::get;
+use axum::{Json, Router};
 use keyhold_core::Problem;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// Where the demo is mounted; `routes::router` nests [`service`] here.
 pub const MOUNT: &str = "/demo";
@@ -42,14 +46,39 @@ const EMBEDDED: [(&str, &[u8]); 5] = [
 ];
 
 /// The service to nest at [`MOUNT`].
-pub fn service(node: &Node) -> Router {
+pub fn service(node: &Arc<Node>) -> Router {
     let dir = node.config().demo_dir.clone();
-    Router::new().fallback(
-        move |method: Method, OriginalUri(original): OriginalUri, uri: Uri| {
-            let dir = dir.clone();
-            async move { serve(dir.as_deref(), &method, original.path(), uri.path()).await }
-        },
+    let cluster_node = node.clone();
+    Router::new()
+        .route(
+            "/cluster.json",
+            get(move || {
+                let node = cluster_node.clone();
+                async move { cluster(&node) }
+            }),
+        )
+        .fallback(
+            move |method: Method, OriginalUri(original): OriginalUri, uri: Uri| {
+                let dir = dir.clone();
+                async move { serve(dir.as_deref(), &method, original.path(), uri.path()).await }
+            },
+        )
+}
+
+/// The regions the page shows: names are no secret (every answer's
+/// `Keyhold-Region` carries one), addresses and tenants stay behind the admin API.
+fn cluster(node: &Node) -> Response {
+    let regions: Vec<_> = node
+        .registry()
+        .regions()
+        .into_iter()
+        .map(|r| serde_json::json!({ "name": r.name }))
+        .collect();
+    (
+        [(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"))],
+        Json(serde_json::json!({ "this_region": node.region(), "regions": regions })),
     )
+        .into_response()
 }
 
 async fn serve(dir: Option<&Path>, method: &Method, original: &str, inner: &str) -> Response {
