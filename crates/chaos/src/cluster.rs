@@ -1,15 +1,11 @@
 //! The cluster under test and the faults done to it: `keyhold up` started as a
-//! child process on a data dir and a free port range, killed with SIGKILL and
-//! started again on the same dir and ports.
-//!
-//! Today `up` runs every node in one process, so a kill takes the whole cluster
-//! down. [`Control`] names what the fault layer needs (kill a target, start
-//! it); `UpProcess` answers `Unsupported` for a single node until `up` runs
-//! nodes as processes with a control API, and the plan schedules only
-//! whole-cluster kills until then. Isolation (`Fault::Isolate`) will go
-//! through the same control API; today it answers `Unsupported` too.
+//! child process on a data dir and a free port range. The whole cluster is
+//! killed with SIGKILL (`up` and, with it, every node) and started again on the
+//! same dir and ports; single nodes are killed and started, and regions
+//! isolated and healed, through `up`'s control API. [`Control`] names what the
+//! fault layer needs.
 
-use crate::limits::{PORTS_PER_CLUSTER, READY_TIMEOUT_MS};
+use crate::limits::{CONTROL_TIMEOUT_MS, PORTS_PER_CLUSTER, READY_TIMEOUT_MS};
 use crate::plan::{ClusterOptions, KillTarget};
 use crate::Error;
 use serde::Deserialize;
@@ -24,7 +20,16 @@ pub struct ClusterFile {
     pub admin_token: String,
     pub regions: Vec<RegionEntry>,
     pub psp_url: String,
+    pub control_url: String,
     pub tenants: Vec<TenantEntry>,
+}
+
+/// A region's links to the others, as the fault layer sets them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Link {
+    /// Isolated: no connection between its nodes and other regions'.
+    Cut,
+    Healed,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -51,6 +56,12 @@ pub trait Control {
     fn start(
         &mut self,
         target: KillTarget,
+    ) -> impl std::future::Future<Output = Result<(), Error>> + Send;
+    /// Cut region `REGIONS[region]` off from the others, or heal it.
+    fn isolate(
+        &mut self,
+        region: usize,
+        link: Link,
     ) -> impl std::future::Future<Output = Result<(), Error>> + Send;
 }
 
@@ -172,6 +183,27 @@ impl UpProcess {
         }
     }
 
+    /// `POST` to the control API; it answers 200 once the change is done.
+    async fn control(&self, path: &str) -> Result<(), Error> {
+        let info = self.info()?;
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_millis(CONTROL_TIMEOUT_MS))
+            .build()?;
+        let answer = http
+            .post(format!("{}{path}", info.control_url))
+            .bearer_auth(&info.admin_token)
+            .send()
+            .await?;
+        let status = answer.status();
+        if status.is_success() {
+            return Ok(());
+        }
+        let body = answer.text().await.unwrap_or_default();
+        Err(Error::Cluster(format!(
+            "control API {path}: {status} {body}"
+        )))
+    }
+
     /// Stops the cluster for good: SIGKILL (the run's verdict is already in).
     pub async fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -187,18 +219,23 @@ impl Control for UpProcess {
                 self.stop().await;
                 Ok(())
             }
-            KillTarget::Node(id) => Err(Error::Unsupported(format!(
-                "kill node {id}: `keyhold up` runs every node in one process"
-            ))),
+            KillTarget::Node(id) => self.control(&format!("/v1/nodes/{id}/kill")).await,
         }
     }
 
     async fn start(&mut self, target: KillTarget) -> Result<(), Error> {
         match target {
             KillTarget::Cluster => self.boot().await,
-            KillTarget::Node(id) => Err(Error::Unsupported(format!(
-                "start node {id}: `keyhold up` runs every node in one process"
-            ))),
+            KillTarget::Node(id) => self.control(&format!("/v1/nodes/{id}/start")).await,
         }
+    }
+
+    async fn isolate(&mut self, region: usize, link: Link) -> Result<(), Error> {
+        let action = match link {
+            Link::Cut => "isolate",
+            Link::Healed => "heal",
+        };
+        let name = crate::plan::REGIONS[region];
+        self.control(&format!("/v1/regions/{name}/{action}")).await
     }
 }
