@@ -123,6 +123,60 @@ pub enum Command {
     /// resume (after an aborted move) or start (after a completed one). Every
     /// fence or import of an earlier epoch is over, and refused from now on.
     Own { tenant: TenantId, epoch: u64 },
+    /// A move under `operation_id` at `epoch` starts copying the tenant away
+    /// while this store still executes for it: from now on every write or
+    /// deletion of one of the tenant's movable entries also notes the key in the
+    /// tenant's change index, in the same atomic batch, so that the move's
+    /// final pass copies only what changed. Repeating it keeps the index.
+    /// Refused (a value, nothing changes) when the store's guard belongs to a
+    /// later epoch or is another move's.
+    TrackChanges {
+        tenant: TenantId,
+        operation_id: String,
+        epoch: u64,
+    },
+    /// The tenant's move `operation_id` ended: stop tracking its changes and
+    /// delete up to `entries_max` entries of its change index. Repeat until
+    /// `Erased { more: false }`. Tracking for another move is left alone.
+    EndTracking {
+        tenant: TenantId,
+        operation_id: String,
+        entries_max: u32,
+    },
+    /// `Import`, for the final pass of a move: writes `entries` and deletes the
+    /// tenant's entries `removed` (deleted at the old home since the first pass).
+    ImportChanges {
+        tenant: TenantId,
+        operation_id: String,
+        epoch: u64,
+        page: ChangePage,
+    },
+}
+
+/// The move whose copy a store tracks a tenant's changes for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tracking {
+    pub operation_id: String,
+    pub epoch: u64,
+}
+
+/// One page of a move's final pass: the tenant's entries changed since the
+/// first pass began, as they are now, and the keys of those deleted meanwhile.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChangePage {
+    pub entries: Vec<ExportEntry>,
+    pub removed: Vec<Vec<u8>>,
+}
+
+impl ChangePage {
+    /// The wire form (bincode 2, standard config).
+    pub fn encode(&self) -> Vec<u8> {
+        crate::codec::encode_plain(self)
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<ChangePage, crate::Error> {
+        crate::codec::decode_plain(bytes)
+    }
 }
 
 /// Where a region store stands with one tenant, by epoch (the registry's count of
@@ -152,8 +206,8 @@ impl TenantGuard {
     }
 }
 
-/// The answer to `Fence`, `Import` and `Own`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The answer to `Fence`, `Import`, `ImportChanges`, `Own` and `TrackChanges`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum GuardOutcome {
     /// Took effect (or already had): the tenant's guard is now `guard`;
     /// `imported` entries were written.
@@ -240,7 +294,7 @@ pub struct Cursor {
 }
 
 /// What became of an `AdvanceCursor`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum CursorOutcome {
     Advanced,
     /// The cursor is already at or past the sequence number.
@@ -249,7 +303,7 @@ pub enum CursorOutcome {
     Superseded,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ConsumeOutcome {
     /// The effect was written now.
     Applied,
@@ -257,7 +311,7 @@ pub enum ConsumeOutcome {
     Duplicate,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum OrderOutcome {
     Created {
         response: StoredResponse,
@@ -277,7 +331,7 @@ pub enum OrderOutcome {
     Fenced,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum ClaimOutcome {
     Acquired {
         token: OwnerToken,
@@ -294,7 +348,7 @@ pub enum ClaimOutcome {
     Fenced,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum CompleteOutcome {
     Completed {
         state: RecordState,
@@ -307,14 +361,14 @@ pub enum CompleteOutcome {
     Fenced,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum HeartbeatOutcome {
     Extended { lease_expires_at: UnixMillis },
     Stale,
     Fenced,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct SweepOutcome {
     pub records: u64,
     pub markers: u64,
@@ -331,7 +385,7 @@ pub struct SweepOutcome {
 /// refusal in the write-ahead log (or, later, in a Raft log, where an apply error
 /// is fatal on every replica) never stops a restart. Errors of the store itself
 /// (I/O, a stored value that does not decode) stay `Error`s.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
 pub enum Rejection {
     /// An imported entry's payload does not decode as the kind its key names.
     #[error("imported entry {index} does not decode: {detail}")]
@@ -356,7 +410,7 @@ pub enum Rejection {
 }
 
 /// What applying a command produced; one variant per command, plus `Rejected`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Applied {
     /// The command was refused and wrote nothing.
     Rejected(Rejection),
@@ -371,9 +425,10 @@ pub enum Applied {
     Replayed {
         events: u64,
     },
-    /// `Fence`, `Import` or `Own`.
+    /// `Fence`, `Import`, `ImportChanges`, `Own` or `TrackChanges`.
     Guard(GuardOutcome),
-    /// `EraseTenant` removed `entries`; `more` when it stopped at its limit.
+    /// `EraseTenant` or `EndTracking` removed `entries`; `more` when it
+    /// stopped at its limit.
     Erased {
         entries: u64,
         more: bool,

@@ -18,7 +18,6 @@ use common::{create, HOUR_MS, T0};
 use keyhold_core::TenantId;
 use keyhold_store::{Applied, Command, Error, OrderOutcome, Rejection, Store};
 use std::io::{BufRead, BufReader};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 const CHILD_DIR_ENV: &str = "CRASH_CHILD_DIR";
@@ -46,7 +45,10 @@ async fn crash_child_entry_point() {
     let scratch = tempfile::tempdir().unwrap();
     let source = Store::open(scratch.path()).unwrap();
     assert!(created(&source, create("k0", "c0", "fp", "ord_src", T0)).await);
-    let (entries, _) = source.export_tenant(&tenant("t1"), None, 100).unwrap();
+    let (entries, _) = source
+        .export_tenant(&tenant("t1"), None, 100)
+        .await
+        .unwrap();
     let marker: Vec<_> = entries
         .iter()
         .filter(|e| e.key.first() == Some(&b'm'))
@@ -119,18 +121,7 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
 #[test]
 fn refused_commands_in_the_log_do_not_stop_a_restart() {
     let dir = tempfile::tempdir().unwrap();
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "crash_child_entry_point",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_DIR_ENV, dir.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
+    let mut child = common::spawn_child("crash_child_entry_point", CHILD_DIR_ENV, dir.path());
     let stdout = child.stdout.take().unwrap();
     let started = Instant::now();
     let mut acked = false;
