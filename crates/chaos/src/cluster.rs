@@ -5,7 +5,9 @@
 //! isolated and healed, through `up`'s control API. [`Control`] names what the
 //! fault layer needs.
 
-use crate::limits::{CONTROL_TIMEOUT_MS, PORTS_PER_CLUSTER, READY_TIMEOUT_MS};
+use crate::limits::{
+    BASE_PORT_END, BASE_PORT_MIN, CONTROL_TIMEOUT_MS, PORTS_PER_CLUSTER, READY_TIMEOUT_MS,
+};
 use crate::plan::{ClusterOptions, KillTarget};
 use crate::Error;
 use serde::Deserialize;
@@ -76,16 +78,19 @@ pub struct UpProcess {
     pub info: Option<ClusterFile>,
 }
 
-/// A base port whose whole range binds on 127.0.0.1 now.
+/// A base port whose whole range binds on 127.0.0.1 now, below Linux's
+/// ephemeral ports (from 32768): an outgoing connection (a client's, a
+/// proxy's) can hold an ephemeral port as its local port for as long as it
+/// lives, and a restart of the cluster must bind every one of its ports again.
 fn free_base_port(salt: u64) -> Result<u16, Error> {
-    let span = 60_000 - 20_000 - PORTS_PER_CLUSTER as u64;
+    let span = u64::from(BASE_PORT_END) - u64::from(BASE_PORT_MIN) - PORTS_PER_CLUSTER as u64;
     let mut x = salt ^ u64::from(std::process::id()).rotate_left(17);
     for _ in 0..200 {
         // xorshift: a different range per try, spread by seed and process.
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
-        let base = 20_000 + (x % span) as u16;
+        let base = BASE_PORT_MIN + (x % span) as u16;
         let held: Result<Vec<TcpListener>, _> = (0..PORTS_PER_CLUSTER)
             .map(|i| TcpListener::bind(("127.0.0.1", base + i)))
             .collect();
@@ -93,7 +98,9 @@ fn free_base_port(salt: u64) -> Result<u16, Error> {
             return Ok(base);
         }
     }
-    Err(Error::Cluster("no free port range in 20000..60000".into()))
+    Err(Error::Cluster(format!(
+        "no free port range in {BASE_PORT_MIN}..{BASE_PORT_END}"
+    )))
 }
 
 impl UpProcess {

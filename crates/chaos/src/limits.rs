@@ -55,6 +55,12 @@ pub const SETTLE_WAIT_MS: u64 = 30_000;
 pub const HISTORY_OPS_MAX: usize = 100_000;
 /// Ports `keyhold up` uses from its base port.
 pub const PORTS_PER_CLUSTER: u16 = 50;
+/// Base ports are drawn from `BASE_PORT_MIN..BASE_PORT_END`, below Linux's
+/// default ephemeral range (32768-60999) so that no outgoing connection holds
+/// a cluster port when the cluster restarts.
+pub const BASE_PORT_MIN: u16 = 20_000;
+pub const BASE_PORT_END: u16 = 32_768;
+const _: () = assert!(BASE_PORT_MIN as u32 + PORTS_PER_CLUSTER as u32 <= BASE_PORT_END as u32);
 
 const _: () = assert!(FAULT_START_MS < TRAFFIC_MS);
 const _: () = assert!(STEPS_PER_CLIENT_MIN < STEPS_PER_CLIENT_MAX);
