@@ -44,9 +44,11 @@ pub const READY_TIMEOUT_MS: u64 = 60_000;
 pub const CONTROL_TIMEOUT_MS: u64 = 30_000;
 /// How long moves may take to end after the traffic. A move whose driver died
 /// in a kill is resumed by the restarted node that holds its lease as soon as
-/// the registry has a leader again, so a few seconds are plenty; a move that
-/// waits for its lease to expire (30 s) fails the seed.
-pub const MOVES_SETTLE_MS: u64 = 5_000;
+/// the registry has a leader again, so a few seconds are plenty on an idle
+/// machine; 15 s leaves room for a loaded CI machine (seed 1 took 5.2 s with a
+/// load average of 19) while a move that waits for its lease to expire (30 s)
+/// still fails the seed.
+pub const MOVES_SETTLE_MS: u64 = 15_000;
 pub const MOVES_POLL_MS: u64 = 250;
 /// How long the checker waits for downstream work to settle.
 pub const SETTLE_WAIT_MS: u64 = 30_000;
