@@ -445,6 +445,60 @@ fn restart_with_driver_pause(sc: &mut ServeCluster, i: usize, pause_ms: u64) {
     sc.wait_ready(i, Duration::from_secs(20));
 }
 
+/// Moves: a move whose accepting node dies before its driver took the lease
+/// (chaos seed 21: the cluster killed right after the 202). No node holds the
+/// lease, so no node resumes it as its own; the registry leader's node must
+/// start a driver after a short grace, not after a whole lease. Failed on the
+/// old code: the move waited `move_driver_lease` (30 s) from its start.
+#[test]
+fn a_move_never_leased_before_a_crash_is_driven_soon_after_the_restart() {
+    let mut sc = ServeCluster::start(&["a", "b", "c"], "move_driver_lease = \"30s\"");
+    let admin = sc.admin_token.clone();
+    let (a, b, c) = (sc.index("a"), sc.index("b"), sc.index("c"));
+    let tenant = sc.create_tenant(c, "a");
+    let made = orders_at(&sc, a, &tenant, 5);
+    sc.members[c].env.push((
+        "KEYHOLD_FAULT_DRIVER_START_DELAY_MS".into(),
+        "120000".into(),
+    ));
+    sc.kill9(c);
+    sc.restart(c);
+    sc.wait_ready(c, Duration::from_secs(20));
+    let op = start_move(&sc.api(c), &admin, &tenant.tenant_id, "b");
+    common::poll(Duration::from_secs(20), "the driver to wait", || {
+        sc.members[c]
+            .stderr_tail()
+            .contains("KEYHOLD_FAULT_DRIVER_START_DELAY_MS is set")
+            .then_some(())
+    });
+
+    sc.members[c].env.clear();
+    for i in [a, b, c] {
+        sc.kill9(i);
+    }
+    for i in [a, b, c] {
+        sc.restart(i);
+    }
+    for i in [a, b, c] {
+        sc.wait_ready(i, Duration::from_secs(30));
+    }
+    let back = std::time::Instant::now();
+    let done = wait_finished(&sc.api(b), &admin, &op, Duration::from_secs(60));
+    let took = back.elapsed();
+    assert_eq!(done["state"], "done", "{done}");
+    assert!(
+        took < Duration::from_secs(10),
+        "the move took {took:?} after the restart: it waited for a lease nobody held"
+    );
+    for (key, body, first) in &made {
+        let again = sc
+            .api(b)
+            .expecting("b")
+            .create_order(&tenant.token, key, body);
+        assert_eq!((again.status, &again.body), (201, &first.body));
+    }
+}
+
 /// The concatenated export pages of a tenant on one node (its stored content).
 fn content(api_url: &str, credential: &str, tenant_id: &str) -> Vec<u8> {
     export_pages(api_url, credential, tenant_id).concat()

@@ -43,7 +43,7 @@
 
 use crate::limits::{
     MOVE_CALL_TIMEOUT_MS, MOVE_DRAIN_WAIT_MS, MOVE_DRIVER_RENEWALS_PER_LEASE,
-    MOVE_PULL_CALL_TIMEOUT_MS, MOVE_RESUME_POLL_MS,
+    MOVE_PULL_CALL_TIMEOUT_MS, MOVE_RESUME_POLL_MS, MOVE_UNLEASED_GRACE_MS,
 };
 use crate::node::{now, Node};
 use crate::routes::Pass;
@@ -153,8 +153,15 @@ fn moves_to_drive(node: &Node, at_ms: u64) -> Vec<Operation> {
             .filter(|op| match s.drivers.get(&op.operation_id) {
                 Some(lease) if lease.holder == me => !node.drivers.is_running(&op.operation_id),
                 Some(lease) => leading && lease.expires_at_ms <= at_ms,
-                // Never driven: its first driver may still be starting.
-                None => leading && at_ms.saturating_sub(op.updated_at_ms) > lease_ms(node),
+                // Never leased: its first driver may still be starting on the
+                // node that accepted it, or died with that node before taking
+                // the lease. Past a short grace the leader's node starts one
+                // too; the registry grants the free lease to one of them.
+                None => {
+                    leading
+                        && at_ms.saturating_sub(op.updated_at_ms)
+                            > MOVE_UNLEASED_GRACE_MS.min(lease_ms(node))
+                }
             })
             .cloned()
             .collect()
@@ -203,9 +210,21 @@ struct Driver<'a> {
     fenced_at: Option<Instant>,
 }
 
+/// Set in a node's environment (milliseconds), its drivers wait that long
+/// before taking their lease: the one way tests make a node die between
+/// accepting a move and driving it.
+const FAULT_DRIVER_START_DELAY_MS: &str = "KEYHOLD_FAULT_DRIVER_START_DELAY_MS";
+
 /// Takes the move's lease; `None` when another driver holds it (or the move
 /// ended, or the registry cannot be written: the watchdog tries again).
 async fn acquire(node: &Node, job: MoveJob) -> Option<Driver<'_>> {
+    if let Some(ms) = std::env::var(FAULT_DRIVER_START_DELAY_MS)
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        tracing::error!("{FAULT_DRIVER_START_DELAY_MS} is set: waiting {ms} ms before the lease");
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
     let request = Request::AcquireDriver {
         operation_id: job.operation_id.clone(),
         holder: node.registry().id(),
