@@ -75,14 +75,6 @@ pub const NODE_CREDENTIAL_BYTES_MIN: usize = 32;
 /// `config::standard()`); bumped on any incompatible change to a stored type.
 pub const STORAGE_FORMAT_VERSION: u32 = 1;
 
-/// How long `store::open` keeps retrying a directory whose sled lock is still held by a
-/// just-dropped instance in the same process (its flusher thread exits asynchronously).
-pub const STORE_OPEN_LOCK_WAIT_MS: u64 = 10_000;
-
-/// Pause between those retries.
-pub const STORE_OPEN_LOCK_RETRY_MS: u64 = 20;
-
-const _: () = assert!(STORE_OPEN_LOCK_RETRY_MS * 10 <= STORE_OPEN_LOCK_WAIT_MS);
 const _: () = assert!(HEARTBEAT_INTERVAL_MS_DEFAULT * 3 <= ELECTION_TIMEOUT_MIN_MS_DEFAULT);
 // Several heartbeats are sent while one RPC may still be outstanding, so a single
 // slow round trip does not silence the leader.

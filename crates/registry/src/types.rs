@@ -1,54 +1,15 @@
 //! The openraft type configuration of the registry group and the aliases built on it:
-//! node ids, the `NodeInfo` every member carries in the Raft membership, and the
-//! concrete error and message types the rest of the crate names.
+//! the concrete error and message types the rest of the crate names. Node ids and the
+//! `NodeInfo` every member carries come from `keyhold-raftlog`, shared by every group.
 
-use std::fmt;
 // `declare_raft_types!` names `Cursor` unqualified as the default snapshot data type.
 use std::io::Cursor;
 
-use serde::{Deserialize, Serialize};
-
 use crate::state::{Request, Response};
 
-/// Identifies one member of the registry group; unique across all regions.
-pub type NodeId = u64;
-
-/// What the cluster knows about a member. It travels inside the Raft membership, so
-/// every replica can reach every other member and knows which region it serves.
-#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct NodeInfo {
-    /// Region the node serves (for example `eu-west`).
-    pub region: String,
-    /// `host:port` of the node's public API listener.
-    pub api_addr: String,
-    /// `host:port` of the node's Raft listener (where `raft_router` is mounted).
-    pub raft_addr: String,
-}
-
-impl NodeInfo {
-    /// Builds a `NodeInfo` from its three parts.
-    pub fn new(
-        region: impl Into<String>,
-        api_addr: impl Into<String>,
-        raft_addr: impl Into<String>,
-    ) -> Self {
-        Self {
-            region: region.into(),
-            api_addr: api_addr.into(),
-            raft_addr: raft_addr.into(),
-        }
-    }
-}
-
-impl fmt::Display for NodeInfo {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{{region: {}, api: {}, raft: {}}}",
-            self.region, self.api_addr, self.raft_addr
-        )
-    }
-}
+// The node identity is shared with the region groups (a node is a member of both
+// under the same id and addresses).
+pub use keyhold_raftlog::{NodeId, NodeInfo};
 
 openraft::declare_raft_types!(
     /// Type configuration of the registry Raft group.

@@ -96,6 +96,7 @@ impl Node {
             .no_proxy()
             .tcp_nodelay(true)
             .pool_max_idle_per_host(256)
+            .local_address(config.outbound_ip)
             .build()
             .map_err(|e| Error::Config(format!("cannot build the HTTP client: {e}")))?;
         let info = NodeInfo::new(

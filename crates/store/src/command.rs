@@ -207,7 +207,7 @@ impl TenantGuard {
 }
 
 /// The answer to `Fence`, `Import`, `ImportChanges`, `Own` and `TrackChanges`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum GuardOutcome {
     /// Took effect (or already had): the tenant's guard is now `guard`;
     /// `imported` entries were written.
@@ -294,7 +294,7 @@ pub struct Cursor {
 }
 
 /// What became of an `AdvanceCursor`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum CursorOutcome {
     Advanced,
     /// The cursor is already at or past the sequence number.
@@ -303,7 +303,7 @@ pub enum CursorOutcome {
     Superseded,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ConsumeOutcome {
     /// The effect was written now.
     Applied,
@@ -311,7 +311,7 @@ pub enum ConsumeOutcome {
     Duplicate,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum OrderOutcome {
     Created {
         response: StoredResponse,
@@ -331,7 +331,7 @@ pub enum OrderOutcome {
     Fenced,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum ClaimOutcome {
     Acquired {
         token: OwnerToken,
@@ -348,7 +348,7 @@ pub enum ClaimOutcome {
     Fenced,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum CompleteOutcome {
     Completed {
         state: RecordState,
@@ -361,14 +361,14 @@ pub enum CompleteOutcome {
     Fenced,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum HeartbeatOutcome {
     Extended { lease_expires_at: UnixMillis },
     Stale,
     Fenced,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct SweepOutcome {
     pub records: u64,
     pub markers: u64,
@@ -385,7 +385,7 @@ pub struct SweepOutcome {
 /// refusal in the write-ahead log (or, later, in a Raft log, where an apply error
 /// is fatal on every replica) never stops a restart. Errors of the store itself
 /// (I/O, a stored value that does not decode) stay `Error`s.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
 pub enum Rejection {
     /// An imported entry's payload does not decode as the kind its key names.
     #[error("imported entry {index} does not decode: {detail}")]
@@ -410,7 +410,7 @@ pub enum Rejection {
 }
 
 /// What applying a command produced; one variant per command, plus `Rejected`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Applied {
     /// The command was refused and wrote nothing.
     Rejected(Rejection),

@@ -21,6 +21,7 @@ mod commit;
 mod keys;
 pub mod limits;
 mod machine;
+pub mod raft;
 mod wal;
 
 pub use command::{
@@ -47,13 +48,19 @@ pub enum Error {
     Unavailable,
     #[error("the store's command queue is full")]
     Overloaded,
-    #[error("cannot start the apply thread: {0}")]
+    #[error("store I/O: {0}")]
     Io(std::io::Error),
     #[error("timed out waiting for durability")]
     DurableTimeout,
     /// The state machine refused the command; it wrote nothing.
     #[error("command refused: {0}")]
     Rejected(Rejection),
+    /// The region group's Raft log could not be opened.
+    #[error("raft log: {0}")]
+    RaftLog(#[from] keyhold_raftlog::Error),
+    /// Building, reading or installing a region snapshot failed.
+    #[error("snapshot: {0}")]
+    Snapshot(String),
 }
 
 struct Job {

@@ -27,6 +27,18 @@ pub const READ_DURABLE_WAIT_MS: u64 = 5_000;
 /// largest command the server builds: a move's import page (64 MiB body).
 pub const COMMAND_BYTES_MAX: usize = 128 * 1024 * 1024;
 
+/// Largest key or value a region snapshot file may hold; a length above it means a
+/// corrupt file and is refused before anything is allocated. Values are at most an
+/// imported payload, itself at most a command.
+pub const SNAPSHOT_ENTRY_BYTES_MAX: usize = COMMAND_BYTES_MAX;
+/// Buffer of the reader or writer of a snapshot file: building or installing a
+/// snapshot holds this, one entry and (installing) one batch in memory.
+pub const SNAPSHOT_IO_BUFFER_BYTES: usize = 1024 * 1024;
+/// An installing snapshot is written to the region tree in sled batches of about
+/// this many key and value bytes (one more entry may go over it).
+pub const SNAPSHOT_INSTALL_BATCH_BYTES_MAX: usize = 4 * 1024 * 1024;
+
 const _: () = assert!(BATCH_COMMANDS_MAX <= QUEUE_COMMANDS_MAX);
 const _: () = assert!(SWEEP_ENTRIES_MAX <= BATCH_COMMANDS_MAX);
 const _: () = assert!(ERASE_ENTRIES_MAX <= BATCH_COMMANDS_MAX);
+const _: () = assert!(SNAPSHOT_IO_BUFFER_BYTES <= SNAPSHOT_INSTALL_BATCH_BYTES_MAX);

@@ -93,18 +93,34 @@ impl Machine {
     /// with `Applied::Rejected` and writes nothing; `Err` is kept for failures of
     /// the store itself, so the same log always replays to the same state.
     pub fn apply(&self, command: &Command, batch_number: u64) -> Result<Applied, Error> {
+        let (applied, writes) = self.stage(command, batch_number)?;
+        if let Some(batch) = writes {
+            self.tree.apply_batch(batch)?;
+        }
+        Ok(applied)
+    }
+
+    /// Decides one command and returns its answer with its writes, not yet applied
+    /// (`None` when it writes nothing: fenced or refused). The Raft state machine
+    /// adds its last applied log id to the same batch, so that an entry's effect and
+    /// the record of having applied it reach the tree together.
+    pub fn stage(
+        &self,
+        command: &Command,
+        batch_number: u64,
+    ) -> Result<(Applied, Option<sled::Batch>), Error> {
         let mut w = Writes::new(batch_number);
         if let Some(fenced) = self.fenced(command)? {
-            return Ok(fenced);
+            return Ok((fenced, None));
         }
-        let applied = match self.decide(&mut w, command)? {
-            Ok(applied) => applied,
+        match self.decide(&mut w, command)? {
+            Ok(applied) => {
+                self.note_changes(&mut w)?;
+                Ok((applied, Some(w.batch)))
+            }
             // Nothing of a refused command reaches the tree.
-            Err(rejection) => return Ok(Applied::Rejected(rejection)),
-        };
-        self.note_changes(&mut w)?;
-        self.tree.apply_batch(w.batch)?;
-        Ok(applied)
+            Err(rejection) => Ok((Applied::Rejected(rejection), None)),
+        }
     }
 
     /// Adds to `w` a change index entry for each changed key of a tenant whose

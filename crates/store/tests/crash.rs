@@ -18,7 +18,6 @@ use common::{create, HOUR_MS, T0};
 use keyhold_core::TenantId;
 use keyhold_store::{Applied, Command, Error, OrderOutcome, Rejection, Store};
 use std::io::{BufRead, BufReader};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 const CHILD_DIR_ENV: &str = "CRASH_CHILD_DIR";
@@ -122,18 +121,7 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
 #[test]
 fn refused_commands_in_the_log_do_not_stop_a_restart() {
     let dir = tempfile::tempdir().unwrap();
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "crash_child_entry_point",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_DIR_ENV, dir.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
+    let mut child = common::spawn_child("crash_child_entry_point", CHILD_DIR_ENV, dir.path());
     let stdout = child.stdout.take().unwrap();
     let started = Instant::now();
     let mut acked = false;

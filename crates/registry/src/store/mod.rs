@@ -1,6 +1,6 @@
 //! The sled-backed storage of the registry group: one sled `Db` per registry replica
-//! holding the Raft log (`log.rs`) and the applied state machine with its snapshot
-//! (`state_machine.rs`). This module opens the database, checks its format version and
+//! holding the Raft log (`keyhold-raftlog`'s generic log store, in the trees below) and
+//! the applied state machine with its snapshot (`state_machine.rs`). This module opens the database, checks its format version and
 //! names the trees and keys; the layout is described in the crate README.
 //!
 //! Trees:
@@ -15,17 +15,21 @@
 // returning it directly are clearer than boxing and unboxing at every trait method.
 #![allow(clippy::result_large_err)]
 
-mod log;
 mod state_machine;
 
 use std::path::Path;
-use std::time::{Duration, Instant};
 
-pub use self::log::LogStore;
 pub use self::state_machine::StateMachineStore;
+use keyhold_raftlog::LogTrees;
+
 use crate::codec;
-use crate::limits::{STORAGE_FORMAT_VERSION, STORE_OPEN_LOCK_RETRY_MS, STORE_OPEN_LOCK_WAIT_MS};
+use crate::limits::STORAGE_FORMAT_VERSION;
+use crate::types::TypeConfig;
 use crate::Error;
+
+/// The registry's Raft log: the shared sled log store in the trees `raft_log` and
+/// `raft_meta` of the registry's own `Db`.
+pub type LogStore = keyhold_raftlog::LogStore<TypeConfig>;
 
 pub(crate) const TREE_LOG: &str = "raft_log";
 pub(crate) const TREE_META: &str = "raft_meta";
@@ -40,28 +44,18 @@ const KEY_FORMAT: &[u8] = b"format";
 ///
 /// Blocking (call it from `spawn_blocking` in async code). If a previous instance in
 /// this process was just dropped, sled's flusher thread may still hold the directory
-/// lock for a moment; the open is retried for up to `STORE_OPEN_LOCK_WAIT_MS`.
+/// lock for a moment; `keyhold_raftlog::open_db` retries for a while.
 pub fn open(path: &Path) -> Result<(LogStore, StateMachineStore), Error> {
-    let db = open_db(path)?;
+    let db = keyhold_raftlog::open_db(&sled::Config::new().path(path))
+        .map_err(|e| Error::Storage(e.to_string()))?;
     check_format(&db)?;
-    let log = LogStore::new(&db)?;
+    let trees = LogTrees {
+        log: TREE_LOG.to_string(),
+        meta: TREE_META.to_string(),
+    };
+    let log = LogStore::open(&db, &trees).map_err(|e| Error::Storage(e.to_string()))?;
     let state_machine = StateMachineStore::new(&db)?;
     Ok((log, state_machine))
-}
-
-fn open_db(path: &Path) -> Result<sled::Db, Error> {
-    let deadline = Instant::now() + Duration::from_millis(STORE_OPEN_LOCK_WAIT_MS);
-    loop {
-        match sled::Config::new().path(path).open() {
-            Ok(db) => return Ok(db),
-            // Any I/O error while the deadline lasts: the lock shows up as
-            // WouldBlock, but a just-dropped instance may also still be closing files.
-            Err(sled::Error::Io(_)) if Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(STORE_OPEN_LOCK_RETRY_MS));
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
 }
 
 /// Stamps a new database with `STORAGE_FORMAT_VERSION` and refuses one written in
@@ -81,11 +75,6 @@ fn check_format(db: &sled::Db) -> Result<(), Error> {
             Ok(())
         }
     }
-}
-
-/// Big-endian key of a log index, so that key order is index order.
-pub(crate) fn index_key(index: u64) -> [u8; 8] {
-    index.to_be_bytes()
 }
 
 /// Decodes a stored value; a failure means corruption or a format mismatch.

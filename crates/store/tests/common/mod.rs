@@ -54,3 +54,16 @@ pub fn create(
         processed_ttl_ms: 48 * HOUR_MS,
     }
 }
+
+/// Re-runs this test binary as a child process that runs only the test `test`, with
+/// `env` set to `dir` (the child's cue to do its work) and its stdout piped to the
+/// caller, which reads the child's acknowledgements and then kills or reaps it.
+pub fn spawn_child(test: &str, env: &str, dir: &std::path::Path) -> std::process::Child {
+    std::process::Command::new(std::env::current_exe().expect("test binary"))
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(env, dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .expect("spawn child")
+}

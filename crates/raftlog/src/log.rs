@@ -1,34 +1,76 @@
-//! The Raft log store on sled (openraft's `RaftLogStorage`): entries keyed by big-endian
-//! index, plus the vote, the committed log id and the last purged log id. A vote or an
-//! append is acknowledged only after `flush_async` has made it durable, because openraft
-//! counts an acknowledged entry towards a quorum and an acknowledged vote towards an
-//! election; losing either on a crash could elect two leaders or lose a committed write.
+//! The Raft log store on sled (openraft's `RaftLogStorage`), generic over a group's
+//! type configuration: entries keyed by big-endian index, plus the vote, the committed
+//! log id and the last purged log id. A vote or an append is acknowledged only after
+//! `flush_async` has made it durable, because openraft counts an acknowledged entry
+//! towards a quorum and an acknowledged vote towards an election; losing either on a
+//! crash could elect two leaders or lose a committed write.
+
+// openraft's storage traits fix the error type (`StorageError`, > 200 bytes); helpers
+// returning it directly are clearer than boxing and unboxing at every trait method.
+#![allow(clippy::result_large_err)]
 
 use std::fmt::Debug;
+use std::marker::PhantomData;
 use std::ops::{Bound, RangeBounds};
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
-use openraft::{OptionalSend, RaftLogReader, StorageIOError};
+use openraft::{
+    LogId, OptionalSend, RaftLogId, RaftLogReader, RaftTypeConfig, StorageError, StorageIOError,
+    Vote,
+};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 use sled::Transactional;
 
-use super::{decode_value, index_key, TREE_LOG, TREE_META};
 use crate::codec;
-use crate::types::{Entry, LogId, StorageError, TypeConfig, Vote};
 
 const KEY_VOTE: &[u8] = b"vote";
 const KEY_COMMITTED: &[u8] = b"committed";
 const KEY_LAST_PURGED: &[u8] = b"last_purged";
 
-/// The registry's Raft log. Cloning is cheap and shares the same trees (openraft reads
+/// The names of the two trees one group's log occupies in a sled `Db`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogTrees {
+    /// 8-byte big-endian log index → encoded entry (big-endian so that sled's byte
+    /// order is log order).
+    pub log: String,
+    /// `vote`, `committed`, `last_purged` → encoded value. Other keys are the owner's
+    /// (the registry keeps its format version here).
+    pub meta: String,
+}
+
+impl LogTrees {
+    /// The trees of group `group` (for example `region-eu`): `{group}/raft_log` and
+    /// `{group}/raft_meta`, so that several groups can share one `Db`.
+    pub fn for_group(group: &str) -> Self {
+        Self {
+            log: format!("{group}/raft_log"),
+            meta: format!("{group}/raft_meta"),
+        }
+    }
+}
+
+/// One group's Raft log. Cloning is cheap and shares the same trees (openraft reads
 /// through a clone while the original keeps appending).
-#[derive(Clone)]
-pub struct LogStore {
+pub struct LogStore<C: RaftTypeConfig> {
     db: sled::Db,
     log: sled::Tree,
     meta: sled::Tree,
+    config: PhantomData<C>,
 }
 
-impl Debug for LogStore {
+impl<C: RaftTypeConfig> Clone for LogStore<C> {
+    fn clone(&self) -> Self {
+        Self {
+            db: self.db.clone(),
+            log: self.log.clone(),
+            meta: self.meta.clone(),
+            config: PhantomData,
+        }
+    }
+}
+
+impl<C: RaftTypeConfig> Debug for LogStore<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LogStore")
             .field("entries", &self.log.len())
@@ -36,30 +78,9 @@ impl Debug for LogStore {
     }
 }
 
-impl LogStore {
-    pub(crate) fn new(db: &sled::Db) -> Result<Self, sled::Error> {
-        Ok(Self {
-            db: db.clone(),
-            log: db.open_tree(TREE_LOG)?,
-            meta: db.open_tree(TREE_META)?,
-        })
-    }
-
-    fn read_meta<T: serde::de::DeserializeOwned>(
-        &self,
-        key: &[u8],
-    ) -> Result<Option<T>, StorageIOError<u64>> {
-        let Some(bytes) = self.meta.get(key).map_err(|e| StorageIOError::read(&e))? else {
-            return Ok(None);
-        };
-        decode_value(&bytes)
-            .map(Some)
-            .map_err(|e| StorageIOError::read(&e))
-    }
-
-    async fn flush(&self) -> Result<(), sled::Error> {
-        self.db.flush_async().await.map(|_| ())
-    }
+/// Big-endian key of a log index, so that key order is index order.
+fn index_key(index: u64) -> [u8; 8] {
+    index.to_be_bytes()
 }
 
 fn to_key_range<RB: RangeBounds<u64>>(range: &RB) -> (Bound<[u8; 8]>, Bound<[u8; 8]>) {
@@ -79,19 +100,60 @@ fn to_key_range<RB: RangeBounds<u64>>(range: &RB) -> (Bound<[u8; 8]>, Bound<[u8;
     (start, end)
 }
 
-impl RaftLogReader<TypeConfig> for LogStore {
+impl<C> LogStore<C>
+where
+    C: RaftTypeConfig,
+    C::Entry: Serialize + DeserializeOwned,
+{
+    /// Opens (or creates) the log of one group in `db` under `trees`.
+    pub fn open(db: &sled::Db, trees: &LogTrees) -> Result<Self, crate::Error> {
+        Ok(Self {
+            db: db.clone(),
+            log: db.open_tree(&trees.log)?,
+            meta: db.open_tree(&trees.meta)?,
+            config: PhantomData,
+        })
+    }
+
+    fn read_meta<T: DeserializeOwned>(
+        &self,
+        key: &[u8],
+    ) -> Result<Option<T>, StorageIOError<C::NodeId>> {
+        let Some(bytes) = self.meta.get(key).map_err(|e| StorageIOError::read(&e))? else {
+            return Ok(None);
+        };
+        codec::decode(&bytes)
+            .map(Some)
+            .map_err(|e| StorageIOError::read(&e))
+    }
+
+    fn decode_entry(bytes: &[u8]) -> Result<C::Entry, StorageIOError<C::NodeId>> {
+        codec::decode(bytes).map_err(|e| StorageIOError::read_logs(&e))
+    }
+
+    async fn flush(&self) -> Result<(), sled::Error> {
+        self.db.flush_async().await.map(|_| ())
+    }
+}
+
+impl<C> RaftLogReader<C> for LogStore<C>
+where
+    C: RaftTypeConfig,
+    C::Entry: Serialize + DeserializeOwned,
+{
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
         &mut self,
         range: RB,
-    ) -> Result<Vec<Entry>, StorageError> {
+    ) -> Result<Vec<C::Entry>, StorageError<C::NodeId>> {
         let mut entries = Vec::new();
         for item in self.log.range(to_key_range(&range)) {
             let (key, value) = item.map_err(|e| StorageIOError::read_logs(&e))?;
-            let entry: Entry = decode_value(&value).map_err(|e| StorageIOError::read_logs(&e))?;
+            let entry = Self::decode_entry(&value)?;
+            let index = entry.get_log_id().index;
             // The key is derived from the entry; a mismatch means a corrupted tree.
-            if key.as_ref() != index_key(entry.log_id.index) {
+            if key.as_ref() != index_key(index) {
                 return Err(StorageIOError::read_log_at_index(
-                    entry.log_id.index,
+                    index,
                     openraft::AnyError::error("log key does not match the entry's index"),
                 )
                 .into());
@@ -102,19 +164,19 @@ impl RaftLogReader<TypeConfig> for LogStore {
     }
 }
 
-impl RaftLogStorage<TypeConfig> for LogStore {
+impl<C> RaftLogStorage<C> for LogStore<C>
+where
+    C: RaftTypeConfig,
+    C::Entry: Serialize + DeserializeOwned,
+{
     type LogReader = Self;
 
-    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
-        let last_purged_log_id: Option<LogId> = self.read_meta(KEY_LAST_PURGED)?;
+    async fn get_log_state(&mut self) -> Result<LogState<C>, StorageError<C::NodeId>> {
+        let last_purged_log_id: Option<LogId<C::NodeId>> = self.read_meta(KEY_LAST_PURGED)?;
         let last_entry = self.log.last().map_err(|e| StorageIOError::read_logs(&e))?;
         let last_log_id = match last_entry {
-            Some((_, value)) => {
-                let entry: Entry =
-                    decode_value(&value).map_err(|e| StorageIOError::read_logs(&e))?;
-                Some(entry.log_id)
-            }
-            None => last_purged_log_id,
+            Some((_, value)) => Some(Self::decode_entry(&value)?.get_log_id().clone()),
+            None => last_purged_log_id.clone(),
         };
         Ok(LogState {
             last_purged_log_id,
@@ -126,7 +188,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.clone()
     }
 
-    async fn save_vote(&mut self, vote: &Vote) -> Result<(), StorageError> {
+    async fn save_vote(&mut self, vote: &Vote<C::NodeId>) -> Result<(), StorageError<C::NodeId>> {
         let bytes = codec::encode(vote).map_err(|e| StorageIOError::write_vote(&e))?;
         self.meta
             .insert(KEY_VOTE, bytes)
@@ -137,11 +199,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         Ok(())
     }
 
-    async fn read_vote(&mut self) -> Result<Option<Vote>, StorageError> {
+    async fn read_vote(&mut self) -> Result<Option<Vote<C::NodeId>>, StorageError<C::NodeId>> {
         Ok(self.read_meta(KEY_VOTE)?)
     }
 
-    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
+    async fn save_committed(
+        &mut self,
+        committed: Option<LogId<C::NodeId>>,
+    ) -> Result<(), StorageError<C::NodeId>> {
         // Not flushed on its own: a stale committed id after a crash only means fewer
         // entries are re-applied at startup before the leader re-announces the rest.
         let bytes = codec::encode(&committed).map_err(|e| StorageIOError::write(&e))?;
@@ -151,23 +216,27 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         Ok(())
     }
 
-    async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
-        Ok(self.read_meta::<Option<LogId>>(KEY_COMMITTED)?.flatten())
+    async fn read_committed(
+        &mut self,
+    ) -> Result<Option<LogId<C::NodeId>>, StorageError<C::NodeId>> {
+        Ok(self
+            .read_meta::<Option<LogId<C::NodeId>>>(KEY_COMMITTED)?
+            .flatten())
     }
 
     async fn append<I>(
         &mut self,
         entries: I,
-        callback: LogFlushed<TypeConfig>,
-    ) -> Result<(), StorageError>
+        callback: LogFlushed<C>,
+    ) -> Result<(), StorageError<C::NodeId>>
     where
-        I: IntoIterator<Item = Entry> + OptionalSend,
+        I: IntoIterator<Item = C::Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
         let mut batch = sled::Batch::default();
         for entry in entries {
             let bytes = codec::encode(&entry).map_err(|e| StorageIOError::write_logs(&e))?;
-            batch.insert(&index_key(entry.log_id.index), bytes);
+            batch.insert(&index_key(entry.get_log_id().index), bytes);
         }
         self.log
             .apply_batch(batch)
@@ -183,7 +252,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         Ok(())
     }
 
-    async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
+    async fn truncate(&mut self, log_id: LogId<C::NodeId>) -> Result<(), StorageError<C::NodeId>> {
         let mut batch = sled::Batch::default();
         for key in self.log.range(index_key(log_id.index)..).keys() {
             batch.remove(key.map_err(|e| StorageIOError::write_logs(&e))?);
@@ -199,7 +268,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         Ok(())
     }
 
-    async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
+    async fn purge(&mut self, log_id: LogId<C::NodeId>) -> Result<(), StorageError<C::NodeId>> {
         let marker = codec::encode(&log_id).map_err(|e| StorageIOError::write_logs(&e))?;
         let mut doomed = Vec::new();
         for key in self.log.range(..=index_key(log_id.index)).keys() {

@@ -1,0 +1,50 @@
+//! The sled-backed Raft log store shared by every openraft group of keyhold (the
+//! registry and each region's store), generic over the group's type configuration,
+//! with the node identity those groups share and their one byte encoding.
+//!
+//! One group's log occupies two trees of a sled `Db` (`LogTrees`): its entries and its
+//! meta (vote, committed and last purged log id). Trees rather than a `Db` per group
+//! because a node holds several groups: their logs may share one `Db`, and then one
+//! sled flush (one fsync) makes the appends of every group durable together, while a
+//! group whose state must not be flushed with every append (a region store's state
+//! machine) keeps that state in a `Db` of its own.
+//!
+//! **Architecture Invariant:** a vote or an append is acknowledged to openraft only
+//! after the sled `Db` holding it was flushed; nothing here knows what an entry means.
+
+pub mod codec;
+pub mod limits;
+mod log;
+mod node;
+
+use std::time::{Duration, Instant};
+
+pub use self::log::{LogStore, LogTrees};
+pub use self::node::{NodeId, NodeInfo};
+
+/// Errors of opening a log store (every later failure is openraft's `StorageError`).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// sled failed to open a tree.
+    #[error("raft log storage: {0}")]
+    Storage(#[from] sled::Error),
+}
+
+/// Opens (or creates) the sled `Db` that `config` describes. Blocking. If a previous
+/// instance in this process was just dropped, sled's flusher thread may still hold the
+/// directory lock for a moment; the open is retried for up to
+/// `limits::DB_OPEN_LOCK_WAIT_MS`.
+pub fn open_db(config: &sled::Config) -> Result<sled::Db, Error> {
+    let deadline = Instant::now() + Duration::from_millis(limits::DB_OPEN_LOCK_WAIT_MS);
+    loop {
+        match config.open() {
+            Ok(db) => return Ok(db),
+            // Any I/O error while the deadline lasts: the lock shows up as
+            // WouldBlock, but a just-dropped instance may also still be closing files.
+            Err(sled::Error::Io(_)) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(limits::DB_OPEN_LOCK_RETRY_MS));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}

@@ -1,0 +1,88 @@
+//! The region store as the state machine of its own openraft group: the group's type
+//! configuration (entries carry `Command`s, each entry answers with its `Applied`
+//! outcome), its log (`keyhold-raftlog`'s sled log store) and its state machine
+//! (`state_machine.rs`, applying each entry through `Machine::apply`'s staging with
+//! the last applied log id in the same sled batch), and snapshots streamed from and
+//! into the region tree (`snapshot.rs`).
+//!
+//! Directory layout of one replica of a region group (`open`):
+//! - `log/`: a sled `Db` holding the group's Raft log (`{group}/raft_log`,
+//!   `{group}/raft_meta`); flushed on every append and vote.
+//! - `db/`: the region's sled `Db`, tree `region` (the same tree the store has always
+//!   used); never flushed per entry, because the log carries durability: it is
+//!   flushed when a snapshot is built (before openraft may purge the log behind it)
+//!   and when one is installed.
+//! - `snapshots/`: `current.snap`, the last snapshot built or installed, and
+//!   `install.pending` while an installation is under way.
+//!
+//! **Architecture Invariant:** an entry's effect and the record of having applied it
+//! reach the region tree in one atomic sled batch, so a crash at any point re-applies
+//! exactly the entries whose effects are missing.
+
+mod snapshot;
+mod state_machine;
+
+use std::path::Path;
+
+use keyhold_raftlog::{LogTrees, NodeId, NodeInfo};
+use serde::{Deserialize, Serialize};
+
+pub use self::state_machine::RegionStateMachine;
+use crate::command::{Applied, Command};
+use crate::limits::SLED_FLUSH_EVERY_MS;
+use crate::Error;
+
+/// What one entry of a region log produced.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum EntryOutcome {
+    /// A command's answer; a refusal (`Applied::Rejected`) is an answer too and
+    /// replays identically.
+    Command(Applied),
+    /// A blank or membership entry: Raft's own, without an answer.
+    Raft,
+}
+
+openraft::declare_raft_types!(
+    /// Type configuration of a region's Raft group.
+    pub RegionConfig:
+        D = Command,
+        R = EntryOutcome,
+        NodeId = NodeId,
+        Node = NodeInfo,
+        SnapshotData = tokio::fs::File,
+);
+
+/// A region group's Raft instance.
+pub type RegionRaft = openraft::Raft<RegionConfig>;
+/// A region group's log.
+pub type RegionLogStore = keyhold_raftlog::LogStore<RegionConfig>;
+/// One entry of a region log.
+pub type Entry = openraft::Entry<RegionConfig>;
+/// Position of an entry in a region log.
+pub type LogId = openraft::LogId<NodeId>;
+/// Membership with the log id that introduced it.
+pub type StoredMembership = openraft::StoredMembership<NodeId, NodeInfo>;
+/// Snapshot metadata.
+pub type SnapshotMeta = openraft::SnapshotMeta<NodeId, NodeInfo>;
+/// Error type of every storage method.
+pub type StorageError = openraft::StorageError<NodeId>;
+
+/// The name of the region tree in the region's `Db`.
+pub const REGION_TREE: &str = "region";
+
+/// Opens (or creates) one replica of the Raft group `group` (for example
+/// `region-eu`) in `dir`: its log store and its state machine, ready for
+/// `openraft::Raft::new`. Blocking; recovers an interrupted snapshot installation.
+pub fn open(dir: &Path, group: &str) -> Result<(RegionLogStore, RegionStateMachine), Error> {
+    std::fs::create_dir_all(dir).map_err(Error::Io)?;
+    let log_db = keyhold_raftlog::open_db(&sled::Config::new().path(dir.join("log")))?;
+    let log = RegionLogStore::open(&log_db, &LogTrees::for_group(group))?;
+    let db = keyhold_raftlog::open_db(
+        &sled::Config::new()
+            .path(dir.join("db"))
+            .flush_every_ms(Some(SLED_FLUSH_EVERY_MS)),
+    )?;
+    let tree = db.open_tree(REGION_TREE)?;
+    let state_machine = RegionStateMachine::open(db, tree, &dir.join("snapshots"))?;
+    Ok((log, state_machine))
+}

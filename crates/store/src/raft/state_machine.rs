@@ -1,0 +1,434 @@
+//! The region group's state machine (openraft's `RaftStateMachine`): applies each
+//! committed entry's `Command` through the region's `Machine`, writing the entry's
+//! effect, the last applied log id and (for a membership entry) the membership in one
+//! atomic sled batch; builds snapshots by streaming the region tree to a file and
+//! installs them by streaming a file back into the tree; publishes the last applied
+//! index on a watch channel.
+//!
+//! A snapshot is a consistent cut because building one holds the same lock as
+//! applying: entries wait while the tree is streamed to disk (a pause proportional to
+//! the region's size, once every snapshot interval; sled offers no point-in-time
+//! view to avoid it). Memory stays bounded by one entry and an I/O buffer when
+//! building, and by one install batch (`SNAPSHOT_INSTALL_BATCH_BYTES_MAX`) when
+//! installing.
+//!
+//! Installing is made crash-safe by a marker file: the received snapshot becomes
+//! `current.snap` (synced, renamed), `install.pending` is created, the tree is
+//! cleared and refilled, the last applied id and membership are written last, the
+//! `Db` is flushed, and the marker removed. Opening a state machine that finds the
+//! marker runs the refill again from `current.snap`.
+
+// openraft's storage traits fix the error type (`StorageError`, > 200 bytes); helpers
+// returning it directly are clearer than boxing and unboxing at every trait method.
+#![allow(clippy::result_large_err)]
+
+use std::fmt::Debug;
+use std::fs::File;
+use std::io::{Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use openraft::storage::{RaftStateMachine, Snapshot};
+use openraft::{AnyError, EntryPayload, OptionalSend, RaftSnapshotBuilder, StorageIOError};
+use tokio::sync::watch;
+
+use super::snapshot;
+use super::{
+    Entry, EntryOutcome, LogId, RegionConfig, SnapshotMeta, StorageError, StoredMembership,
+};
+use crate::limits::SNAPSHOT_INSTALL_BATCH_BYTES_MAX;
+use crate::machine::Machine;
+use crate::Error;
+
+/// The last applied log id (`Option<LogId>`), in the region tree with the effects.
+const KEY_APPLIED: &[u8] = b"sraft:applied";
+/// The last applied membership (`StoredMembership`).
+const KEY_MEMBERSHIP: &[u8] = b"sraft:membership";
+const CURRENT_SNAPSHOT: &str = "current.snap";
+const INSTALL_PENDING: &str = "install.pending";
+/// Prefixes of files that only live while a snapshot is built or received.
+const TEMPORARY_PREFIXES: [&str; 3] = ["building-", "incoming-", "installing-"];
+
+struct Shared {
+    db: sled::Db,
+    machine: Machine,
+    snapshots: PathBuf,
+    /// Held while applying, building and installing, so that a snapshot is a
+    /// consistent cut and an installation never interleaves with an apply.
+    cut: Mutex<()>,
+    /// Last applied log index (0 before the first entry).
+    applied_index: watch::Sender<u64>,
+    /// Makes temporary file names and snapshot ids unique within a process.
+    seq: AtomicU64,
+}
+
+/// One replica's region state machine. Cloning is cheap and shares the same state.
+#[derive(Clone)]
+pub struct RegionStateMachine {
+    shared: Arc<Shared>,
+}
+
+impl Debug for RegionStateMachine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegionStateMachine")
+            .field("applied_index", &*self.shared.applied_index.borrow())
+            .finish()
+    }
+}
+
+fn encode<T: serde::Serialize>(value: &T) -> Result<Vec<u8>, Error> {
+    keyhold_raftlog::codec::encode(value).map_err(|e| Error::Corrupt(e.to_string()))
+}
+
+fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
+    keyhold_raftlog::codec::decode(bytes).map_err(|e| Error::Corrupt(e.to_string()))
+}
+
+fn io(context: &'static str) -> impl Fn(std::io::Error) -> Error {
+    move |e| Error::Snapshot(format!("{context}: {e}"))
+}
+
+/// Makes a rename or removal in `dir` durable.
+fn sync_dir(dir: &Path) -> Result<(), Error> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io("sync snapshot directory"))
+}
+
+fn write_error(e: Error) -> StorageError {
+    StorageIOError::write_state_machine(AnyError::new(&e)).into()
+}
+
+fn read_error(e: Error) -> StorageError {
+    StorageIOError::read_state_machine(AnyError::new(&e)).into()
+}
+
+impl RegionStateMachine {
+    /// Opens the state machine over `tree` of `db`, keeping snapshots in `snapshots`.
+    /// Blocking. Finishes an installation a crash interrupted and removes temporary
+    /// files a crash left behind.
+    pub fn open(db: sled::Db, tree: sled::Tree, snapshots: &Path) -> Result<Self, Error> {
+        std::fs::create_dir_all(snapshots).map_err(Error::Io)?;
+        let shared = Shared {
+            db,
+            machine: Machine::new(tree),
+            snapshots: snapshots.to_path_buf(),
+            cut: Mutex::new(()),
+            applied_index: watch::channel(0).0,
+            seq: AtomicU64::new(0),
+        };
+        if shared.snapshots.join(INSTALL_PENDING).exists() {
+            tracing::warn!("finishing a snapshot installation a crash interrupted");
+            shared.refill_from_current()?;
+        }
+        shared.remove_temporary_files()?;
+        let (applied, _) = shared.applied_state()?;
+        shared
+            .applied_index
+            .send_replace(applied.map_or(0, |id| id.index));
+        Ok(Self {
+            shared: Arc::new(shared),
+        })
+    }
+
+    /// A receiver of the last applied log index, updated after every applied batch
+    /// of entries and every installed snapshot.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.shared.applied_index.subscribe()
+    }
+
+    /// Makes everything applied so far durable (at shutdown).
+    pub async fn flush(&self) -> Result<(), Error> {
+        self.shared.db.flush_async().await?;
+        Ok(())
+    }
+
+    /// Every entry of the region tree but the group's own bookkeeping (last applied
+    /// id, membership), as stored (with their stamps), in key order: for tests that
+    /// compare replicas.
+    #[doc(hidden)]
+    pub fn entries_for_tests(&self) -> Vec<(Vec<u8>, Vec<u8>)> {
+        self.shared
+            .machine
+            .tree()
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(k, _)| k.as_ref() != KEY_APPLIED && k.as_ref() != KEY_MEMBERSHIP)
+            .map(|(k, v)| (k.to_vec(), v.to_vec()))
+            .collect()
+    }
+
+    fn spawn_blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Shared) -> Result<T, Error> + Send + 'static,
+    ) -> impl std::future::Future<Output = Result<T, Error>> {
+        let shared = self.shared.clone();
+        async move {
+            tokio::task::spawn_blocking(move || f(&shared))
+                .await
+                .map_err(|e| Error::Snapshot(format!("snapshot task failed: {e}")))?
+        }
+    }
+}
+
+impl Shared {
+    // A poisoned lock means a panic while applying; each entry's batch is atomic, so
+    // the tree still holds whole entries with a matching last applied id.
+    fn lock(&self) -> MutexGuard<'_, ()> {
+        self.cut
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn applied_state(&self) -> Result<(Option<LogId>, StoredMembership), Error> {
+        let tree = self.machine.tree();
+        let applied = match tree.get(KEY_APPLIED)? {
+            Some(bytes) => decode(&bytes)?,
+            None => None,
+        };
+        let membership = match tree.get(KEY_MEMBERSHIP)? {
+            Some(bytes) => decode(&bytes)?,
+            None => StoredMembership::default(),
+        };
+        Ok((applied, membership))
+    }
+
+    /// Applies entries in order, each in its own atomic batch (an entry's command
+    /// decides from the tree as the previous entries left it).
+    fn apply(&self, entries: impl IntoIterator<Item = Entry>) -> Result<Vec<EntryOutcome>, Error> {
+        let _cut = self.lock();
+        let mut outcomes = Vec::new();
+        for entry in entries {
+            let log_id = entry.log_id;
+            let (outcome, writes, membership) = match entry.payload {
+                EntryPayload::Blank => (EntryOutcome::Raft, None, None),
+                EntryPayload::Normal(command) => {
+                    // The log index is the batch number stamped on every value: it
+                    // only grows, as batch numbers must.
+                    let (applied, writes) = self.machine.stage(&command, log_id.index)?;
+                    (EntryOutcome::Command(applied), writes, None)
+                }
+                EntryPayload::Membership(membership) => (
+                    EntryOutcome::Raft,
+                    None,
+                    Some(StoredMembership::new(Some(log_id), membership)),
+                ),
+            };
+            let mut batch = writes.unwrap_or_default();
+            batch.insert(KEY_APPLIED, encode(&Some(log_id))?);
+            if let Some(membership) = membership {
+                batch.insert(KEY_MEMBERSHIP, encode(&membership)?);
+            }
+            self.machine.tree().apply_batch(batch)?;
+            outcomes.push(outcome);
+        }
+        Ok(outcomes)
+    }
+
+    fn current_path(&self) -> PathBuf {
+        self.snapshots.join(CURRENT_SNAPSHOT)
+    }
+
+    fn temporary_path(&self, prefix: &str) -> PathBuf {
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        self.snapshots.join(format!("{prefix}{seq}.snap"))
+    }
+
+    fn remove_temporary_files(&self) -> Result<(), Error> {
+        for item in std::fs::read_dir(&self.snapshots).map_err(Error::Io)? {
+            let path = item.map_err(Error::Io)?.path();
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            if TEMPORARY_PREFIXES.iter().any(|p| name.starts_with(p)) {
+                std::fs::remove_file(&path).map_err(Error::Io)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Streams the tree into a new `current.snap` under the lock; returns it open.
+    fn build(&self) -> Result<(SnapshotMeta, File), Error> {
+        let _cut = self.lock();
+        let (last_log_id, last_membership) = self.applied_state()?;
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        let snapshot_id = match last_log_id {
+            Some(id) => format!("{}-{}-{seq}", id.leader_id, id.index),
+            None => format!("--{seq}"),
+        };
+        let meta = SnapshotMeta {
+            last_log_id,
+            last_membership,
+            snapshot_id,
+        };
+        let building = self.temporary_path("building-");
+        snapshot::write(&building, &meta, self.machine.tree().iter())?;
+        // The state the snapshot covers must be durable before openraft may purge
+        // the log behind it: a restart re-applies from the tree's last applied id.
+        self.db.flush()?;
+        let current = self.current_path();
+        std::fs::rename(&building, &current).map_err(io("rename snapshot"))?;
+        sync_dir(&self.snapshots)?;
+        let file = File::open(&current).map_err(io("open snapshot"))?;
+        Ok((meta, file))
+    }
+
+    fn current(&self) -> Result<Option<(SnapshotMeta, File)>, Error> {
+        let mut file = match File::open(self.current_path()) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io("open snapshot")(e)),
+        };
+        let meta = snapshot::Reader::open(file.try_clone().map_err(Error::Io)?)?
+            .meta()
+            .clone();
+        file.seek(SeekFrom::Start(0))
+            .map_err(io("rewind snapshot"))?;
+        Ok(Some((meta, file)))
+    }
+
+    /// Makes the received snapshot `current.snap`, then refills the tree from it.
+    fn install(&self, meta: &SnapshotMeta, mut received: File) -> Result<(), Error> {
+        let _cut = self.lock();
+        let installing = self.temporary_path("installing-");
+        {
+            received
+                .seek(SeekFrom::Start(0))
+                .map_err(io("rewind received snapshot"))?;
+            let mut copy = File::create(&installing).map_err(io("create snapshot copy"))?;
+            std::io::copy(&mut received, &mut copy).map_err(io("copy received snapshot"))?;
+            copy.sync_all().map_err(io("sync snapshot copy"))?;
+        }
+        // Read to the end before touching the tree: a snapshot cut short or corrupt
+        // is refused while the replica still holds its previous state.
+        let copied = File::open(&installing).map_err(io("open snapshot copy"))?;
+        let found = snapshot::verify(copied)?;
+        if &found != meta {
+            return Err(Error::Snapshot(format!(
+                "received snapshot {} does not match its meta {}",
+                found.snapshot_id, meta.snapshot_id
+            )));
+        }
+        std::fs::rename(&installing, self.current_path()).map_err(io("rename snapshot"))?;
+        File::create(self.snapshots.join(INSTALL_PENDING))
+            .and_then(|f| f.sync_all())
+            .map_err(io("create install marker"))?;
+        sync_dir(&self.snapshots)?;
+        self.refill_from_current()?;
+        self.remove_temporary_files()
+    }
+
+    /// Replaces the tree's contents with `current.snap`'s entries and then its last
+    /// applied id and membership, flushes, and removes the install marker.
+    fn refill_from_current(&self) -> Result<(), Error> {
+        let file = File::open(self.current_path()).map_err(io("open snapshot"))?;
+        let mut reader = snapshot::Reader::open(file)?;
+        let meta = reader.meta().clone();
+        let tree = self.machine.tree();
+        tree.clear()?;
+        let mut batch = sled::Batch::default();
+        let mut batch_bytes = 0usize;
+        while let Some((key, value)) = reader.next_entry()? {
+            batch_bytes += key.len() + value.len();
+            batch.insert(key, value);
+            if batch_bytes >= SNAPSHOT_INSTALL_BATCH_BYTES_MAX {
+                tree.apply_batch(std::mem::take(&mut batch))?;
+                batch_bytes = 0;
+            }
+        }
+        // The bookkeeping last: the snapshot's own copies of it are overwritten by
+        // the meta, which is what openraft holds the state machine to.
+        batch.insert(KEY_APPLIED, encode(&meta.last_log_id)?);
+        batch.insert(KEY_MEMBERSHIP, encode(&meta.last_membership)?);
+        tree.apply_batch(batch)?;
+        self.db.flush()?;
+        std::fs::remove_file(self.snapshots.join(INSTALL_PENDING))
+            .or_else(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => Ok(()),
+                _ => Err(e),
+            })
+            .map_err(io("remove install marker"))?;
+        sync_dir(&self.snapshots)?;
+        self.applied_index
+            .send_replace(meta.last_log_id.map_or(0, |id| id.index));
+        Ok(())
+    }
+}
+
+impl RaftSnapshotBuilder<RegionConfig> for RegionStateMachine {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<RegionConfig>, StorageError> {
+        let (meta, file) = self
+            .spawn_blocking(Shared::build)
+            .await
+            .map_err(|e| StorageIOError::write_snapshot(None, AnyError::new(&e)))?;
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(tokio::fs::File::from_std(file)),
+        })
+    }
+}
+
+impl RaftStateMachine<RegionConfig> for RegionStateMachine {
+    type SnapshotBuilder = Self;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
+        self.shared.applied_state().map_err(read_error)
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<EntryOutcome>, StorageError>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut last = None;
+        let entries = entries
+            .into_iter()
+            .inspect(|entry| last = Some(entry.log_id.index));
+        let outcomes = self.shared.apply(entries).map_err(write_error)?;
+        if let Some(index) = last {
+            self.shared.applied_index.send_replace(index);
+        }
+        Ok(outcomes)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<tokio::fs::File>, StorageError> {
+        let path = self.shared.temporary_path("incoming-");
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .map_err(|e| StorageIOError::write_snapshot(None, &e))?;
+        Ok(Box::new(tokio::fs::File::from_std(file)))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta,
+        snapshot: Box<tokio::fs::File>,
+    ) -> Result<(), StorageError> {
+        let signature = Some(meta.signature());
+        let received = snapshot.into_std().await;
+        let owned = meta.clone();
+        self.spawn_blocking(move |shared| shared.install(&owned, received))
+            .await
+            .map_err(|e| StorageIOError::write_snapshot(signature, AnyError::new(&e)))?;
+        Ok(())
+    }
+
+    async fn get_current_snapshot(
+        &mut self,
+    ) -> Result<Option<Snapshot<RegionConfig>>, StorageError> {
+        let current = self
+            .spawn_blocking(Shared::current)
+            .await
+            .map_err(|e| StorageIOError::read_snapshot(None, AnyError::new(&e)))?;
+        Ok(current.map(|(meta, file)| Snapshot {
+            meta,
+            snapshot: Box::new(tokio::fs::File::from_std(file)),
+        }))
+    }
+}

@@ -1,0 +1,217 @@
+//! Snapshots of a region group: built by streaming the region tree, installed on a
+//! new replica and on a lagging one with state of its own, finished after a crash in
+//! the middle of an installation, refused when cut short; and a refused command
+//! answers the same on every replica.
+
+use std::path::Path;
+
+use keyhold_store::raft::{self, EntryOutcome, RegionStateMachine, SnapshotMeta, REGION_TREE};
+use keyhold_store::{Applied, Command, Rejection};
+use openraft::storage::RaftStateMachine;
+use openraft::RaftSnapshotBuilder;
+use tokio::io::AsyncReadExt;
+
+use crate::common::T0;
+use crate::helpers::{command_entry, membership_entry, order_entry};
+
+fn open(dir: &Path) -> RegionStateMachine {
+    raft::open(dir, "region-eu").expect("open").1
+}
+
+fn payment_for_missing_order(index: u64) -> Command {
+    Command::ConsumePayment {
+        event_id: format!("evt_{index}"),
+        order_id: "ord_missing".into(),
+        charge_id: "ch".into(),
+        paid: true,
+        now: T0,
+        processed_ttl_ms: 1_000,
+    }
+}
+
+/// Applies a membership entry, orders 2..=`last` and, at `refused`, a refused
+/// command; returns the outcomes.
+async fn fill(
+    state_machine: &mut RegionStateMachine,
+    last: u64,
+    refused: u64,
+) -> Vec<EntryOutcome> {
+    let entries = std::iter::once(membership_entry(1)).chain((2..=last).map(|index| {
+        if index == refused {
+            command_entry(index, payment_for_missing_order(index))
+        } else {
+            order_entry(index)
+        }
+    }));
+    state_machine.apply(entries).await.expect("apply")
+}
+
+async fn build(state_machine: &mut RegionStateMachine) -> (SnapshotMeta, Vec<u8>) {
+    let mut snapshot = state_machine
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .expect("build snapshot");
+    let mut bytes = Vec::new();
+    snapshot
+        .snapshot
+        .read_to_end(&mut bytes)
+        .await
+        .expect("read snapshot");
+    (snapshot.meta, bytes)
+}
+
+async fn install(state_machine: &mut RegionStateMachine, meta: &SnapshotMeta, bytes: &[u8]) {
+    try_install(state_machine, meta, bytes)
+        .await
+        .expect("install snapshot");
+}
+
+async fn try_install(
+    state_machine: &mut RegionStateMachine,
+    meta: &SnapshotMeta,
+    bytes: &[u8],
+) -> Result<(), keyhold_store::raft::StorageError> {
+    use tokio::io::AsyncWriteExt;
+    let mut receiving = state_machine
+        .begin_receiving_snapshot()
+        .await
+        .expect("begin receiving");
+    receiving.write_all(bytes).await.expect("receive");
+    receiving.flush().await.expect("flush received");
+    state_machine.install_snapshot(meta, receiving).await
+}
+
+#[tokio::test]
+async fn a_refused_command_answers_the_same_on_every_replica() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let outcomes_a = fill(&mut open(a.path()), 6, 4).await;
+    let outcomes_b = fill(&mut open(b.path()), 6, 4).await;
+    assert_eq!(
+        outcomes_a[3],
+        EntryOutcome::Command(Applied::Rejected(Rejection::PaymentForMissingOrder {
+            order_id: "ord_missing".into()
+        }))
+    );
+    assert_eq!(outcomes_a, outcomes_b);
+}
+
+#[tokio::test]
+async fn a_snapshot_installs_on_a_new_and_on_a_lagging_replica() {
+    let leader_dir = tempfile::tempdir().unwrap();
+    let mut leader = open(leader_dir.path());
+    fill(&mut leader, 300, 150).await;
+    let (meta, bytes) = build(&mut leader).await;
+    assert_eq!(meta.last_log_id.map(|id| id.index), Some(300));
+    let current = leader
+        .get_current_snapshot()
+        .await
+        .expect("current")
+        .expect("a snapshot");
+    assert_eq!(current.meta, meta);
+
+    // A new replica, also after its own reopen.
+    let new_dir = tempfile::tempdir().unwrap();
+    {
+        let mut new = open(new_dir.path());
+        install(&mut new, &meta, &bytes).await;
+        assert_eq!(new.entries_for_tests(), leader.entries_for_tests());
+        assert_eq!(*new.subscribe().borrow(), 300);
+    }
+    let mut new = open(new_dir.path());
+    assert_eq!(new.entries_for_tests(), leader.entries_for_tests());
+    assert_eq!(
+        new.applied_state().await.unwrap(),
+        leader.applied_state().await.unwrap()
+    );
+    assert_eq!(
+        new.get_current_snapshot().await.unwrap().unwrap().meta,
+        meta
+    );
+
+    // A lagging replica that applied entries the snapshot replaces and more orders
+    // of other keys that it does not hold: after installing, only the snapshot's
+    // state is left.
+    let lagging_dir = tempfile::tempdir().unwrap();
+    let mut lagging = open(lagging_dir.path());
+    fill(&mut lagging, 40, 0).await;
+    lagging
+        .apply([command_entry(
+            41,
+            crate::common::create("other", "other", "fp", "ord_other", T0),
+        )])
+        .await
+        .unwrap();
+    install(&mut lagging, &meta, &bytes).await;
+    assert_eq!(lagging.entries_for_tests(), leader.entries_for_tests());
+
+    // Every replica goes on from the snapshot identically.
+    let next = [order_entry(301), order_entry(302)];
+    let from_leader = leader.apply(next.clone()).await.unwrap();
+    let from_lagging = lagging.apply(next.clone()).await.unwrap();
+    let from_new = new.apply(next).await.unwrap();
+    assert_eq!(from_leader, from_lagging);
+    assert_eq!(from_leader, from_new);
+    assert_eq!(lagging.entries_for_tests(), leader.entries_for_tests());
+}
+
+#[tokio::test]
+async fn an_installation_interrupted_by_a_crash_is_finished_on_open() {
+    let leader_dir = tempfile::tempdir().unwrap();
+    let mut leader = open(leader_dir.path());
+    fill(&mut leader, 120, 0).await;
+    let (meta, bytes) = build(&mut leader).await;
+
+    let replica_dir = tempfile::tempdir().unwrap();
+    {
+        let mut replica = open(replica_dir.path());
+        install(&mut replica, &meta, &bytes).await;
+        replica.flush().await.unwrap();
+    }
+    // The state a crash during the refill leaves: the marker still there, the tree
+    // half cleared and holding something the snapshot does not.
+    {
+        let db = sled::open(replica_dir.path().join("db")).unwrap();
+        let tree = db.open_tree(REGION_TREE).unwrap();
+        let keys: Vec<_> = tree.iter().keys().take(50).map(Result::unwrap).collect();
+        for key in keys {
+            tree.remove(key).unwrap();
+        }
+        tree.insert(b"ostray", b"not in the snapshot".as_slice())
+            .unwrap();
+        db.flush().unwrap();
+        std::fs::write(replica_dir.path().join("snapshots/install.pending"), b"").unwrap();
+    }
+    let mut replica = open(replica_dir.path());
+    assert_eq!(replica.entries_for_tests(), leader.entries_for_tests());
+    assert_eq!(
+        replica.applied_state().await.unwrap(),
+        leader.applied_state().await.unwrap()
+    );
+    assert!(!replica_dir
+        .path()
+        .join("snapshots/install.pending")
+        .exists());
+}
+
+#[tokio::test]
+async fn a_snapshot_cut_short_is_refused_and_changes_nothing() {
+    let leader_dir = tempfile::tempdir().unwrap();
+    let mut leader = open(leader_dir.path());
+    fill(&mut leader, 50, 0).await;
+    let (meta, bytes) = build(&mut leader).await;
+
+    let replica_dir = tempfile::tempdir().unwrap();
+    let mut replica = open(replica_dir.path());
+    fill(&mut replica, 10, 0).await;
+    let before = replica.entries_for_tests();
+    let cut = &bytes[..bytes.len() - 5];
+    let result = try_install(&mut replica, &meta, cut).await;
+    assert!(result.is_err(), "a snapshot cut short was installed");
+    assert_eq!(replica.entries_for_tests(), before);
+    assert_eq!(
+        replica.applied_state().await.unwrap().0.map(|id| id.index),
+        Some(10)
+    );
+}
