@@ -1,15 +1,13 @@
 //! The cluster under test and the faults done to it: `keyhold up` started as a
-//! child process on a data dir and a free port range, killed with SIGKILL and
-//! started again on the same dir and ports.
-//!
-//! Today `up` runs every node in one process, so a kill takes the whole cluster
-//! down. [`Control`] names what the fault layer needs (kill a target, start
-//! it); `UpProcess` answers `Unsupported` for a single node until `up` runs
-//! nodes as processes with a control API, and the plan schedules only
-//! whole-cluster kills until then. Isolation (`Fault::Isolate`) will go
-//! through the same control API; today it answers `Unsupported` too.
+//! child process on a data dir and a free port range. The whole cluster is
+//! killed with SIGKILL (`up` and, with it, every node) and started again on the
+//! same dir and ports; single nodes are killed and started, and regions
+//! isolated and healed, through `up`'s control API. [`Control`] names what the
+//! fault layer needs.
 
-use crate::limits::{PORTS_PER_CLUSTER, READY_TIMEOUT_MS};
+use crate::limits::{
+    BASE_PORT_END, BASE_PORT_MIN, CONTROL_TIMEOUT_MS, PORTS_PER_CLUSTER, READY_TIMEOUT_MS,
+};
 use crate::plan::{ClusterOptions, KillTarget};
 use crate::Error;
 use serde::Deserialize;
@@ -24,7 +22,16 @@ pub struct ClusterFile {
     pub admin_token: String,
     pub regions: Vec<RegionEntry>,
     pub psp_url: String,
+    pub control_url: String,
     pub tenants: Vec<TenantEntry>,
+}
+
+/// A region's links to the others, as the fault layer sets them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Link {
+    /// Isolated: no connection between its nodes and other regions'.
+    Cut,
+    Healed,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -52,6 +59,12 @@ pub trait Control {
         &mut self,
         target: KillTarget,
     ) -> impl std::future::Future<Output = Result<(), Error>> + Send;
+    /// Cut region `REGIONS[region]` off from the others, or heal it.
+    fn isolate(
+        &mut self,
+        region: usize,
+        link: Link,
+    ) -> impl std::future::Future<Output = Result<(), Error>> + Send;
 }
 
 /// `keyhold up` as one child process.
@@ -65,16 +78,19 @@ pub struct UpProcess {
     pub info: Option<ClusterFile>,
 }
 
-/// A base port whose whole range binds on 127.0.0.1 now.
+/// A base port whose whole range binds on 127.0.0.1 now, below Linux's
+/// ephemeral ports (from 32768): an outgoing connection (a client's, a
+/// proxy's) can hold an ephemeral port as its local port for as long as it
+/// lives, and a restart of the cluster must bind every one of its ports again.
 fn free_base_port(salt: u64) -> Result<u16, Error> {
-    let span = 60_000 - 20_000 - PORTS_PER_CLUSTER as u64;
+    let span = u64::from(BASE_PORT_END) - u64::from(BASE_PORT_MIN) - PORTS_PER_CLUSTER as u64;
     let mut x = salt ^ u64::from(std::process::id()).rotate_left(17);
     for _ in 0..200 {
         // xorshift: a different range per try, spread by seed and process.
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
-        let base = 20_000 + (x % span) as u16;
+        let base = BASE_PORT_MIN + (x % span) as u16;
         let held: Result<Vec<TcpListener>, _> = (0..PORTS_PER_CLUSTER)
             .map(|i| TcpListener::bind(("127.0.0.1", base + i)))
             .collect();
@@ -82,7 +98,9 @@ fn free_base_port(salt: u64) -> Result<u16, Error> {
             return Ok(base);
         }
     }
-    Err(Error::Cluster("no free port range in 20000..60000".into()))
+    Err(Error::Cluster(format!(
+        "no free port range in {BASE_PORT_MIN}..{BASE_PORT_END}"
+    )))
 }
 
 impl UpProcess {
@@ -172,6 +190,27 @@ impl UpProcess {
         }
     }
 
+    /// `POST` to the control API; it answers 200 once the change is done.
+    async fn control(&self, path: &str) -> Result<(), Error> {
+        let info = self.info()?;
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_millis(CONTROL_TIMEOUT_MS))
+            .build()?;
+        let answer = http
+            .post(format!("{}{path}", info.control_url))
+            .bearer_auth(&info.admin_token)
+            .send()
+            .await?;
+        let status = answer.status();
+        if status.is_success() {
+            return Ok(());
+        }
+        let body = answer.text().await.unwrap_or_default();
+        Err(Error::Cluster(format!(
+            "control API {path}: {status} {body}"
+        )))
+    }
+
     /// Stops the cluster for good: SIGKILL (the run's verdict is already in).
     pub async fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -187,18 +226,23 @@ impl Control for UpProcess {
                 self.stop().await;
                 Ok(())
             }
-            KillTarget::Node(id) => Err(Error::Unsupported(format!(
-                "kill node {id}: `keyhold up` runs every node in one process"
-            ))),
+            KillTarget::Node(id) => self.control(&format!("/v1/nodes/{id}/kill")).await,
         }
     }
 
     async fn start(&mut self, target: KillTarget) -> Result<(), Error> {
         match target {
             KillTarget::Cluster => self.boot().await,
-            KillTarget::Node(id) => Err(Error::Unsupported(format!(
-                "start node {id}: `keyhold up` runs every node in one process"
-            ))),
+            KillTarget::Node(id) => self.control(&format!("/v1/nodes/{id}/start")).await,
         }
+    }
+
+    async fn isolate(&mut self, region: usize, link: Link) -> Result<(), Error> {
+        let action = match link {
+            Link::Cut => "isolate",
+            Link::Healed => "heal",
+        };
+        let name = crate::plan::REGIONS[region];
+        self.control(&format!("/v1/regions/{name}/{action}")).await
     }
 }

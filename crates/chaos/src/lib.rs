@@ -31,8 +31,6 @@ pub enum Error {
     Http(#[from] reqwest::Error),
     #[error("cluster: {0}")]
     Cluster(String),
-    #[error("not supported by this cluster: {0}")]
-    Unsupported(String),
     #[error("checker: {0}")]
     Check(#[from] keyhold_checker::Error),
 }
@@ -232,11 +230,11 @@ async fn run_faults(
                     Err(e) => format!("error: {e}"),
                 }
             }
-            Fault::Isolate { region, .. } => {
-                return Err(Error::Unsupported(format!(
-                    "isolate region {}: `keyhold up` has no control API yet",
-                    REGIONS[*region]
-                )))
+            Fault::Isolate { region, for_ms } => {
+                up.isolate(*region, cluster::Link::Cut).await?;
+                tokio::time::sleep(Duration::from_millis(*for_ms)).await;
+                up.isolate(*region, cluster::Link::Healed).await?;
+                "healed".to_owned()
             }
         };
         log.push(FaultLog {

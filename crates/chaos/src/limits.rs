@@ -12,8 +12,12 @@ pub const STEPS_PER_CLIENT_MAX: usize = 70;
 /// Faults per seed: drawn from this range.
 pub const FAULTS_MIN: usize = 1;
 pub const FAULTS_MAX: usize = 4;
-/// SIGKILLs per seed at most: each restart costs seconds.
+/// SIGKILLs per seed at most (of one node or of the whole cluster): each
+/// restart costs seconds.
 pub const KILLS_MAX: usize = 2;
+/// How long a region stays isolated: drawn from this range.
+pub const ISOLATE_MS_MIN: u64 = 200;
+pub const ISOLATE_MS_MAX: u64 = 3_000;
 /// How long the cluster stays down after a SIGKILL, at most.
 pub const DOWN_MS_MAX: u64 = 1_500;
 /// Copies of one request sent at once by a concurrent-duplicates step.
@@ -35,11 +39,16 @@ pub const TAKEOVER_RETRY_MS: u64 = 100;
 pub const RECONNECT_PAUSE_MS: u64 = 200;
 /// How long `keyhold up` may take to write cluster.json.
 pub const READY_TIMEOUT_MS: u64 = 60_000;
+/// How long one control API call (kill, start, isolate, heal) may take: a
+/// start waits for the node to listen (`up` allows it 20 s).
+pub const CONTROL_TIMEOUT_MS: u64 = 30_000;
 /// How long moves may take to end after the traffic. A move whose driver died
 /// in a kill is resumed by the restarted node that holds its lease as soon as
-/// the registry has a leader again, so a few seconds are plenty; a move that
-/// waits for its lease to expire (30 s) fails the seed.
-pub const MOVES_SETTLE_MS: u64 = 5_000;
+/// the registry has a leader again, so a few seconds are plenty on an idle
+/// machine; 15 s leaves room for a loaded CI machine (seed 1 took 5.2 s with a
+/// load average of 19) while a move that waits for its lease to expire (30 s)
+/// still fails the seed.
+pub const MOVES_SETTLE_MS: u64 = 15_000;
 pub const MOVES_POLL_MS: u64 = 250;
 /// How long the checker waits for downstream work to settle.
 pub const SETTLE_WAIT_MS: u64 = 30_000;
@@ -48,11 +57,18 @@ pub const SETTLE_WAIT_MS: u64 = 30_000;
 pub const HISTORY_OPS_MAX: usize = 100_000;
 /// Ports `keyhold up` uses from its base port.
 pub const PORTS_PER_CLUSTER: u16 = 50;
+/// Base ports are drawn from `BASE_PORT_MIN..BASE_PORT_END`, below Linux's
+/// default ephemeral range (32768-60999) so that no outgoing connection holds
+/// a cluster port when the cluster restarts.
+pub const BASE_PORT_MIN: u16 = 20_000;
+pub const BASE_PORT_END: u16 = 32_768;
+const _: () = assert!(BASE_PORT_MIN as u32 + PORTS_PER_CLUSTER as u32 <= BASE_PORT_END as u32);
 
 const _: () = assert!(FAULT_START_MS < TRAFFIC_MS);
 const _: () = assert!(STEPS_PER_CLIENT_MIN < STEPS_PER_CLIENT_MAX);
 const _: () = assert!(FAULTS_MIN <= FAULTS_MAX && KILLS_MAX <= FAULTS_MAX);
 const _: () = assert!(LEASE_MS_MIN < LEASE_MS_MAX);
+const _: () = assert!(ISOLATE_MS_MIN < ISOLATE_MS_MAX && ISOLATE_MS_MAX < TRAFFIC_MS);
 const _: () = assert!(TAKEOVER_ATTEMPTS_MAX as u64 * TAKEOVER_RETRY_MS > LEASE_MS_MAX);
 const _: () = assert!(CLIENT_TIMEOUT_MS_MAX < REQUEST_TIMEOUT_MS);
 // A claim job sends at most its takeover attempts plus four requests; no other

@@ -6,8 +6,8 @@
 
 use crate::limits::{
     CLIENTS, CLIENT_TIMEOUT_MS_MAX, DOWN_MS_MAX, DUPLICATES_MAX, FAULTS_MAX, FAULTS_MIN,
-    FAULT_START_MS, ITEMS_MAX, KILLS_MAX, LEASE_MS_MAX, LEASE_MS_MIN, STEPS_PER_CLIENT_MAX,
-    STEPS_PER_CLIENT_MIN, TRAFFIC_MS,
+    FAULT_START_MS, ISOLATE_MS_MAX, ISOLATE_MS_MIN, ITEMS_MAX, KILLS_MAX, LEASE_MS_MAX,
+    LEASE_MS_MIN, STEPS_PER_CLIENT_MAX, STEPS_PER_CLIENT_MIN, TRAFFIC_MS,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -106,8 +106,8 @@ pub struct Timed<T> {
     pub what: T,
 }
 
-/// What can go wrong. Kills name their target so that per-node kills (through
-/// `up`'s control API) slot in beside today's whole-cluster kill.
+/// What can go wrong: kills of one node (through `up`'s control API) or of the
+/// whole cluster (`up` itself), region isolation, moves and outbox replays.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "fault", rename_all = "snake_case")]
 pub enum Fault {
@@ -117,8 +117,8 @@ pub enum Fault {
     OutboxReplay,
     /// `POST /admin/v1/tenants/demo-<tenant>/move` to `to`.
     Move { tenant: usize, to: usize },
-    /// Cut a region off and heal it after `for_ms`: needs `up`'s control API,
-    /// so it is not planned yet (the executor answers `Unsupported`).
+    /// Cut a region off from the others (both ways, registry included) and
+    /// heal it after `for_ms`, through `up`'s control API.
     Isolate { region: usize, for_ms: u64 },
 }
 
@@ -127,14 +127,21 @@ pub enum Fault {
 pub enum KillTarget {
     /// The whole `keyhold up` process (every node at once).
     Cluster,
-    /// One node by id (once `up` runs nodes as processes).
+    /// One node by id (`up` gives region `REGIONS[i]`'s node the id `i + 1`).
     Node(u64),
 }
 
 impl Fault {
     pub fn kind(&self) -> &'static str {
         match self {
-            Fault::Kill { .. } => "kill",
+            Fault::Kill {
+                target: KillTarget::Cluster,
+                ..
+            } => "kill_cluster",
+            Fault::Kill {
+                target: KillTarget::Node(_),
+                ..
+            } => "kill_node",
             Fault::OutboxReplay => "outbox_replay",
             Fault::Move { .. } => "move",
             Fault::Isolate { .. } => "isolate",
@@ -174,7 +181,7 @@ impl Plan {
         let mut kills = 0;
         for _ in 0..rng.gen_range(FAULTS_MIN..=FAULTS_MAX) {
             let at_ms = rng.gen_range(FAULT_START_MS..TRAFFIC_MS);
-            let fault = match rng.gen_range(0..3) {
+            let fault = match rng.gen_range(0..5) {
                 0 if kills < KILLS_MAX => {
                     kills += 1;
                     Fault::Kill {
@@ -182,7 +189,18 @@ impl Plan {
                         down_ms: rng.gen_range(0..=DOWN_MS_MAX),
                     }
                 }
-                1 => {
+                1 if kills < KILLS_MAX => {
+                    kills += 1;
+                    Fault::Kill {
+                        target: KillTarget::Node(region(&mut rng) as u64 + 1),
+                        down_ms: rng.gen_range(0..=DOWN_MS_MAX),
+                    }
+                }
+                2 => Fault::Isolate {
+                    region: region(&mut rng),
+                    for_ms: rng.gen_range(ISOLATE_MS_MIN..=ISOLATE_MS_MAX),
+                },
+                3 => {
                     let tenant = region(&mut rng);
                     let to = (tenant + rng.gen_range(1..REGIONS.len())) % REGIONS.len();
                     Fault::Move { tenant, to }
@@ -341,7 +359,9 @@ mod tests {
             }
         }
         for k in [
-            "kill",
+            "kill_cluster",
+            "kill_node",
+            "isolate",
             "move",
             "outbox_replay",
             "new",

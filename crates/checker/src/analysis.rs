@@ -631,11 +631,13 @@ fn check_claims(
         }
         let parse = |text: &str| serde_json::from_str::<Value>(text).ok();
         // What a replay may show: the acknowledged final completion if there is
-        // one, else any final completion that was attempted.
+        // one, else any final completion that was attempted and not refused
+        // (no answer, or an `owner-unreachable` that may have executed).
+        let unsettled = |o: &Outcome| o.answer().is_none() || o.is_owner_unreachable();
         let allowed: Vec<(Option<Value>, u64)> = if finals.is_empty() {
             comps
                 .iter()
-                .filter(|c| FINAL_OUTCOMES.contains(&c.1) && c.3.outcome.answer().is_none())
+                .filter(|c| FINAL_OUTCOMES.contains(&c.1) && unsettled(&c.3.outcome))
                 .map(|c| (parse(c.2), c.3.id))
                 .collect()
         } else {

@@ -86,6 +86,24 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// A 503 `owner-unreachable`: the node that received the request could not
+    /// get the home region's answer. The request may have executed at the home
+    /// all the same (its connection was cut after sending, say); docs/api.md
+    /// tells clients to retry with the same key. So it settles nothing.
+    pub fn is_owner_unreachable(&self) -> bool {
+        let Some((503, body)) = self.answer() else {
+            return false;
+        };
+        serde_json::from_str::<serde_json::Value>(body)
+            .ok()
+            .and_then(|j| {
+                j["type"]
+                    .as_str()
+                    .map(|t| t.ends_with("/owner-unreachable"))
+            })
+            .unwrap_or(false)
+    }
+
     /// The status and body of an answer, if one arrived.
     pub fn answer(&self) -> Option<(u16, &str)> {
         match self {

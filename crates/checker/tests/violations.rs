@@ -519,6 +519,40 @@ fn a_claim_replay_showing_another_body() {
     assert_caught(&c, Kind::ReplayDiffers);
 }
 
+/// Found by `keyhold chaos` seed 8: region b was isolated while a forwarded
+/// completion was in flight; b completed the claim, the forwarding node
+/// answered 503 `owner-unreachable`, and a later claim replayed b's body. The
+/// checker took the 503 for "not completed" and reported a replay of a body
+/// never completed. A 503 `owner-unreachable` settles nothing; another refusal
+/// (here 503 `store-unavailable`, which never executes) still does.
+#[test]
+fn a_completion_answered_owner_unreachable_may_have_executed() {
+    let problem = |slug: &str| {
+        json!({"type": format!("https://keyhold.dev/problems/{slug}"),
+            "title": "x", "status": 503})
+    };
+    for (slug, settles) in [("owner-unreachable", false), ("store-unavailable", true)] {
+        let mut c = good();
+        c.push(900, claim("w9"), acquired("t9", false));
+        c.push(
+            910,
+            complete("w9", "t9", "SUCCEEDED", r#"{"done":9}"#),
+            ok(503, false, &problem(slug)),
+        );
+        c.push(
+            920,
+            claim("w9"),
+            ok(200, false, &claim_replay(r#"{"done":9}"#)),
+        );
+        if settles {
+            assert_caught(&c, Kind::ReplayDiffers);
+        } else {
+            let verdict = c.verdict();
+            assert!(verdict.ok, "{slug}: {}", verdict.summary());
+        }
+    }
+}
+
 #[test]
 fn a_completed_claim_acquired_again_at_the_end() {
     let mut c = good();

@@ -210,10 +210,9 @@ pub async fn run(
         return Err(e);
     }
     cluster.file.tenants = secrets.tenants.clone();
-    cluster.publish()?;
-    let cluster = Arc::new(cluster);
     // The one summary an operator needs after the per-node lines: where to
-    // point a browser, a client and the admin tools.
+    // point a browser, a client and the admin tools. Logged before cluster.json
+    // is written, so whoever waits for that file finds the line already there.
     let first_api = &cluster.file.regions[0].api_url;
     tracing::info!(
         regions = %cluster
@@ -231,6 +230,8 @@ pub async fn run(
         cluster_json = %cluster.file_path.display(),
         "cluster ready"
     );
+    cluster.publish()?;
+    let cluster = Arc::new(cluster);
 
     let watched = cluster.clone();
     let watcher = tokio::spawn(async move {

@@ -68,10 +68,12 @@ fn cluster_ports(count: u16) -> impl Iterator<Item = u16> {
         .chain([PSP_PORT_OFFSET, CONTROL_PORT_OFFSET])
 }
 
-/// A base port whose ports for `count` nodes bind on 127.0.0.1 now.
+/// A base port whose ports for `count` nodes bind on 127.0.0.1 now, below
+/// Linux's ephemeral ports (from 32768): an outgoing connection can hold an
+/// ephemeral port for as long as it lives, and a restart binds them all again.
 pub fn free_base_port(count: u16) -> u16 {
     for _ in 0..200 {
-        let base = 20_000 + (random_u64() % 40_000) as u16;
+        let base = 20_000 + (random_u64() % (32_768 - 20_000 - PORTS_PER_CLUSTER as u64)) as u16;
         let mut held = Vec::new();
         let mut ports = cluster_ports(count);
         let ok = ports.all(|i| match TcpListener::bind(("127.0.0.1", base + i)) {
@@ -85,7 +87,7 @@ pub fn free_base_port(count: u16) -> u16 {
             return base;
         }
     }
-    panic!("no free port range found in 20000..60000");
+    panic!("no free port range found in 20000..32768");
 }
 
 #[derive(Debug, Clone)]
