@@ -153,6 +153,10 @@ pub const MOVE_DRIVER_RENEWALS_PER_LEASE: u64 = 3;
 /// gone (after a restart), and, on the registry leader's node, expired leases.
 /// A local read; it bounds how long a restarted node leaves its move stalled.
 pub const MOVE_RESUME_POLL_MS: u64 = 250;
+/// How long a begun move may stay without a driver lease before the registry
+/// leader's node drives it: its first driver takes the lease right after
+/// `BeginMove`, unless its node died in between.
+pub const MOVE_UNLEASED_WAIT_MS: u64 = 2_000;
 
 const _: () = assert!(BODY_BYTES_MAX_DEFAULT <= MOVE_PAGE_BYTES_MAX);
 const _: () = assert!(2 * MOVE_PAGE_BYTES_MAX < MOVE_IMPORT_BODY_BYTES_MAX);
@@ -160,6 +164,8 @@ const _: () = assert!(MOVE_DRAIN_POLL_MS * 100 <= MOVE_DRAIN_WAIT_MS);
 const _: () = assert!(MOVE_DRIVER_LEASE_MS_MIN <= MOVE_DRIVER_LEASE_MS_DEFAULT);
 const _: () = assert!(MOVE_DRIVER_RENEWALS_PER_LEASE >= 2);
 const _: () = assert!(MOVE_RESUME_POLL_MS * 10 <= MOVE_DRIVER_LEASE_MS_DEFAULT);
+const _: () = assert!(MOVE_RESUME_POLL_MS < MOVE_UNLEASED_WAIT_MS);
+const _: () = assert!(MOVE_UNLEASED_WAIT_MS < MOVE_DRIVER_LEASE_MS_DEFAULT);
 // A driver renews its lease between pull calls, and while one runs.
 const _: () = assert!(MOVE_PULL_BUDGET_MS * 3 <= MOVE_DRIVER_LEASE_MS_DEFAULT);
 const _: () = assert!(MOVE_PULL_PAGES_MAX >= 1);

@@ -43,7 +43,7 @@
 
 use crate::limits::{
     MOVE_CALL_TIMEOUT_MS, MOVE_DRAIN_WAIT_MS, MOVE_DRIVER_RENEWALS_PER_LEASE,
-    MOVE_PULL_CALL_TIMEOUT_MS, MOVE_RESUME_POLL_MS,
+    MOVE_PULL_CALL_TIMEOUT_MS, MOVE_RESUME_POLL_MS, MOVE_UNLEASED_WAIT_MS,
 };
 use crate::node::{now, Node};
 use crate::routes::Pass;
@@ -138,7 +138,8 @@ fn renew_every(node: &Node) -> Duration {
 /// driver here runs (its driver died with a previous incarnation of the node,
 /// or gave up on a registry error), and, on the registry leader's node only,
 /// every move whose driver's lease expired (it died with another node, or
-/// stalled). A restarted node so resumes its own moves as soon as its replica
+/// stalled) or that nobody took the lease of within `MOVE_UNLEASED_WAIT_MS`
+/// (its node died between `BeginMove` and the lease). A restarted node so resumes its own moves as soon as its replica
 /// knows a leader, not after the lease ran out; the registry grants the lease
 /// to a successor on another node only once it really expired by the leader's
 /// clock.
@@ -153,8 +154,11 @@ fn moves_to_drive(node: &Node, at_ms: u64) -> Vec<Operation> {
             .filter(|op| match s.drivers.get(&op.operation_id) {
                 Some(lease) if lease.holder == me => !node.drivers.is_running(&op.operation_id),
                 Some(lease) => leading && lease.expires_at_ms <= at_ms,
-                // Never driven: its first driver may still be starting.
-                None => leading && at_ms.saturating_sub(op.updated_at_ms) > lease_ms(node),
+                // Never driven: its first driver takes the lease within
+                // moments of `BeginMove`, unless its node died first. The
+                // registry grants the lease to one of them only, so taking
+                // it over early cannot make two drivers.
+                None => leading && at_ms.saturating_sub(op.updated_at_ms) > MOVE_UNLEASED_WAIT_MS,
             })
             .cloned()
             .collect()
