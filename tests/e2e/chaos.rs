@@ -15,10 +15,12 @@ const SEEDS: u64 = 2;
 /// Seed 106 SIGKILLs the cluster 268 ms after it starts a move: the move must
 /// end within `MOVES_SETTLE_MS` of the traffic (its driver's node resumes it
 /// after the restart), not once the driver's lease expired. (Seed 1 played
-/// this part before the plan drew node kills and isolations. Seed 21, whose
-/// kill lands right after the move's 202, still fails: a move killed before
-/// its driver held the lease waits for the lease to expire.)
+/// this part before the plan drew node kills and isolations.)
 const MOVE_CUT_SHORT_SEED: u64 = 106;
+/// Seed 21 SIGKILLs the cluster right after a move's 202, before its driver
+/// held the lease: the registry leader's node drives it once it stayed
+/// without a lease for `MOVE_UNLEASED_GRACE_MS`, not after a whole lease.
+const MOVE_UNLEASED_SEED: u64 = 21;
 
 /// Seed 8 isolates region b while a claim completion forwarded into b may be
 /// in flight: b completes it, the forwarding node answers 503
@@ -35,6 +37,13 @@ fn two_chaos_seeds_pass_the_checker() {
 #[test]
 fn a_move_cut_short_by_a_kill_ends_soon_after_the_traffic() {
     run_seeds(MOVE_CUT_SHORT_SEED, 1);
+}
+
+/// Failed before the leader's node drove moves left without a lease early:
+/// "stuck moves" after `MOVES_SETTLE_MS`.
+#[test]
+fn a_move_killed_before_its_driver_leased_it_ends_soon_after_the_traffic() {
+    run_seeds(MOVE_UNLEASED_SEED, 1);
 }
 
 /// Failed once in a 30-seed run before the checker learned that 503

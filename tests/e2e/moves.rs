@@ -6,12 +6,16 @@
 //! responses moves; an old home killed right after fencing, whose move was
 //! aborted meanwhile, serves the tenant again after its restart; of two racing
 //! drivers exactly one wins and the new home's content equals the old one's; a
-//! move cut short by a crash of the whole cluster resumes as soon as it is back.
+//! move cut short by a crash of the whole cluster resumes as soon as it is back;
+//! moves under load, one with its driver killed, lose and duplicate nothing
+//! (judged by the history checker).
 
 mod common;
 
 use common::{assert_order, order_body, unique, Cluster, ServeCluster};
 use serde_json::{json, Value};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 const REGIONS: [&str; 3] = ["a", "b", "c"];
@@ -499,6 +503,22 @@ fn a_move_never_leased_before_a_crash_is_driven_soon_after_the_restart() {
     }
 }
 
+/// Starts a move of `tenant_id` to `to` through member `driver`, restarted so
+/// that its driver stalls after the fence; returns once it stalls, with the
+/// fault cleared for the member's next start.
+fn start_stalled_move(sc: &mut ServeCluster, driver: usize, tenant_id: &str, to: &str) -> String {
+    restart_with_driver_pause(sc, driver, 120_000);
+    let op = start_move(&sc.api(driver), &sc.admin_token, tenant_id, to);
+    common::poll(Duration::from_secs(20), "the driver to stall", || {
+        sc.members[driver]
+            .stderr_tail()
+            .contains("KEYHOLD_FAULT_DRIVER_PAUSE_MS is set")
+            .then_some(())
+    });
+    sc.members[driver].env.clear();
+    op
+}
+
 /// The concatenated export pages of a tenant on one node (its stored content).
 fn content(api_url: &str, credential: &str, tenant_id: &str) -> Vec<u8> {
     export_pages(api_url, credential, tenant_id).concat()
@@ -589,16 +609,7 @@ fn a_move_cut_short_by_a_crash_resumes_as_soon_as_the_cluster_is_back() {
     let tenant = sc.create_tenant(c, "a");
     let made = orders_at(&sc, a, &tenant, 10);
     // The driver runs on c, neither end of the move, and stalls after the fence.
-    restart_with_driver_pause(&mut sc, c, 120_000);
-    let op = start_move(&sc.api(c), &admin, &tenant.tenant_id, "b");
-    common::poll(Duration::from_secs(20), "the driver to stall", || {
-        sc.members[c]
-            .stderr_tail()
-            .contains("KEYHOLD_FAULT_DRIVER_PAUSE_MS is set")
-            .then_some(())
-    });
-
-    sc.members[c].env.clear();
+    let op = start_stalled_move(&mut sc, c, &tenant.tenant_id, "b");
     for i in [a, b, c] {
         sc.kill9(i);
     }
@@ -636,5 +647,185 @@ fn a_move_cut_short_by_a_crash_resumes_as_soon_as_the_cluster_is_back() {
             .expecting("b")
             .create_order(&tenant.token, key, body);
         assert_eq!((again.status, &again.body), (201, &first.body));
+    }
+}
+
+/// A client of the load below: sends through every region in turn, creating
+/// orders and replaying acknowledged ones, until `stop`; records every
+/// request and its fate for the checker.
+async fn load_client(
+    client: u32,
+    apis: Vec<(String, String)>,
+    token: String,
+    recorder: keyhold_checker::Recorder,
+    stop: Arc<AtomicBool>,
+) {
+    let http = reqwest::Client::new();
+    let mut acked: Vec<(String, String, String)> = Vec::new();
+    let mut n = 0usize;
+    while !stop.load(Ordering::Relaxed) {
+        n += 1;
+        let (region, url) = &apis[(client as usize + n) % apis.len()];
+        // Every third request replays an acknowledged one (same key and body).
+        let (key, coid, body) = match acked.get((n * 7) % acked.len().max(1)) {
+            Some(old) if n.is_multiple_of(3) => old.clone(),
+            _ => {
+                let coid = unique("co");
+                (unique("k"), coid.clone(), order_body(&coid, 1 + n as u64))
+            }
+        };
+        let sender = keyhold_checker::Sender {
+            client,
+            tenant: "t",
+            region,
+        };
+        let request = keyhold_checker::Request::CreateOrder {
+            key: key.clone(),
+            client_order_id: coid.clone(),
+            body: body.clone(),
+            fingerprint: None,
+        };
+        let pending = recorder.invoke(&sender, request);
+        let sent = http
+            .post(format!("{url}/v1/orders"))
+            .bearer_auth(&token)
+            .header("content-type", "application/json")
+            .header("idempotency-key", &key)
+            .timeout(Duration::from_secs(15))
+            .body(body.clone())
+            .send()
+            .await;
+        let outcome = match sent {
+            Ok(r) => {
+                let status = r.status().as_u16();
+                let replayed = r.headers().contains_key("idempotent-replayed");
+                match r.text().await {
+                    Ok(body) => keyhold_checker::Outcome::Ok {
+                        status,
+                        replayed,
+                        body,
+                    },
+                    Err(e) => keyhold_checker::Outcome::Unknown {
+                        reason: e.to_string(),
+                    },
+                }
+            }
+            Err(e) if e.is_connect() => keyhold_checker::Outcome::Fail {
+                reason: e.to_string(),
+            },
+            Err(e) => keyhold_checker::Outcome::Unknown {
+                reason: e.to_string(),
+            },
+        };
+        let status = outcome.answer().map(|(s, _)| s);
+        recorder.complete(pending, outcome);
+        match status {
+            Some(201) => acked.push((key, coid, body)),
+            Some(200..=299) => {}
+            // 503 tenant-moving, a node down: the request is not acknowledged.
+            _ => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+}
+
+/// Moves (6), end to end under load: clients keep creating and replaying
+/// orders of the tenant through every region while it moves a → b, and while
+/// it moves back b → a with its driver's node killed mid-move (the driver
+/// stalled after the fence, then SIGKILLed and restarted: it resumes the
+/// move). The history checker then reads the final state: zero duplicates
+/// (one order per client_order_id), no acknowledged order missing or
+/// changed, every replay byte-identical.
+#[test]
+fn moves_under_load_through_every_region_lose_and_duplicate_nothing() {
+    let mut sc = ServeCluster::start(&["a", "b", "c"], "");
+    let admin = sc.admin_token.clone();
+    let (a, b, c) = (sc.index("a"), sc.index("b"), sc.index("c"));
+    let tenant = sc.create_tenant(c, "a");
+    orders_at(&sc, a, &tenant, 1);
+    let apis: Vec<(String, String)> = sc
+        .members
+        .iter()
+        .map(|m| (m.region.clone(), format!("http://{}", m.api_addr)))
+        .collect();
+    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+    let recorder = keyhold_checker::Recorder::new(1_000_000);
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = (0..6)
+        .map(|client| {
+            runtime.spawn(load_client(
+                client,
+                apis.clone(),
+                tenant.token.clone(),
+                recorder.clone(),
+                stop.clone(),
+            ))
+        })
+        .collect();
+    let answered = |status: u16| {
+        recorder
+            .history()
+            .ops
+            .iter()
+            .filter(|op| op.outcome.answer().is_some_and(|(s, _)| s == status))
+            .count()
+    };
+    common::poll(Duration::from_secs(20), "load before the moves", || {
+        (answered(201) >= 200).then_some(())
+    });
+
+    let op = start_move(&sc.api(c), &admin, &tenant.tenant_id, "b");
+    let done = wait_finished(&sc.api(c), &admin, &op, Duration::from_secs(60));
+    assert_eq!(done["state"], "done", "{done}");
+    let created = answered(201);
+    common::poll(Duration::from_secs(20), "load at the new home", || {
+        (answered(201) >= created + 200).then_some(())
+    });
+
+    // Back to a, driven by c, which stalls after the fence and is killed there.
+    let op = start_stalled_move(&mut sc, c, &tenant.tenant_id, "a");
+    sc.kill9(c);
+    sc.restart(c);
+    sc.wait_ready(c, Duration::from_secs(30));
+    let done = wait_finished(&sc.api(b), &admin, &op, Duration::from_secs(20));
+    assert_eq!(done["state"], "done", "{done}");
+    let created = answered(201);
+    common::poll(Duration::from_secs(20), "load back at the old home", || {
+        (answered(201) >= created + 200).then_some(())
+    });
+    stop.store(true, Ordering::Relaxed);
+    for client in clients {
+        runtime.block_on(client).expect("a load client");
+    }
+
+    let target = keyhold_checker::Target {
+        regions: apis,
+        tokens: [("t".to_owned(), tenant.token.clone())].into(),
+        admin_token: None,
+        psp_url: None,
+    };
+    let history = recorder.history();
+    let options = keyhold_checker::ReadOptions {
+        settle_wait: Duration::from_secs(30),
+    };
+    let (_, verdict) = runtime
+        .block_on(keyhold_checker::read_and_check(&target, &history, options))
+        .expect("the checker reads the final state");
+    assert!(verdict.ok, "{}", verdict.summary());
+    assert!(verdict.stats.orders_acked >= 300, "{}", verdict.summary());
+    assert!(
+        verdict.stats.order_replays_checked > 0,
+        "{}",
+        verdict.summary()
+    );
+    assert_eq!(recorder.dropped(), 0);
+    // Both homes answered: the load really ran across both moves.
+    for region in ["a", "b"] {
+        assert!(
+            history.ops.iter().any(|op| op
+                .outcome
+                .json()
+                .is_some_and(|j| j["home_region"] == region)),
+            "no order answered from home {region}"
+        );
     }
 }
