@@ -19,6 +19,7 @@
 //! it (how far its entry got) reach the region tree in one atomic sled batch, so a
 //! crash at any point re-applies exactly the commands whose effects are missing.
 
+mod group;
 mod snapshot;
 mod state_machine;
 
@@ -27,6 +28,7 @@ use std::path::Path;
 use keyhold_raftlog::{LogTrees, NodeId, NodeInfo};
 use serde::{Deserialize, Serialize};
 
+pub use self::group::RegionGroup;
 pub use self::state_machine::RegionStateMachine;
 use crate::command::{Applied, Command};
 use crate::limits::SLED_FLUSH_EVERY_MS;
