@@ -5,7 +5,8 @@
 //! old export page replayed after a move is refused; a tenant with large claim
 //! responses moves; an old home killed right after fencing, whose move was
 //! aborted meanwhile, serves the tenant again after its restart; of two racing
-//! drivers exactly one wins and the new home's content equals the old one's.
+//! drivers exactly one wins and the new home's content equals the old one's; a
+//! move cut short by a crash of the whole cluster resumes as soon as it is back.
 
 mod common;
 
@@ -401,6 +402,40 @@ fn an_old_home_down_when_its_move_was_aborted_lifts_its_fence_after_restart() {
     assert_eq!((again.status, &again.body), (201, &first.body));
 }
 
+/// `count` orders of `tenant` created at member `home`: key, body and answer.
+fn orders_at(
+    sc: &ServeCluster,
+    home: usize,
+    tenant: &common::Tenant,
+    count: u64,
+) -> Vec<(String, String, common::Resp)> {
+    let region = sc.members[home].region.clone();
+    (0..count)
+        .map(|n| {
+            let (key, coid) = (unique("k"), unique("co"));
+            let body = order_body(&coid, 100 + n);
+            let r = common::poll(Duration::from_secs(10), "the tenant at home", || {
+                let r = sc
+                    .api(home)
+                    .expecting(&region)
+                    .create_order(&tenant.token, &key, &body);
+                (r.status == 201).then_some(r)
+            });
+            (key, body, r)
+        })
+        .collect()
+}
+
+/// Restarts member `i` with its move drivers stalling `pause_ms` after the fence.
+fn restart_with_driver_pause(sc: &mut ServeCluster, i: usize, pause_ms: u64) {
+    sc.members[i]
+        .env
+        .push(("KEYHOLD_FAULT_DRIVER_PAUSE_MS".into(), pause_ms.to_string()));
+    sc.kill9(i);
+    sc.restart(i);
+    sc.wait_ready(i, Duration::from_secs(20));
+}
+
 /// The concatenated export pages of a tenant on one node (its stored content).
 fn content(api_url: &str, credential: &str, tenant_id: &str) -> Vec<u8> {
     export_pages(api_url, credential, tenant_id).concat()
@@ -425,25 +460,8 @@ fn two_drivers_race_one_wins_and_the_new_home_equals_the_old() {
     let slow = (0..3).find(|&i| i != leader).expect("a follower");
     let tenant = sc.create_tenant(slow, "a");
     let (a, b) = (sc.index("a"), sc.index("b"));
-    let mut made = Vec::new();
-    for n in 0..20 {
-        let (key, coid) = (unique("k"), unique("co"));
-        let body = order_body(&coid, 100 + n);
-        let r = common::poll(Duration::from_secs(10), "the tenant on a", || {
-            let r = sc
-                .api(a)
-                .expecting("a")
-                .create_order(&tenant.token, &key, &body);
-            (r.status == 201).then_some(r)
-        });
-        made.push((key, body, r));
-    }
-    sc.members[slow]
-        .env
-        .push(("KEYHOLD_FAULT_DRIVER_PAUSE_MS".into(), "8000".into()));
-    sc.kill9(slow);
-    sc.restart(slow);
-    sc.wait_ready(slow, Duration::from_secs(20));
+    let made = orders_at(&sc, a, &tenant, 20);
+    restart_with_driver_pause(&mut sc, slow, 8_000);
     let op = start_move(&sc.api(slow), &admin, &tenant.tenant_id, "b");
     let done = wait_finished(&sc.api(leader), &admin, &op, Duration::from_secs(60));
     assert_eq!(done["state"], "done", "{done}");
@@ -487,6 +505,71 @@ fn two_drivers_race_one_wins_and_the_new_home_equals_the_old() {
     for (key, body, first) in &made {
         let again = sc
             .api(leader)
+            .expecting("b")
+            .create_order(&tenant.token, key, body);
+        assert_eq!((again.status, &again.body), (201, &first.body));
+    }
+}
+
+/// Moves (5): the whole cluster is killed while a move runs (its driver is
+/// stalled after the fence, holding a 30 s lease) and restarted: the node that
+/// held the lease resumes the move as soon as it is back, so the move is done
+/// and the tenant answers 201 at its new home within seconds, well before the
+/// lease would have expired. On the old code nobody drove the move until the
+/// registry leader's watchdog saw the lease expire (chaos seed 1: the tenant
+/// answered 503 `tenant-moving` for about a minute after the restart).
+#[test]
+fn a_move_cut_short_by_a_crash_resumes_as_soon_as_the_cluster_is_back() {
+    let mut sc = ServeCluster::start(&["a", "b", "c"], "move_driver_lease = \"30s\"");
+    let admin = sc.admin_token.clone();
+    let (a, b, c) = (sc.index("a"), sc.index("b"), sc.index("c"));
+    let tenant = sc.create_tenant(c, "a");
+    let made = orders_at(&sc, a, &tenant, 10);
+    // The driver runs on c, neither end of the move, and stalls after the fence.
+    restart_with_driver_pause(&mut sc, c, 120_000);
+    let op = start_move(&sc.api(c), &admin, &tenant.tenant_id, "b");
+    common::poll(Duration::from_secs(20), "the driver to stall", || {
+        sc.members[c]
+            .stderr_tail()
+            .contains("KEYHOLD_FAULT_DRIVER_PAUSE_MS is set")
+            .then_some(())
+    });
+
+    sc.members[c].env.clear();
+    for i in [a, b, c] {
+        sc.kill9(i);
+    }
+    for i in [a, b, c] {
+        sc.restart(i);
+    }
+    for i in [a, b, c] {
+        sc.wait_ready(i, Duration::from_secs(30));
+    }
+    let back = std::time::Instant::now();
+    let done = wait_finished(&sc.api(b), &admin, &op, Duration::from_secs(60));
+    let took = back.elapsed();
+    assert_eq!(done["state"], "done", "{done}");
+    assert!(
+        took < Duration::from_secs(10),
+        "the move took {took:?} after the restart: it waited for the lease"
+    );
+    for via in [a, b, c] {
+        let (coid, key) = (unique("co"), unique("k"));
+        let api = sc.api(via).expecting("b");
+        // A replica that has not applied the move's end yet answers 503.
+        let r = common::poll(Duration::from_secs(5), "the tenant at b", || {
+            let r = api.create_order(&tenant.token, &key, &order_body(&coid, 9));
+            if r.status == 503 {
+                r.assert_problem(503, "tenant-moving");
+                return None;
+            }
+            Some(r)
+        });
+        assert_order(&r, 201, &coid, 9);
+    }
+    for (key, body, first) in &made {
+        let again = sc
+            .api(b)
             .expecting("b")
             .create_order(&tenant.token, key, body);
         assert_eq!((again.status, &again.body), (201, &first.body));

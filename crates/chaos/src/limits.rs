@@ -35,10 +35,11 @@ pub const TAKEOVER_RETRY_MS: u64 = 100;
 pub const RECONNECT_PAUSE_MS: u64 = 200;
 /// How long `keyhold up` may take to write cluster.json.
 pub const READY_TIMEOUT_MS: u64 = 60_000;
-/// How long moves may take to end after the traffic: a move whose driver died
-/// in a kill is resumed by the registry leader's watchdog only after the
-/// server's `MOVE_STALL_MS` (60 s) without progress.
-pub const MOVES_SETTLE_MS: u64 = 120_000;
+/// How long moves may take to end after the traffic. A move whose driver died
+/// in a kill is resumed by the restarted node that holds its lease as soon as
+/// the registry has a leader again, so a few seconds are plenty; a move that
+/// waits for its lease to expire (30 s) fails the seed.
+pub const MOVES_SETTLE_MS: u64 = 5_000;
 pub const MOVES_POLL_MS: u64 = 250;
 /// How long the checker waits for downstream work to settle.
 pub const SETTLE_WAIT_MS: u64 = 30_000;

@@ -141,11 +141,16 @@ pub const MOVE_PROGRESS_EVERY_PAGES: u64 = 10;
 pub const MOVE_DRIVER_LEASE_MS_DEFAULT: u64 = 30_000;
 pub const MOVE_DRIVER_LEASE_MS_MIN: u64 = 300;
 pub const MOVE_DRIVER_RENEWALS_PER_LEASE: u64 = 3;
+/// How often a node looks for moves it should drive: its own whose driver is
+/// gone (after a restart), and, on the registry leader's node, expired leases.
+/// A local read; it bounds how long a restarted node leaves its move stalled.
+pub const MOVE_RESUME_POLL_MS: u64 = 250;
 
 const _: () = assert!(BODY_BYTES_MAX_DEFAULT <= MOVE_PAGE_BYTES_MAX);
 const _: () = assert!(2 * MOVE_PAGE_BYTES_MAX < MOVE_IMPORT_BODY_BYTES_MAX);
 const _: () = assert!(MOVE_DRAIN_POLL_MS * 100 <= MOVE_DRAIN_WAIT_MS);
 const _: () = assert!(MOVE_DRIVER_LEASE_MS_MIN <= MOVE_DRIVER_LEASE_MS_DEFAULT);
 const _: () = assert!(MOVE_DRIVER_RENEWALS_PER_LEASE >= 2);
+const _: () = assert!(MOVE_RESUME_POLL_MS * 10 <= MOVE_DRIVER_LEASE_MS_DEFAULT);
 
 const _: () = assert!(INFLIGHT_WAIT_MS_DEFAULT < FORWARD_TIMEOUT_MS);

@@ -10,6 +10,12 @@
 //! reports and its `FinishMove`, and the new home refuses its imports, so a
 //! driver that was only slow can no longer write anything.
 //!
+//! The lease's holder is the node's registry id, which a node keeps across
+//! restarts: a node that comes back resumes the moves whose lease it holds at
+//! once (`resume_stalled`), under the same generation. Its previous
+//! incarnation is dead with its process, so nothing else writes under that
+//! generation, and every step is safe to repeat.
+//!
 //! A move is four steps, each safe to repeat:
 //! 1. `BeginMove` in the registry (by the admin endpoint): the tenant is
 //!    `moving` at its current epoch, so no node places requests for it (503
@@ -32,7 +38,7 @@
 
 use crate::limits::{
     MOVE_CALL_TIMEOUT_MS, MOVE_DRAIN_WAIT_MS, MOVE_DRIVER_RENEWALS_PER_LEASE, MOVE_PAGE_BYTES_MAX,
-    MOVE_PROGRESS_EVERY_PAGES,
+    MOVE_PROGRESS_EVERY_PAGES, MOVE_RESUME_POLL_MS,
 };
 use crate::node::{now, Node};
 use crate::routes::NEXT_CURSOR;
@@ -78,9 +84,16 @@ impl Drivers {
         true
     }
 
+    /// True while a driver for `operation_id` runs on this node.
+    pub fn is_running(&self, operation_id: &str) -> bool {
+        let running = self.running.lock().expect("drivers lock");
+        running.get(operation_id).is_some_and(|t| !t.is_finished())
+    }
+
     /// Stops every driver (node shutdown). A stopped driver's move stays
-    /// running in the registry; the watchdog of the registry leader's node
-    /// resumes it.
+    /// running in the registry: this node resumes it when it starts again
+    /// (it still holds the lease), or the registry leader's node once the
+    /// lease expired.
     pub fn stop_all(&self) {
         for (_, task) in self.running.lock().expect("drivers lock").drain() {
             task.abort();
@@ -115,39 +128,52 @@ fn renew_every(node: &Node) -> Duration {
     Duration::from_millis(lease_ms(node) / MOVE_DRIVER_RENEWALS_PER_LEASE)
 }
 
-/// On the registry leader's node: re-drives moves whose driver's lease expired
-/// (it may have died with its node, or stalled). The registry grants the lease
-/// to the successor only if it really expired by the leader's clock.
+/// Which running moves this node should drive now, by its registry replica at
+/// `at_ms`: every non-terminal move whose lease this node holds but that no
+/// driver here runs (its driver died with a previous incarnation of the node,
+/// or gave up on a registry error), and, on the registry leader's node only,
+/// every move whose driver's lease expired (it died with another node, or
+/// stalled). A restarted node so resumes its own moves as soon as its replica
+/// knows a leader, not after the lease ran out; the registry grants the lease
+/// to a successor on another node only once it really expired by the leader's
+/// clock.
+fn moves_to_drive(node: &Node, at_ms: u64) -> Vec<Operation> {
+    let registry = node.registry();
+    let me = registry.id();
+    let leading = registry.leader() == Some(me);
+    registry.read(|s| {
+        s.operations
+            .values()
+            .filter(|op| !op.state.is_terminal())
+            .filter(|op| match s.drivers.get(&op.operation_id) {
+                Some(lease) if lease.holder == me => !node.drivers.is_running(&op.operation_id),
+                Some(lease) => leading && lease.expires_at_ms <= at_ms,
+                // Never driven: its first driver may still be starting.
+                None => leading && at_ms.saturating_sub(op.updated_at_ms) > lease_ms(node),
+            })
+            .cloned()
+            .collect()
+    })
+}
+
+/// Resumes the moves `moves_to_drive` names, at start-up and then every
+/// `MOVE_RESUME_POLL_MS`, until the node stops.
 pub async fn resume_stalled(node: Arc<Node>, mut stop: tokio::sync::watch::Receiver<bool>) {
     loop {
-        tokio::select! {
-            _ = tokio::time::sleep(renew_every(&node)) => {}
-            _ = stop.changed() => return,
-        }
-        let registry = node.registry();
-        if registry.leader() != Some(registry.id()) {
-            continue;
-        }
-        let at = now().0;
-        let stalled: Vec<Operation> = registry.read(|s| {
-            s.operations
-                .values()
-                .filter(|op| !op.state.is_terminal())
-                .filter(|op| match s.drivers.get(&op.operation_id) {
-                    Some(lease) => lease.expires_at_ms <= at,
-                    // Never driven: its first driver may still be starting.
-                    None => at.saturating_sub(op.updated_at_ms) > lease_ms(&node),
-                })
-                .cloned()
-                .collect()
-        });
-        for op in stalled {
-            let Some(job) = job_of(&node, &op, registry.applied_index()) else {
-                continue;
-            };
-            if node.drivers.start(node.clone(), job) {
-                tracing::warn!(operation = %op.operation_id, tenant = %op.tenant_id, "taking over a move whose driver's lease expired");
+        // Without a known leader no lease can be written: look again later.
+        if node.registry().leader().is_some() {
+            for op in moves_to_drive(&node, now().0) {
+                let Some(job) = job_of(&node, &op, node.registry().applied_index()) else {
+                    continue;
+                };
+                if node.drivers.start(node.clone(), job) {
+                    tracing::warn!(operation = %op.operation_id, tenant = %op.tenant_id, "resuming a move whose driver is gone");
+                }
             }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(MOVE_RESUME_POLL_MS)) => {}
+            _ = stop.changed() => return,
         }
     }
 }

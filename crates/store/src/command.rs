@@ -123,6 +123,60 @@ pub enum Command {
     /// resume (after an aborted move) or start (after a completed one). Every
     /// fence or import of an earlier epoch is over, and refused from now on.
     Own { tenant: TenantId, epoch: u64 },
+    /// A move under `operation_id` at `epoch` starts copying the tenant away
+    /// while this store still executes for it: from now on every write or
+    /// deletion of one of the tenant's movable entries also notes the key in the
+    /// tenant's change index, in the same atomic batch, so that the move's
+    /// final pass copies only what changed. Repeating it keeps the index.
+    /// Refused (a value, nothing changes) when the store's guard belongs to a
+    /// later epoch or is another move's.
+    TrackChanges {
+        tenant: TenantId,
+        operation_id: String,
+        epoch: u64,
+    },
+    /// The tenant's move `operation_id` ended: stop tracking its changes and
+    /// delete up to `entries_max` entries of its change index. Repeat until
+    /// `Erased { more: false }`. Tracking for another move is left alone.
+    EndTracking {
+        tenant: TenantId,
+        operation_id: String,
+        entries_max: u32,
+    },
+    /// `Import`, for the final pass of a move: writes `entries` and deletes the
+    /// tenant's entries `removed` (deleted at the old home since the first pass).
+    ImportChanges {
+        tenant: TenantId,
+        operation_id: String,
+        epoch: u64,
+        page: ChangePage,
+    },
+}
+
+/// The move whose copy a store tracks a tenant's changes for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tracking {
+    pub operation_id: String,
+    pub epoch: u64,
+}
+
+/// One page of a move's final pass: the tenant's entries changed since the
+/// first pass began, as they are now, and the keys of those deleted meanwhile.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChangePage {
+    pub entries: Vec<ExportEntry>,
+    pub removed: Vec<Vec<u8>>,
+}
+
+impl ChangePage {
+    /// The wire form (bincode 2, standard config).
+    pub fn encode(&self) -> Vec<u8> {
+        crate::codec::encode_plain(self)
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<ChangePage, crate::Error> {
+        crate::codec::decode_plain(bytes)
+    }
 }
 
 /// Where a region store stands with one tenant, by epoch (the registry's count of
@@ -152,7 +206,7 @@ impl TenantGuard {
     }
 }
 
-/// The answer to `Fence`, `Import` and `Own`.
+/// The answer to `Fence`, `Import`, `ImportChanges`, `Own` and `TrackChanges`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum GuardOutcome {
     /// Took effect (or already had): the tenant's guard is now `guard`;
@@ -371,9 +425,10 @@ pub enum Applied {
     Replayed {
         events: u64,
     },
-    /// `Fence`, `Import` or `Own`.
+    /// `Fence`, `Import`, `ImportChanges`, `Own` or `TrackChanges`.
     Guard(GuardOutcome),
-    /// `EraseTenant` removed `entries`; `more` when it stopped at its limit.
+    /// `EraseTenant` or `EndTracking` removed `entries`; `more` when it
+    /// stopped at its limit.
     Erased {
         entries: u64,
         more: bool,

@@ -17,6 +17,10 @@ pub const EXPIRY: u8 = b'e';
 pub const PROCESSED: u8 = b'p';
 /// `order_id ++ 0 ++ line (big-endian) -> Reservation`.
 pub const RESERVATION: u8 = b'v';
+/// The change index of a tenant whose move is copying it:
+/// `tenant ++ 0 ++ changed key -> ()`, one entry per key written or deleted
+/// since the move's first pass began (see `Command::TrackChanges`).
+pub const CHANGE: u8 = b'k';
 /// Meta entries (batch stamp, outbox sequence, cursors, fences) live under `s`.
 pub const META_PREFIX: u8 = b's';
 pub const META_BATCH: &[u8] = b"sbatch";
@@ -90,6 +94,32 @@ pub const GUARD_PREFIX: &[u8] = b"sguard:";
 pub fn guard(tenant: &TenantId) -> Vec<u8> {
     let mut key = GUARD_PREFIX.to_vec();
     key.extend_from_slice(tenant.as_str().as_bytes());
+    key
+}
+
+/// Prefix of the tenants whose changes are tracked (`Tracking`).
+pub const TRACKING_PREFIX: &[u8] = b"strack:";
+
+/// Present while the tenant's changes are tracked for a move.
+pub fn tracking(tenant: &[u8]) -> Vec<u8> {
+    let mut key = TRACKING_PREFIX.to_vec();
+    key.extend_from_slice(tenant);
+    key
+}
+
+/// Prefix of one tenant's change index.
+pub fn changes_of(tenant: &[u8]) -> Vec<u8> {
+    let mut key = Vec::with_capacity(2 + tenant.len());
+    key.push(CHANGE);
+    key.extend_from_slice(tenant);
+    key.push(0);
+    key
+}
+
+/// The change index entry saying `changed` (a full key) of `tenant` changed.
+pub fn change(tenant: &[u8], changed: &[u8]) -> Vec<u8> {
+    let mut key = changes_of(tenant);
+    key.extend_from_slice(changed);
     key
 }
 

@@ -25,9 +25,9 @@ pub mod raft;
 mod wal;
 
 pub use command::{
-    Applied, ClaimOutcome, Command, CompleteOutcome, ConsumeOutcome, Cursor, CursorOutcome,
-    ExportEntry, GuardOutcome, HeartbeatOutcome, OrderOutcome, OutboxEvent, Processed, Rejection,
-    Reservation, SweepOutcome, TenantGuard,
+    Applied, ChangePage, ClaimOutcome, Command, CompleteOutcome, ConsumeOutcome, Cursor,
+    CursorOutcome, ExportEntry, GuardOutcome, HeartbeatOutcome, OrderOutcome, OutboxEvent,
+    Processed, Rejection, Reservation, SweepOutcome, TenantGuard, Tracking,
 };
 pub use commit::CommitStats;
 
@@ -347,34 +347,93 @@ impl Store {
     /// markers, the order index and orders, in key order after `after`, adding
     /// entries while their keys and payloads fit in `bytes_max` (always at least
     /// one, so any entry travels). Returns the page and the cursor of the next
-    /// page (`None` when done). Call it only after fencing the tenant: a fenced
-    /// tenant's entries no longer change.
-    pub fn export_tenant(
+    /// page (`None` when done), once every entry on it is durable. While the
+    /// store executes for the tenant, a page is a consistent cut only together
+    /// with the tenant's change index (`Command::TrackChanges`): whatever
+    /// changed after the page was read is in the index.
+    pub async fn export_tenant(
         &self,
         tenant: &TenantId,
         after: Option<&[u8]>,
         bytes_max: usize,
     ) -> Result<(Vec<ExportEntry>, Option<Vec<u8>>), Error> {
-        let mut out: Vec<ExportEntry> = Vec::new();
-        let mut bytes = 0usize;
-        let mut last: Option<Vec<u8>> = None;
-        let next = self.visit_tenant(tenant, after, |key, value| {
-            let payload = codec::payload(value)?;
-            let size = key.len() + payload.len();
-            if !out.is_empty() && bytes + size > bytes_max {
-                return Ok(false);
-            }
-            bytes += size;
-            out.push(ExportEntry {
-                key: key.to_vec(),
-                payload: payload.to_vec(),
-            });
-            last = Some(key.to_vec());
-            Ok(true)
-        })?;
+        let mut page = PageBuilder::new(bytes_max);
+        let next = self.visit_tenant(tenant, after, |key, value| page.add(key, value))?;
+        self.wait_durable(page.newest_batch).await?;
         // `visit_tenant` stopped at an entry that did not fit: the page ends at the
         // one before it, and the next page starts after that one.
-        Ok((out, next.and(last)))
+        Ok((page.entries, next.and(page.last)))
+    }
+
+    /// One page of the tenant's change index after `after` (a changed key), for
+    /// a move's final pass: each changed entry as it is now, or its key among
+    /// the removed ones when it is gone; sized like `export_tenant`. Returns
+    /// the page and the next page's cursor (`None` when done), once durable.
+    pub async fn export_changes(
+        &self,
+        tenant: &TenantId,
+        after: Option<&[u8]>,
+        bytes_max: usize,
+    ) -> Result<(ChangePage, Option<Vec<u8>>), Error> {
+        let tree = self.inner.machine_tree();
+        let prefix = keys::changes_of(tenant.as_str().as_bytes());
+        let start = match after {
+            Some(a) => {
+                let mut k = prefix.clone();
+                k.extend_from_slice(a);
+                k.push(0);
+                k
+            }
+            None => prefix.clone(),
+        };
+        let mut page = PageBuilder::new(bytes_max);
+        let mut next = None;
+        for item in tree.range(start..) {
+            let (index_key, index_value) = item?;
+            let Some(changed) = index_key.strip_prefix(prefix.as_slice()) else {
+                break;
+            };
+            let added = match tree.get(changed)? {
+                Some(value) => page.add(changed, &value)?,
+                None => page.add_removed(changed),
+            };
+            if !added {
+                next = page.last.clone();
+                break;
+            }
+            // A deletion is durable once the batch that noted it is.
+            page.newest_batch = page.newest_batch.max(codec::batch(&index_value)?);
+        }
+        self.wait_durable(page.newest_batch).await?;
+        Ok((
+            ChangePage {
+                entries: page.entries,
+                removed: page.removed,
+            },
+            next,
+        ))
+    }
+
+    /// The move tracking each tenant's changes, for every tracked tenant.
+    pub fn tracked_tenants(&self) -> Result<Vec<(TenantId, Tracking)>, Error> {
+        let mut out = Vec::new();
+        for item in self.inner.machine_tree().scan_prefix(keys::TRACKING_PREFIX) {
+            let (key, value) = item?;
+            let name = String::from_utf8_lossy(&key[keys::TRACKING_PREFIX.len()..]).into_owned();
+            let tenant = TenantId::parse(&name).map_err(|_| {
+                Error::Corrupt(format!("tracking of an invalid tenant id {name:?}"))
+            })?;
+            out.push((tenant, codec::decode::<Tracking>(&value)?.0));
+        }
+        Ok(out)
+    }
+
+    /// How many keys the tenant's change index holds.
+    pub fn change_count(&self, tenant: &TenantId) -> usize {
+        self.inner
+            .machine_tree()
+            .scan_prefix(keys::changes_of(tenant.as_str().as_bytes()))
+            .count()
     }
 
     /// How many entries a move of the tenant would carry.
@@ -478,6 +537,71 @@ impl EntryKind {
             EntryKind::Processed => keys::PROCESSED,
             EntryKind::Reservation => keys::RESERVATION,
         }
+    }
+}
+
+/// A page of a move under construction, sized by the bytes of its keys and
+/// payloads (at least one entry, however large).
+struct PageBuilder {
+    bytes_max: usize,
+    bytes: usize,
+    entries: Vec<ExportEntry>,
+    /// Keys of deleted entries (only a change page has them).
+    removed: Vec<Vec<u8>>,
+    /// Entries and removals added.
+    count: usize,
+    /// The key of the last entry or removal added: the next page's cursor.
+    last: Option<Vec<u8>>,
+    /// The newest batch that wrote an entry on the page.
+    newest_batch: u64,
+}
+
+impl PageBuilder {
+    fn new(bytes_max: usize) -> PageBuilder {
+        PageBuilder {
+            bytes_max,
+            bytes: 0,
+            entries: Vec::new(),
+            removed: Vec::new(),
+            count: 0,
+            last: None,
+            newest_batch: 0,
+        }
+    }
+
+    /// Room for `size` more bytes? Takes them if so.
+    fn fits(&mut self, size: usize) -> bool {
+        if self.count > 0 && self.bytes + size > self.bytes_max {
+            return false;
+        }
+        self.bytes += size;
+        self.count += 1;
+        true
+    }
+
+    /// Adds a stored entry (its stamped value); false when the page is full.
+    fn add(&mut self, key: &[u8], value: &[u8]) -> Result<bool, Error> {
+        let payload = codec::payload(value)?;
+        if !self.fits(key.len() + payload.len()) {
+            return Ok(false);
+        }
+        self.newest_batch = self.newest_batch.max(codec::batch(value)?);
+        self.entries.push(ExportEntry {
+            key: key.to_vec(),
+            payload: payload.to_vec(),
+        });
+        self.last = Some(key.to_vec());
+        Ok(true)
+    }
+
+    /// Notes a removed key; false when the page is full.
+    fn add_removed(&mut self, key: &[u8]) -> bool {
+        if !self.fits(key.len()) {
+            return false;
+        }
+        self.removed.push(key.to_vec());
+        self.last = Some(key.to_vec());
+        true
     }
 }
 

@@ -9,7 +9,7 @@ use crate::codec::{decode, decode_plain, encode, encode_raw};
 use crate::command::{
     Applied, ClaimOutcome, Command, CompleteOutcome, ConsumeOutcome, CursorOutcome, ExportEntry,
     GuardOutcome, HeartbeatOutcome, OrderOutcome, OutboxEvent, Processed, Rejection, Reservation,
-    SweepOutcome, TenantGuard,
+    SweepOutcome, TenantGuard, Tracking,
 };
 use crate::keys;
 use crate::limits::SWEEP_DEFER_MS;
@@ -29,11 +29,44 @@ pub struct Machine {
 struct Writes {
     batch: sled::Batch,
     number: u64,
+    /// `(tenant, key)` of every movable entry of a tenant written or deleted:
+    /// noted in the change index of each tenant a move tracks (`note_changes`).
+    changed: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
 impl Writes {
+    fn new(number: u64) -> Writes {
+        Writes {
+            batch: sled::Batch::default(),
+            number,
+            changed: Vec::new(),
+        }
+    }
+
+    /// Writes `value` at `key`; a record, marker or order-index key counts as
+    /// a change of its tenant.
     fn put<T: serde::Serialize>(&mut self, key: Vec<u8>, value: &T) {
+        if let Some(tenant) = keys::tenant_of(&key) {
+            self.changed.push((tenant.to_vec(), key.clone()));
+        }
         self.batch.insert(key, encode(self.number, value));
+    }
+
+    /// Writes an order (keyed by id alone: its tenant is in the value).
+    fn put_order(&mut self, order: &Order) {
+        let key = keys::order(&order.order_id);
+        self.changed
+            .push((order.tenant.as_str().as_bytes().to_vec(), key.clone()));
+        self.batch.insert(key, encode(self.number, order));
+    }
+
+    /// Deletes a primary entry; a record or marker counts as a change of its
+    /// tenant, so that a deletion travels with a move too.
+    fn remove(&mut self, key: &[u8]) {
+        if let Some(tenant) = keys::tenant_of(key) {
+            self.changed.push((tenant.to_vec(), key.to_vec()));
+        }
+        self.batch.remove(key);
     }
     fn put_expiry(&mut self, at: UnixMillis, primary: &[u8]) {
         self.batch.insert(keys::expiry(at, primary), &[][..]);
@@ -76,18 +109,39 @@ impl Machine {
         command: &Command,
         batch_number: u64,
     ) -> Result<(Applied, Option<sled::Batch>), Error> {
-        let mut w = Writes {
-            batch: sled::Batch::default(),
-            number: batch_number,
-        };
+        let mut w = Writes::new(batch_number);
         if let Some(fenced) = self.fenced(command)? {
             return Ok((fenced, None));
         }
         match self.decide(&mut w, command)? {
-            Ok(applied) => Ok((applied, Some(w.batch))),
+            Ok(applied) => {
+                self.note_changes(&mut w)?;
+                Ok((applied, Some(w.batch)))
+            }
             // Nothing of a refused command reaches the tree.
             Err(rejection) => Ok((Applied::Rejected(rejection), None)),
         }
+    }
+
+    /// Adds to `w` a change index entry for each changed key of a tenant whose
+    /// changes a move tracks, so the index and the change commit together.
+    fn note_changes(&self, w: &mut Writes) -> Result<(), Error> {
+        let mut tracked: Vec<(Vec<u8>, bool)> = Vec::new();
+        for (tenant, key) in std::mem::take(&mut w.changed) {
+            let on = match tracked.iter().find(|(t, _)| *t == tenant) {
+                Some((_, on)) => *on,
+                None => {
+                    let on = self.tree.contains_key(keys::tracking(&tenant))?;
+                    tracked.push((tenant.clone(), on));
+                    on
+                }
+            };
+            if on {
+                w.batch
+                    .insert(keys::change(&tenant, &key), encode(w.number, &()));
+            }
+        }
+        Ok(())
     }
 
     /// The answer to one command and its writes (collected in `w`), or why the
@@ -245,7 +299,7 @@ impl Machine {
                     } else {
                         OrderStatus::PaymentFailed
                     };
-                    w.put(key, &order);
+                    w.put_order(&order);
                 }
                 Applied::Consumed(consumed(fresh))
             }
@@ -269,26 +323,62 @@ impl Machine {
                 operation_id,
                 epoch,
                 entries,
+            } => match self.import(w, tenant, operation_id, *epoch, entries, &[])? {
+                Ok(outcome) => Applied::Guard(outcome),
+                Err(rejection) => return Ok(Err(rejection)),
+            },
+            Command::ImportChanges {
+                tenant,
+                operation_id,
+                epoch,
+                page,
+            } => match self.import(
+                w,
+                tenant,
+                operation_id,
+                *epoch,
+                &page.entries,
+                &page.removed,
+            )? {
+                Ok(outcome) => Applied::Guard(outcome),
+                Err(rejection) => return Ok(Err(rejection)),
+            },
+            Command::TrackChanges {
+                tenant,
+                operation_id,
+                epoch,
             } => {
-                let wanted = TenantGuard::Importing {
-                    operation_id: operation_id.clone(),
-                    epoch: *epoch,
-                };
-                let outcome =
-                    self.set_guard(w, tenant, wanted, |current| current.epoch() < *epoch)?;
-                let GuardOutcome::Accepted { guard, .. } = outcome else {
-                    return Ok(Ok(Applied::Guard(outcome)));
-                };
-                for (index, entry) in entries.iter().enumerate() {
-                    if let Err(rejection) = import(w, tenant, index, entry) {
-                        return Ok(Err(rejection));
+                let current = self.guard(tenant)?;
+                // As a fence: the owner at this epoch (or an earlier one), or
+                // this very move's fence when a successor driver starts over.
+                let refused = current.clone().filter(|g| match g {
+                    TenantGuard::Owned { epoch: owned } => owned > epoch,
+                    TenantGuard::Fenced {
+                        operation_id: op,
+                        epoch: e,
+                    } if op == operation_id && e == epoch => false,
+                    other => other.epoch() >= *epoch,
+                });
+                Applied::Guard(match refused {
+                    Some(current) => GuardOutcome::Refused { current },
+                    None => {
+                        let tracking = Tracking {
+                            operation_id: operation_id.clone(),
+                            epoch: *epoch,
+                        };
+                        w.put(keys::tracking(tenant.as_str().as_bytes()), &tracking);
+                        GuardOutcome::Accepted {
+                            guard: current.unwrap_or(TenantGuard::Owned { epoch: *epoch }),
+                            imported: 0,
+                        }
                     }
-                }
-                Applied::Guard(GuardOutcome::Accepted {
-                    guard,
-                    imported: entries.len() as u64,
                 })
             }
+            Command::EndTracking {
+                tenant,
+                operation_id,
+                entries_max,
+            } => self.end_tracking(w, tenant, operation_id, *entries_max as usize)?,
             Command::Own { tenant, epoch } => {
                 let wanted = TenantGuard::Owned { epoch: *epoch };
                 Applied::Guard(
@@ -341,6 +431,95 @@ impl Machine {
             }
         };
         Ok(Ok(applied))
+    }
+
+    /// Writes one page of a move into `w` under the `Importing` guard of the
+    /// move `operation_id` at `epoch`: `entries` as they are at the old home,
+    /// and deletions of the tenant's `removed` keys. A store that moved past
+    /// that move refuses (a value); an entry or key that is not the tenant's
+    /// movable data is a rejection.
+    fn import(
+        &self,
+        w: &mut Writes,
+        tenant: &TenantId,
+        operation_id: &str,
+        epoch: u64,
+        entries: &[ExportEntry],
+        removed: &[Vec<u8>],
+    ) -> Result<Result<GuardOutcome, Rejection>, Error> {
+        let wanted = TenantGuard::Importing {
+            operation_id: operation_id.to_owned(),
+            epoch,
+        };
+        let outcome = self.set_guard(w, tenant, wanted, |current| current.epoch() < epoch)?;
+        let GuardOutcome::Accepted { guard, .. } = outcome else {
+            return Ok(Ok(outcome));
+        };
+        for (index, entry) in entries.iter().enumerate() {
+            if let Err(rejection) = import(w, tenant, index, entry) {
+                return Ok(Err(rejection));
+            }
+        }
+        for (i, key) in removed.iter().enumerate() {
+            let index = entries.len() + i;
+            let belongs = match key.first() {
+                Some(&keys::RECORD | &keys::MARKER | &keys::ORDER_INDEX) => {
+                    keys::tenant_of(key).is_some_and(|t| t == tenant.as_str().as_bytes())
+                }
+                // Keyed by id alone: only an order of this tenant (or none) goes.
+                Some(&keys::ORDER) => self
+                    .get::<Order>(key)?
+                    .is_none_or(|order| &order.tenant == tenant),
+                _ => return Ok(Err(Rejection::ImportUnexpectedKind { index })),
+            };
+            if !belongs {
+                return Ok(Err(Rejection::ImportForeignEntry { index }));
+            }
+            w.batch.remove(key.as_slice());
+        }
+        Ok(Ok(GuardOutcome::Accepted {
+            guard,
+            imported: (entries.len() + removed.len()) as u64,
+        }))
+    }
+
+    /// A page of `Command::EndTracking`: the tracking of `operation_id` stops
+    /// and its change index goes, page by page. The tracking of another (later)
+    /// move is left alone, index and all.
+    fn end_tracking(
+        &self,
+        w: &mut Writes,
+        tenant: &TenantId,
+        operation_id: &str,
+        entries_max: usize,
+    ) -> Result<Applied, Error> {
+        let t = tenant.as_str().as_bytes();
+        let flag = keys::tracking(t);
+        match self.get::<Tracking>(&flag)? {
+            Some(tracking) if tracking.operation_id != operation_id => {
+                return Ok(Applied::Erased {
+                    entries: 0,
+                    more: false,
+                })
+            }
+            Some(_) => w.batch.remove(flag),
+            None => {}
+        }
+        let mut entries = 0;
+        for item in self.tree.scan_prefix(keys::changes_of(t)) {
+            if entries as usize >= entries_max {
+                return Ok(Applied::Erased {
+                    entries,
+                    more: true,
+                });
+            }
+            w.batch.remove(item?.0);
+            entries += 1;
+        }
+        Ok(Applied::Erased {
+            entries,
+            more: false,
+        })
     }
 
     /// The tenant's guard (`None`: never moved, executes).
@@ -503,7 +682,7 @@ impl Machine {
                     keys::order_index(&order.tenant, &order.request.client_order_id),
                     &order.order_id,
                 );
-                w.put(keys::order(&order.order_id), order);
+                w.put_order(order);
                 w.put(keys::outbox(seq), &event);
                 w.put(keys::META_OUTBOX_SEQ.to_vec(), &seq);
                 w.put(keys::tenant_last_event(&order.tenant), &seq);
@@ -670,7 +849,7 @@ impl Machine {
             match due {
                 Some((true, counter)) => {
                     *counter += 1;
-                    w.batch.remove(primary);
+                    w.remove(primary);
                     deleted.insert(primary.to_vec());
                 }
                 Some((false, _)) | None => out.stale_index += 1,

@@ -45,7 +45,10 @@ async fn crash_child_entry_point() {
     let scratch = tempfile::tempdir().unwrap();
     let source = Store::open(scratch.path()).unwrap();
     assert!(created(&source, create("k0", "c0", "fp", "ord_src", T0)).await);
-    let (entries, _) = source.export_tenant(&tenant("t1"), None, 100).unwrap();
+    let (entries, _) = source
+        .export_tenant(&tenant("t1"), None, 100)
+        .await
+        .unwrap();
     let marker: Vec<_> = entries
         .iter()
         .filter(|e| e.key.first() == Some(&b'm'))

@@ -443,7 +443,10 @@ async fn a_fenced_tenant_exports_and_imports_elsewhere() {
     let mut cursor: Option<Vec<u8>> = None;
     let mut moved = 0;
     loop {
-        let (page, next) = from.export_tenant(&tenant, cursor.as_deref(), 300).unwrap();
+        let (page, next) = from
+            .export_tenant(&tenant, cursor.as_deref(), 300)
+            .await
+            .unwrap();
         assert!(!page.is_empty());
         moved += page.len();
         let command = Command::Import {

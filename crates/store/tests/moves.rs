@@ -101,12 +101,13 @@ fn accepted(outcome: &GuardOutcome) -> bool {
 
 /// Every page of the tenant's export, each at most `bytes_max` (unless one
 /// entry alone is larger).
-fn export_all(store: &Store, bytes_max: usize) -> Vec<Vec<keyhold_store::ExportEntry>> {
+async fn export_all(store: &Store, bytes_max: usize) -> Vec<Vec<keyhold_store::ExportEntry>> {
     let mut pages = Vec::new();
     let mut cursor: Option<Vec<u8>> = None;
     loop {
         let (page, next) = store
             .export_tenant(&tenant(), cursor.as_deref(), bytes_max)
+            .await
             .unwrap();
         assert!(!page.is_empty(), "a page is never empty");
         pages.push(page);
@@ -130,7 +131,7 @@ async fn an_old_page_replayed_after_the_move_is_refused_and_changes_nothing() {
         other => panic!("{other:?}"),
     };
     assert!(accepted(&guard(&old, fence("op1", 1)).await));
-    let pages = export_all(&old, 1 << 20);
+    let pages = export_all(&old, 1 << 20).await;
     for page in &pages {
         assert!(accepted(&guard(&new, import("op1", 1, page.clone())).await));
     }
@@ -245,7 +246,7 @@ async fn pages_are_sized_by_bytes_so_large_responses_travel() {
         write.await.unwrap();
     }
     assert!(accepted(&guard(&old, fence("op1", 1)).await));
-    let pages = export_all(&old, BYTES_MAX);
+    let pages = export_all(&old, BYTES_MAX).await;
     let mut keys = std::collections::BTreeSet::new();
     for page in &pages {
         let bytes: usize = page.iter().map(|e| e.key.len() + e.payload.len()).sum();
@@ -258,7 +259,7 @@ async fn pages_are_sized_by_bytes_so_large_responses_travel() {
     assert_eq!(keys.len(), CLAIMS);
     assert!(pages.len() >= CLAIMS * BODY_BYTES / BYTES_MAX);
     // One entry larger than the budget still travels, alone.
-    let single = export_all(&old, 1);
+    let single = export_all(&old, 1).await;
     assert_eq!(single.len(), CLAIMS);
     let moved = |s: &Store| {
         s.state_for_tests()

@@ -196,11 +196,14 @@ async fn export(
             Some(hex::decode(h).map_err(|_| ApiError::invalid("/after", "after must be hex"))?)
         }
     };
-    let (entries, next) = node.store().export_tenant(
-        &tenant,
-        after.as_deref(),
-        q.bytes_max.clamp(1, MOVE_PAGE_BYTES_MAX),
-    )?;
+    let (entries, next) = node
+        .store()
+        .export_tenant(
+            &tenant,
+            after.as_deref(),
+            q.bytes_max.clamp(1, MOVE_PAGE_BYTES_MAX),
+        )
+        .await?;
     let mut response = (
         [(
             header::CONTENT_TYPE,
