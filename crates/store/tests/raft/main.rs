@@ -6,6 +6,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod catch_up;
 mod exactly_once;
 mod group;
 mod helpers;
