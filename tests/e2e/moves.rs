@@ -96,6 +96,15 @@ fn inter_node_endpoints_need_the_node_credential() {
                 )),
                 http.post(format!("{api}/internal/v1/moves/{t}/import"))
                     .body(vec![0u8]),
+                http.post(format!(
+                    "{api}/internal/v1/moves/{t}/track?registry_index=0"
+                )),
+                http.get(format!(
+                    "{api}/internal/v1/moves/{t}/changes?bytes_max=65536"
+                )),
+                http.post(format!(
+                    "{api}/internal/v1/moves/{t}/pull?registry_index=0&pass=full"
+                )),
             ];
             for rb in internal {
                 let api = cluster.api(region);

@@ -31,7 +31,13 @@ fn is_replay(r: &Resp) -> bool {
 
 /// Sum of `keyhold_orders_total{outcome="new"}`: orders created by the whole
 /// `keyhold up` process (its nodes share one metrics recorder).
-fn orders_created(api: &Api) -> u64 {
+/// Orders created in the whole cluster: the sum over every node's metrics
+/// (each node is its own process with its own counters).
+fn orders_created(nodes: &[Api]) -> u64 {
+    nodes.iter().map(orders_created_by).sum()
+}
+
+fn orders_created_by(api: &Api) -> u64 {
     let r = api.get("/metrics", None);
     r.assert_status(200);
     r.text()
@@ -588,7 +594,7 @@ fn planned_move_under_load_loses_nothing_and_executes_nothing_twice() {
         assert_eq!(ids.len(), 1, "client_order_id {coid} has orders {ids:?}");
     }
     assert_eq!(
-        orders_created(&own[0]),
+        orders_created(&own),
         by_coid.len() as u64,
         "every client_order_id made exactly one order in the whole cluster"
     );
@@ -648,7 +654,7 @@ fn planned_move_under_load_loses_nothing_and_executes_nothing_twice() {
         assert!(!is_replay(&r));
         assert_eq!(assert_order(&r, 201, &coid, 9)["home_region"], "b");
     }
-    assert_eq!(orders_created(&own[1]), by_coid.len() as u64 + 3);
+    assert_eq!(orders_created(&own), by_coid.len() as u64 + 3);
     let after = admin_tenant(&own[2], &admin, &id).unwrap();
     assert_eq!(after["home_region"], "b");
     assert_eq!(after["epoch"].as_u64(), Some(epoch + 1));
@@ -682,7 +688,7 @@ fn stale_epoch_is_misdirected_and_executes_nothing() {
     wait_operation_done(&own, &admin, &op, Duration::from_secs(30));
     let new_epoch = old_epoch + 1;
     wait_tenant_everywhere(&own, &admin, &id, "b", new_epoch);
-    let created_before = orders_created(&own[0]);
+    let created_before = orders_created(&own);
     let credential = std::fs::read_to_string(cluster.data_dir().join("node-credential"))
         .expect("the node credential")
         .trim()
@@ -721,7 +727,7 @@ fn stale_epoch_is_misdirected_and_executes_nothing() {
     );
     r.assert_problem(421, "misdirected-request");
     // Nothing executed: no order, no record, no claim.
-    assert_eq!(orders_created(&own[0]), created_before);
+    assert_eq!(orders_created(&own), created_before);
     for via in REGIONS {
         cluster
             .api(via)
@@ -769,7 +775,7 @@ fn stale_epoch_is_misdirected_and_executes_nothing() {
         &order_body(&coid2, 2),
     );
     assert_eq!(assert_order(&r, 201, &coid2, 2)["home_region"], "b");
-    assert_eq!(orders_created(&own[0]), created_before + 2);
+    assert_eq!(orders_created(&own), created_before + 2);
     // The order made before the move reads back through every region.
     for via in REGIONS {
         let got = cluster
@@ -784,7 +790,7 @@ fn stale_epoch_is_misdirected_and_executes_nothing() {
     let op = accepted_move(&own[2], &admin, &id, "a");
     wait_operation_done(&own, &admin, &op, Duration::from_secs(30));
     wait_tenant_everywhere(&own, &admin, &id, "a", new_epoch + 1);
-    let created_before = orders_created(&own[0]);
+    let created_before = orders_created(&own);
     let (key3, coid3) = (unique("k"), unique("co"));
     let body3 = order_body(&coid3, 3);
     for epoch in [old_epoch, new_epoch] {
@@ -793,7 +799,7 @@ fn stale_epoch_is_misdirected_and_executes_nothing() {
     }
     with_epoch(&cluster.api("b"), new_epoch, &key3, &body3)
         .assert_problem(421, "misdirected-request");
-    assert_eq!(orders_created(&own[0]), created_before);
+    assert_eq!(orders_created(&own), created_before);
     for via in REGIONS {
         let api = cluster.api(via).expecting("a");
         let again = api.create_order(&tenant.token, &key, &body);
@@ -810,7 +816,7 @@ fn stale_epoch_is_misdirected_and_executes_nothing() {
         .create_order(&tenant.token, &key3, &body3);
     assert!(!is_replay(&r3));
     assert_eq!(assert_order(&r3, 201, &coid3, 3)["home_region"], "a");
-    assert_eq!(orders_created(&own[0]), created_before + 1);
+    assert_eq!(orders_created(&own), created_before + 1);
 }
 
 /// Sends until something other than 503 `tenant-moving` comes back (a replica

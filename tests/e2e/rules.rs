@@ -862,7 +862,12 @@ fn cluster_json_and_every_region() {
     // Only 127.0.0.1 ports from P to P+49 are bound.
     #[cfg(target_os = "linux")]
     {
-        let sockets = common::listening_sockets(cluster.pid());
+        // `up` and its node processes together.
+        let sockets: Vec<_> = cluster
+            .pids()
+            .into_iter()
+            .flat_map(common::listening_sockets)
+            .collect();
         assert!(sockets.len() >= 3, "listens on each api port: {sockets:?}");
         for (addr, port) in &sockets {
             assert_eq!(addr, "0100007F", "binds 127.0.0.1 only: {sockets:?}");

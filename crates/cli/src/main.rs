@@ -7,8 +7,8 @@ mod cmd_fingerprint;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use keyhold_server::up::UpConfig;
 use keyhold_server::{parse_duration, Config};
+use keyhold_up::UpConfig;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -136,11 +136,12 @@ struct UpArgs {
     /// Probability (0 to 1) that the fake payment provider declines a charge.
     #[arg(long, default_value_t = 0.0)]
     psp_decline_rate: f64,
-    /// Simulated round trip between regions, e.g. 50ms: nodes reach each other
-    /// only through delaying proxies (clients reach their region directly).
+    /// Simulated round trip between regions, e.g. 50ms, added by the proxies
+    /// through which nodes reach other regions (clients reach their region
+    /// directly); default none.
     #[arg(long, value_parser = duration)]
     inter_region_rtt: Option<Duration>,
-    /// Nodes per region: the first owns the store, the others forward to it.
+    /// Nodes per region; 1 until the region store is replicated.
     #[arg(long, default_value_t = 1)]
     nodes_per_region: usize,
     /// Serve this folder (wasm/site, built by wasm/build.sh) at /demo instead
@@ -149,9 +150,17 @@ struct UpArgs {
     demo_dir: Option<PathBuf>,
 }
 
-impl From<UpArgs> for UpConfig {
-    fn from(a: UpArgs) -> UpConfig {
+impl UpArgs {
+    /// `keyhold` is the binary every node runs (this one), logging as `up` does.
+    fn into_config(self, keyhold: PathBuf, log: LogFormat) -> UpConfig {
+        let a = self;
+        let format = match log {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
+        };
         UpConfig {
+            keyhold,
+            node_args: vec!["--log-format".into(), format.into()],
             data_dir: a.data_dir,
             base_port: a.base_port,
             regions: a.regions,
@@ -320,7 +329,7 @@ fn main() -> ExitCode {
         } => admin_call(admin, async move |a| a.cluster_status().await),
         Command::Loadgen(args) => loadgen(args),
         Command::Chaos(args) => cmd_chaos::run(args),
-        Command::Up(args) => up(args.into(), log),
+        Command::Up(args) => up(args, log),
         Command::Fakepsp {
             listen,
             data_dir,
@@ -355,6 +364,8 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 fn serve(path: PathBuf, log: LogFormat) -> anyhow::Result<()> {
+    // Started by `keyhold up`: die with it (a no-op otherwise).
+    keyhold_up::follow_supervisor()?;
     init_tracing(log);
     let text = std::fs::read_to_string(&path)
         .with_context(|| format!("cannot read config {}", path.display()))?;
@@ -369,10 +380,12 @@ fn serve(path: PathBuf, log: LogFormat) -> anyhow::Result<()> {
     })
 }
 
-fn up(config: UpConfig, log: LogFormat) -> anyhow::Result<()> {
+fn up(args: UpArgs, log: LogFormat) -> anyhow::Result<()> {
     init_tracing(log);
+    let keyhold = std::env::current_exe().context("cannot find the keyhold binary")?;
+    let config = args.into_config(keyhold, log);
     runtime()?.block_on(async move {
-        keyhold_server::up::run(config, shutdown_signal()).await?;
+        keyhold_up::run(config, shutdown_signal()).await?;
         Ok(())
     })
 }

@@ -4,8 +4,13 @@
 //! until it is healed, the way a partitioned network looks to both ends. The
 //! kernel here has no netem, so inter-region latency and partitions between
 //! nodes on one machine go through this.
+//!
+//! A routed proxy ([`Proxy::routed`]) asks a [`Route`] what to do with each
+//! connection from where it comes from (its peer address): deliver it with a
+//! delay, or cut it. [`Proxy::reroute`] asks again for every open connection and
+//! closes those now cut, so a partition drops existing connections too.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,12 +32,36 @@ struct Settings {
     blackhole: AtomicBool,
 }
 
+/// What a routed proxy does with one connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Link {
+    /// Deliver every byte this long after it arrived, each way.
+    Open { delay: Duration },
+    /// Close the connection (at once, and any open one at the next reroute).
+    Cut,
+}
+
+/// Decides a routed proxy's links from the connecting peer's address.
+pub trait Route: Send + Sync + 'static {
+    fn link(&self, peer: IpAddr) -> Link;
+}
+
+/// How a proxy treats its connections: all alike (delay and black hole set on
+/// the proxy), or each as its route says.
+#[derive(Clone)]
+enum Mode {
+    Shared(Arc<Settings>),
+    Routed(Arc<dyn Route>),
+}
+
 /// A running proxy. Dropping it stops accepting; open connections end when
 /// either side closes.
 #[derive(Debug, Clone)]
 pub struct Proxy {
     addr: SocketAddr,
     settings: Arc<Settings>,
+    /// Bumped by `reroute`: every routed connection asks its route again.
+    generation: Arc<tokio::sync::watch::Sender<u64>>,
     accept: Arc<tokio::task::JoinHandle<()>>,
 }
 
@@ -52,18 +81,56 @@ impl Proxy {
         upstream: SocketAddr,
         delay: Duration,
     ) -> std::io::Result<Proxy> {
-        let addr = listener.local_addr()?;
         let settings = Arc::new(Settings::default());
         settings
             .delay_us
             .store(delay.as_micros() as u64, Ordering::Relaxed);
-        let shared = settings.clone();
+        Proxy::serve(listener, upstream, settings.clone(), Mode::Shared(settings))
+    }
+
+    /// Serves on `listener`, forwarding each connection to `upstream` as
+    /// `route` says for its peer address.
+    pub fn routed(
+        listener: TcpListener,
+        upstream: SocketAddr,
+        route: Arc<dyn Route>,
+    ) -> std::io::Result<Proxy> {
+        Proxy::serve(
+            listener,
+            upstream,
+            Arc::new(Settings::default()),
+            Mode::Routed(route),
+        )
+    }
+
+    fn serve(
+        listener: TcpListener,
+        upstream: SocketAddr,
+        settings: Arc<Settings>,
+        mode: Mode,
+    ) -> std::io::Result<Proxy> {
+        let addr = listener.local_addr()?;
+        let generation = Arc::new(tokio::sync::watch::channel(0u64).0);
+        let changes = generation.clone();
         let accept = tokio::spawn(async move {
             loop {
-                let Ok((client, _)) = listener.accept().await else {
+                let Ok((client, peer)) = listener.accept().await else {
                     continue;
                 };
-                let settings = shared.clone();
+                let settings = match &mode {
+                    Mode::Shared(settings) => settings.clone(),
+                    Mode::Routed(route) => match route.link(peer.ip()) {
+                        Link::Cut => continue,
+                        Link::Open { delay } => {
+                            let own = Settings::default();
+                            own.delay_us
+                                .store(delay.as_micros() as u64, Ordering::Relaxed);
+                            Arc::new(own)
+                        }
+                    },
+                };
+                let mode = mode.clone();
+                let mut changed = changes.subscribe();
                 tokio::spawn(async move {
                     if settings.blackhole.load(Ordering::Relaxed) {
                         // A partitioned peer never answers: hold the socket open.
@@ -75,15 +142,37 @@ impl Proxy {
                     };
                     let _ = client.set_nodelay(true);
                     let _ = server.set_nodelay(true);
-                    splice(client, server, settings).await;
+                    let cut = async move {
+                        let Mode::Routed(route) = mode else {
+                            return std::future::pending::<()>().await;
+                        };
+                        while changed.changed().await.is_ok() {
+                            if route.link(peer.ip()) == Link::Cut {
+                                return;
+                            }
+                        }
+                        std::future::pending::<()>().await
+                    };
+                    // Returning drops both sockets: each end sees the connection close.
+                    tokio::select! {
+                        _ = splice(client, server, settings) => {}
+                        _ = cut => {}
+                    }
                 });
             }
         });
         Ok(Proxy {
             addr,
             settings,
+            generation,
             accept: Arc::new(accept),
         })
+    }
+
+    /// Asks the route again for every open connection and closes those now
+    /// cut (a routed proxy; no effect on one made by `start`).
+    pub fn reroute(&self) {
+        self.generation.send_modify(|g| *g += 1);
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -109,12 +198,14 @@ async fn hold(client: TcpStream, settings: Arc<Settings>) {
     drop(client);
 }
 
+/// Both directions in this one task, so that dropping it closes both sockets.
 async fn splice(client: TcpStream, server: TcpStream, settings: Arc<Settings>) {
     let (cr, cw) = client.into_split();
     let (sr, sw) = server.into_split();
-    let up = tokio::spawn(direction(cr, sw, settings.clone()));
-    let down = tokio::spawn(direction(sr, cw, settings));
-    let _ = tokio::join!(up, down);
+    tokio::join!(
+        direction(cr, sw, settings.clone()),
+        direction(sr, cw, settings)
+    );
 }
 
 /// One direction: a reader stamps each chunk with its due time, a writer sends
@@ -126,7 +217,7 @@ async fn direction(
 ) {
     let (tx, mut rx) = mpsc::channel::<(Instant, Vec<u8>)>(CHUNKS_IN_FLIGHT_MAX);
     let reader_settings = settings.clone();
-    let reader = tokio::spawn(async move {
+    let reader = async move {
         let mut buf = vec![0u8; CHUNK_BYTES_MAX];
         loop {
             let n = match from.read(&mut buf).await {
@@ -145,25 +236,33 @@ async fn direction(
                 return;
             }
         }
-    });
-    while let Some((due, chunk)) = rx.recv().await {
-        // tokio's timer ticks in whole milliseconds and rounds up, which would add
-        // up to a millisecond per chunk; sleep to just short of the due time, then
-        // yield until it passes.
-        let coarse = due.checked_sub(TIMER_SLACK).unwrap_or(due);
-        tokio::time::sleep_until(coarse).await;
-        while Instant::now() < due {
-            tokio::task::yield_now().await;
+    };
+    let writer = async move {
+        while let Some((due, chunk)) = rx.recv().await {
+            // tokio's timer ticks in whole milliseconds and rounds up, which would add
+            // up to a millisecond per chunk; sleep to just short of the due time, then
+            // yield until it passes.
+            let coarse = due.checked_sub(TIMER_SLACK).unwrap_or(due);
+            tokio::time::sleep_until(coarse).await;
+            while Instant::now() < due {
+                tokio::task::yield_now().await;
+            }
+            if settings.blackhole.load(Ordering::Relaxed) {
+                continue;
+            }
+            if to.write_all(&chunk).await.is_err() {
+                break;
+            }
         }
-        if settings.blackhole.load(Ordering::Relaxed) {
-            continue;
-        }
-        if to.write_all(&chunk).await.is_err() {
-            break;
-        }
+        let _ = to.shutdown().await;
+    };
+    tokio::pin!(reader, writer);
+    tokio::select! {
+        // The reader saw the end: the writer delivers what is queued, then ends.
+        _ = &mut reader => (&mut writer).await,
+        // The writer failed: nothing more can be delivered this way.
+        _ = &mut writer => {}
     }
-    let _ = to.shutdown().await;
-    reader.abort();
 }
 
 #[cfg(test)]
@@ -217,6 +316,55 @@ mod tests {
         let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
         s.write_all(b"back").await.unwrap();
         s.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"back");
+    }
+
+    /// Cuts connections from one peer address, the way `keyhold up` isolates a
+    /// region: the route decides per peer, and a reroute closes open ones.
+    struct Gate(AtomicBool);
+    impl Route for Gate {
+        fn link(&self, peer: IpAddr) -> Link {
+            let cut = self.0.load(Ordering::Relaxed) && peer == IpAddr::from([127, 0, 0, 1]);
+            if cut {
+                Link::Cut
+            } else {
+                Link::Open {
+                    delay: Duration::ZERO,
+                }
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_routed_proxy_cuts_new_and_open_connections_and_heals() {
+        let upstream = echo_server().await;
+        let gate = Arc::new(Gate(AtomicBool::new(false)));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let proxy = Proxy::routed(listener, upstream, gate.clone()).unwrap();
+        let mut open = TcpStream::connect(proxy.addr()).await.unwrap();
+        let mut buf = [0u8; 4];
+        open.write_all(b"ping").await.unwrap();
+        open.read_exact(&mut buf).await.unwrap();
+
+        gate.0.store(true, Ordering::Relaxed);
+        proxy.reroute();
+        let read = tokio::time::timeout(Duration::from_secs(5), open.read(&mut buf)).await;
+        assert!(
+            matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+            "an open connection is closed by the cut: {read:?}"
+        );
+        let mut fresh = TcpStream::connect(proxy.addr()).await.unwrap();
+        let read = tokio::time::timeout(Duration::from_secs(5), fresh.read(&mut buf)).await;
+        assert!(
+            matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+            "a new connection is closed at once: {read:?}"
+        );
+
+        gate.0.store(false, Ordering::Relaxed);
+        proxy.reroute();
+        let mut healed = TcpStream::connect(proxy.addr()).await.unwrap();
+        healed.write_all(b"back").await.unwrap();
+        healed.read_exact(&mut buf).await.unwrap();
         assert_eq!(&buf, b"back");
     }
 }

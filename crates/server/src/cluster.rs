@@ -1,9 +1,10 @@
 //! The node's side of the registry: creating the group on first start, and
 //! keeping the tenant directory in step with the local replica.
 
-use crate::limits::{READY_QUORUM_ACK_MS_MAX, REGISTRY_BOOTSTRAP_WAIT_MS};
+use crate::limits::{MOVE_PRUNE_ENTRIES_MAX, READY_QUORUM_ACK_MS_MAX, REGISTRY_BOOTSTRAP_WAIT_MS};
 use crate::node::{now, Node, Placement};
-use keyhold_registry::{NodeInfo, Request};
+use keyhold_registry::{NodeInfo, Request, TenantState};
+use keyhold_store::{Applied, Command};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -77,6 +78,7 @@ pub async fn follow_registry(node: Arc<Node>, mut stop: watch::Receiver<bool>) {
     loop {
         node.refresh_tenants();
         reconcile_guards(&node).await;
+        end_tracking(&node).await;
         tokio::select! {
             changed = applied.changed() => {
                 if changed.is_err() {
@@ -113,6 +115,43 @@ async fn reconcile_guards(node: &Node) {
         }
         if let Err(e) = node.ensure_owned(&tenant, record.epoch).await {
             tracing::warn!(tenant = %tenant.as_str(), error = %e, "fence not lifted yet");
+        }
+    }
+}
+
+/// A store stops tracking a tenant's changes, and prunes its change index,
+/// once the registry replica no longer shows the move that started it running
+/// (done, aborted, or the tenant gone). Runs at start and after every applied
+/// registry entry, like `reconcile_guards`.
+async fn end_tracking(node: &Node) {
+    let tracked = match node.store().tracked_tenants() {
+        Ok(tracked) => tracked,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the store's tracked tenants");
+            return;
+        }
+    };
+    for (tenant, tracking) in tracked {
+        let running = node.registry().tenant(tenant.as_str()).is_some_and(|r| {
+            matches!(&r.state, TenantState::Moving { operation_id, .. } if *operation_id == tracking.operation_id)
+        });
+        if running {
+            continue;
+        }
+        loop {
+            let command = Command::EndTracking {
+                tenant: tenant.clone(),
+                operation_id: tracking.operation_id.clone(),
+                entries_max: MOVE_PRUNE_ENTRIES_MAX,
+            };
+            match node.store().execute(command).await {
+                Ok(Applied::Erased { more: true, .. }) => continue,
+                Ok(_) => break,
+                Err(e) => {
+                    tracing::warn!(tenant = %tenant.as_str(), error = %e, "change index not pruned yet");
+                    break;
+                }
+            }
         }
     }
 }

@@ -1,15 +1,17 @@
 //! Node configuration: the TOML file of `keyhold serve --config FILE`, and the
-//! same struct built in code by `keyhold up` and by tests.
+//! same struct built in code by tests and written to a file by `keyhold up`
+//! (so it serializes back to the TOML it reads).
 
 use crate::limits;
 use crate::Error;
 use keyhold_core::{Horizon, Policy, Retention};
 use keyhold_registry::NodeCredentials;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// This node's region.
@@ -88,10 +90,15 @@ pub struct Config {
     /// at `/demo` instead of the demo compiled into the binary.
     #[serde(default)]
     pub demo_dir: Option<PathBuf>,
+    /// Source address of this node's outgoing connections (other nodes, the
+    /// payment provider). Unset: the system chooses. `keyhold up` gives each
+    /// region its own loopback address so that its proxies can tell regions apart.
+    #[serde(default)]
+    pub outbound_ip: Option<IpAddr>,
 }
 
 /// One registry voter of the cluster's first membership.
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct Member {
     pub id: u64,
@@ -145,17 +152,21 @@ fn d_header_read_timeout() -> Duration {
 
 /// Durations are written like `3s`, `500ms`, `48h`, `30d` (contract section 9).
 mod humantime_serde_compat {
-    use serde::{Deserialize, Deserializer};
+    use serde::{Deserialize, Deserializer, Serializer};
     use std::time::Duration;
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         let text = String::deserialize(d)?;
         super::parse_duration(&text).map_err(serde::de::Error::custom)
     }
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_duration(*d).to_string())
+    }
 }
 
 mod humantime_serde_option {
-    use serde::{Deserialize, Deserializer};
+    use serde::{Deserialize, Deserializer, Serializer};
     use std::time::Duration;
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
@@ -163,6 +174,13 @@ mod humantime_serde_option {
         super::parse_duration(&text)
             .map(Some)
             .map_err(serde::de::Error::custom)
+    }
+
+    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => super::humantime_serde_compat::serialize(d, s),
+            None => s.serialize_none(),
+        }
     }
 }
 
@@ -202,7 +220,13 @@ impl Config {
             fingerprint_hmac_key_env: None,
             psp_url: None,
             demo_dir: None,
+            outbound_ip: None,
         }
+    }
+
+    /// The TOML text `from_toml` reads back as this config.
+    pub fn to_toml(&self) -> Result<String, Error> {
+        toml::to_string(self).map_err(|e| Error::Config(format!("config as TOML: {e}")))
     }
 
     pub fn from_toml(text: &str) -> Result<Config, Error> {
@@ -351,6 +375,27 @@ mod tests {
         assert_eq!(c.inflight_wait, Duration::from_millis(500));
         assert_eq!(c.regions, vec!["eu".to_string()]);
         c.validate().unwrap();
+    }
+
+    #[test]
+    fn writes_the_toml_it_reads() {
+        let mut c = Config::new("a", "/tmp/x".into(), "0123456789abcdef0123".into());
+        c.regions = vec!["a".into(), "b".into()];
+        c.response_ttl = Duration::from_millis(1500);
+        c.psp_key_retention = Some(Duration::from_secs(40 * 86_400));
+        c.outbound_ip = Some("127.0.1.2".parse().unwrap());
+        c.members = vec![Member {
+            id: 1,
+            region: "a".into(),
+            api_addr: "127.0.0.1:7420".into(),
+            raft_addr: "127.0.0.1:7430".into(),
+        }];
+        let back = Config::from_toml(&c.to_toml().unwrap()).unwrap();
+        assert_eq!(back.to_toml().unwrap(), c.to_toml().unwrap());
+        assert_eq!(back.response_ttl, c.response_ttl);
+        assert_eq!(back.psp_key_retention, c.psp_key_retention);
+        assert_eq!(back.outbound_ip, c.outbound_ip);
+        assert_eq!(back.members, c.members);
     }
 
     #[test]

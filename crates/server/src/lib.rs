@@ -24,10 +24,10 @@ mod problem;
 mod routes;
 mod sweeper;
 pub mod tenants;
-pub mod up;
 
 pub use config::{parse_duration, Config};
 pub use node::Node;
+pub use problem::ApiError;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -46,7 +46,9 @@ pub enum Error {
 
 /// Runs one node until `shutdown` resolves, then stops accepting connections,
 /// lets in-flight requests finish, stops background tasks and returns. The Raft
-/// listener is bound from `config.raft_listen`.
+/// listener is bound from `config.raft_listen`. The node advertises the
+/// addresses of its own entry in `config.members` when it has one (a proxy in
+/// front of it, say), else those of its listeners.
 pub async fn run(
     config: Config,
     listener: TcpListener,
@@ -55,8 +57,18 @@ pub async fn run(
     let raft_listener = TcpListener::bind(&config.raft_listen)
         .await
         .map_err(|e| Error::Config(format!("cannot listen on {}: {e}", config.raft_listen)))?;
-    let node = Node::open(config, listener.local_addr()?, raft_listener.local_addr()?).await?;
+    let own = config.members.iter().find(|m| m.id == config.node_id);
+    let (api_addr, raft_addr) = match own {
+        Some(m) => (advertised(&m.api_addr)?, advertised(&m.raft_addr)?),
+        None => (listener.local_addr()?, raft_listener.local_addr()?),
+    };
+    let node = Node::open(config, api_addr, raft_addr).await?;
     serve(Arc::new(node), listener, raft_listener, shutdown).await
+}
+
+fn advertised(addr: &str) -> Result<std::net::SocketAddr, Error> {
+    addr.parse()
+        .map_err(|e| Error::Config(format!("member address {addr:?}: {e}")))
 }
 
 /// Serves an opened node on its API and Raft listeners: bootstraps the registry

@@ -132,9 +132,17 @@ pub const MOVE_DRAIN_WAIT_MS: u64 = 300_000;
 pub const MOVE_DRAIN_POLL_MS: u64 = 20;
 /// One call between nodes during a move (a page export or import).
 pub const MOVE_CALL_TIMEOUT_MS: u64 = 60_000;
-/// Pages copied between two progress reports (each is a registry write that
-/// also renews the driver's lease).
-pub const MOVE_PROGRESS_EVERY_PAGES: u64 = 10;
+/// Pages the new home copies from the old home in one `pull` call, and how
+/// long it keeps starting new pages: between calls the driver reports
+/// progress (a registry write that also renews its lease).
+pub const MOVE_PULL_PAGES_MAX: u64 = 16;
+pub const MOVE_PULL_BUDGET_MS: u64 = 5_000;
+/// One `pull` call as the driver waits for it: the budget plus the one page
+/// (an export call and its import) it may still be copying then.
+pub const MOVE_PULL_CALL_TIMEOUT_MS: u64 = MOVE_PULL_BUDGET_MS + 2 * MOVE_CALL_TIMEOUT_MS;
+/// Entries of a tenant's change index one `EndTracking` command deletes once
+/// its move ended (in pages, so writers of other tenants wait little).
+pub const MOVE_PRUNE_ENTRIES_MAX: u32 = 256;
 /// Default lease of a move's driver in the registry (`move_driver_lease`). A
 /// driver renews it every third of it; the registry leader's node looks for
 /// expired leases as often, and a successor takes over only after expiry.
@@ -152,5 +160,8 @@ const _: () = assert!(MOVE_DRAIN_POLL_MS * 100 <= MOVE_DRAIN_WAIT_MS);
 const _: () = assert!(MOVE_DRIVER_LEASE_MS_MIN <= MOVE_DRIVER_LEASE_MS_DEFAULT);
 const _: () = assert!(MOVE_DRIVER_RENEWALS_PER_LEASE >= 2);
 const _: () = assert!(MOVE_RESUME_POLL_MS * 10 <= MOVE_DRIVER_LEASE_MS_DEFAULT);
+// A driver renews its lease between pull calls, and while one runs.
+const _: () = assert!(MOVE_PULL_BUDGET_MS * 3 <= MOVE_DRIVER_LEASE_MS_DEFAULT);
+const _: () = assert!(MOVE_PULL_PAGES_MAX >= 1);
 
 const _: () = assert!(INFLIGHT_WAIT_MS_DEFAULT < FORWARD_TIMEOUT_MS);

@@ -16,18 +16,23 @@
 //! incarnation is dead with its process, so nothing else writes under that
 //! generation, and every step is safe to repeat.
 //!
-//! A move is four steps, each safe to repeat:
+//! A move is five steps, each safe to repeat:
 //! 1. `BeginMove` in the registry (by the admin endpoint): the tenant is
-//!    `moving` at its current epoch, so no node places requests for it (503
-//!    `tenant-moving`).
-//! 2. The old home fences its store for this operation and epoch (through the
-//!    apply loop, so no queued command slips past) and lets its relay deliver
-//!    the tenant's events, so order states settle before they travel.
-//! 3. The tenant's records, markers and orders travel page by page (pages sized
-//!    by bytes) from the old home's store into the new home's, each import
-//!    scoped by the operation and epoch.
-//! 4. `CompleteMove` in the registry: home is the new region, epoch + 1. `done`
-//!    is reported by that same committed entry.
+//!    `moving` at its current epoch. Nodes still place its requests at its old
+//!    home, whose store keeps executing them.
+//! 2. The old home's store starts the tenant's change index (`track`): every
+//!    write or deletion of the tenant's entries from then on is noted with it.
+//! 3. The first pass, online: the new home pulls the tenant's records, markers,
+//!    order index and orders page by page (pages sized by bytes) straight from
+//!    the old home (`pull`), each import scoped by the operation and epoch.
+//! 4. The old home fences its store for this operation and epoch (through the
+//!    apply loop, so no queued command slips past; from here on the tenant
+//!    answers 503 `tenant-moving`) and lets its relay deliver the tenant's
+//!    events, so order states settle; then the final pass pulls only what the
+//!    change index holds: what changed, or was deleted, since step 2.
+//! 5. `CompleteMove` in the registry: home is the new region, epoch + 1. `done`
+//!    is reported by that same committed entry. The old home prunes the
+//!    tenant's change index once its replica shows the move ended.
 //!
 //! A failure aborts the move (`AbortMove`: back to the old home, epoch + 1). A
 //! registry rejection of either is a failure, never a success. Nobody calls the
@@ -37,11 +42,11 @@
 //! it when it comes back.
 
 use crate::limits::{
-    MOVE_CALL_TIMEOUT_MS, MOVE_DRAIN_WAIT_MS, MOVE_DRIVER_RENEWALS_PER_LEASE, MOVE_PAGE_BYTES_MAX,
-    MOVE_PROGRESS_EVERY_PAGES, MOVE_RESUME_POLL_MS,
+    MOVE_CALL_TIMEOUT_MS, MOVE_DRAIN_WAIT_MS, MOVE_DRIVER_RENEWALS_PER_LEASE,
+    MOVE_PULL_CALL_TIMEOUT_MS, MOVE_RESUME_POLL_MS,
 };
 use crate::node::{now, Node};
-use crate::routes::NEXT_CURSOR;
+use crate::routes::Pass;
 use keyhold_registry::{
     Operation, OperationState, Rejection, Request, Response as RegistryResponse, TenantState,
     NODE_CREDENTIAL_HEADER,
@@ -183,6 +188,9 @@ pub async fn resume_stalled(node: Arc<Node>, mut stop: tokio::sync::watch::Recei
 /// driver that is alive but lost its lease.
 const FAULT_DRIVER_PAUSE_MS: &str = "KEYHOLD_FAULT_DRIVER_PAUSE_MS";
 
+/// The share of a move's progress its first pass stands for.
+const FIRST_PASS_SHARE: f64 = 0.9;
+
 /// A driver holding the lease of one move at `generation`.
 struct Driver<'a> {
     node: &'a Node,
@@ -190,7 +198,9 @@ struct Driver<'a> {
     generation: u64,
     /// The registry entry that granted the lease.
     lease_index: u64,
-    renewed: Instant,
+    /// When the old home was fenced (the tenant's requests answer 503 from
+    /// then until the registry commit).
+    fenced_at: Option<Instant>,
 }
 
 /// Takes the move's lease; `None` when another driver holds it (or the move
@@ -219,7 +229,7 @@ async fn acquire(node: &Node, job: MoveJob) -> Option<Driver<'_>> {
                 job,
                 generation: lease.generation,
                 lease_index: written.log_index,
-                renewed: Instant::now(),
+                fenced_at: None,
             })
         }
         other => {
@@ -252,9 +262,11 @@ async fn drive(node: Arc<Node>, job: MoveJob) {
     match node.registry().write(request).await {
         Ok(written) => match written.response {
             RegistryResponse::MoveUpdated { operation, .. } => {
-                // The tenant was fenced (503 tenant-moving) from BeginMove on.
-                metrics::histogram!("keyhold_move_fenced_seconds")
-                    .record(started.elapsed().as_secs_f64());
+                // The tenant answered 503 tenant-moving from the fence on.
+                if let Some(fenced_at) = driver.fenced_at {
+                    metrics::histogram!("keyhold_move_fenced_seconds")
+                        .record(fenced_at.elapsed().as_secs_f64());
+                }
                 if operation.state == OperationState::Done {
                     metrics::histogram!("keyhold_move_duration_seconds")
                         .record(started.elapsed().as_secs_f64());
@@ -317,10 +329,7 @@ impl Driver<'_> {
                     Err(format!("this driver lost the lease: {reason}"))
                 }
                 Some(reason) => Err(format!("the operation ended: {reason}")),
-                None => {
-                    self.renewed = Instant::now();
-                    Ok(())
-                }
+                None => Ok(()),
             },
             Err(e) => {
                 tracing::warn!(operation = %self.job.operation_id, error = %e, "progress not recorded");
@@ -346,22 +355,29 @@ impl Driver<'_> {
             self.generation,
             self.lease_index.max(job.begin_index)
         );
+        // 1. The old home starts the tenant's change index and keeps serving it.
+        let track_url = format!(
+            "http://{}/internal/v1/moves/{t}/track?{scope}",
+            old.api_addr
+        );
+        let tracked = self.post_json(track_url, MOVE_CALL_TIMEOUT_MS).await?;
+        let estimate = tracked["entries"].as_u64().unwrap_or(0).max(1) as f64;
+        // 2. The first pass, online: the new home pulls every entry.
+        let pull_url = format!("http://{}/internal/v1/moves/{t}/pull?{scope}", new.api_addr);
+        let copied = self
+            .pull(&pull_url, Pass::Full, |copied| {
+                FIRST_PASS_SHARE * copied as f64 / estimate
+            })
+            .await?;
+        // 3. The fence, which includes letting the old home's relay deliver the
+        // tenant's events. From here on the tenant answers 503 tenant-moving.
+        self.fenced_at = Some(Instant::now());
         let fence_url = format!(
             "http://{}/internal/v1/moves/{t}/fence?{scope}",
             old.api_addr
         );
-        // Fencing includes letting the old home's relay deliver the tenant's events.
-        let fence = call(
-            node,
-            node.http().post(fence_url),
-            MOVE_DRAIN_WAIT_MS + MOVE_CALL_TIMEOUT_MS,
-        );
-        let fenced: serde_json::Value = self
-            .alive_while(fence)
-            .await?
-            .json()
-            .await
-            .map_err(|e| e.to_string())?;
+        self.post_json(fence_url, MOVE_DRAIN_WAIT_MS + MOVE_CALL_TIMEOUT_MS)
+            .await?;
         if let Some(ms) = std::env::var(FAULT_DRIVER_PAUSE_MS)
             .ok()
             .and_then(|v| v.parse::<u64>().ok())
@@ -369,54 +385,54 @@ impl Driver<'_> {
             tracing::error!("{FAULT_DRIVER_PAUSE_MS} is set: stalling {ms} ms without renewing");
             tokio::time::sleep(Duration::from_millis(ms)).await;
         }
-        let estimate = fenced["entries"].as_u64().unwrap_or(0).max(1) as f64;
-        let import_url = format!(
-            "http://{}/internal/v1/moves/{t}/import?{scope}",
-            new.api_addr
-        );
-        let mut cursor: Option<String> = None;
-        let (mut copied, mut pages) = (0u64, 0u64);
+        // 4. The final pass: only what changed since the first pass began.
+        let changed = self
+            .pull(&pull_url, Pass::Changes, |_| FIRST_PASS_SHARE)
+            .await?;
+        tracing::info!(tenant = %t, copied, changed, "tenant data copied");
+        Ok(())
+    }
+
+    /// Has the new home pull every page of `pass` (call after call, renewing
+    /// the lease with a progress report after each); returns how many entries
+    /// it copied. `progress` maps entries copied so far to the fraction done.
+    async fn pull(
+        &mut self,
+        pull_url: &str,
+        pass: Pass,
+        progress: impl Fn(u64) -> f64,
+    ) -> Result<u64, String> {
+        let mut after: Option<String> = None;
+        let mut copied = 0u64;
         loop {
-            let mut url = format!(
-                "http://{}/internal/v1/moves/{t}/export?bytes_max={MOVE_PAGE_BYTES_MAX}",
-                old.api_addr
-            );
-            if let Some(c) = &cursor {
+            let mut url = format!("{pull_url}&pass={}", pass.as_str());
+            if let Some(a) = &after {
                 url.push_str("&after=");
-                url.push_str(c);
+                url.push_str(a);
             }
-            let page = call(node, node.http().get(url), MOVE_CALL_TIMEOUT_MS).await?;
-            let next = page
-                .headers()
-                .get(NEXT_CURSOR)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned);
-            let bytes = page.bytes().await.map_err(|e| e.to_string())?;
-            let imported: serde_json::Value = call(
-                node,
-                node.http().post(&import_url).body(bytes),
-                MOVE_CALL_TIMEOUT_MS,
-            )
+            let answer = self.post_json(url, MOVE_PULL_CALL_TIMEOUT_MS).await?;
+            copied += answer["copied"].as_u64().unwrap_or(0);
+            self.report(progress(copied)).await?;
+            match answer["next"].as_str() {
+                Some(next) => after = Some(next.to_owned()),
+                None => return Ok(copied),
+            }
+        }
+    }
+
+    /// POSTs to another node (`call`) while renewing the lease; the JSON answer.
+    async fn post_json(
+        &mut self,
+        url: String,
+        timeout_ms: u64,
+    ) -> Result<serde_json::Value, String> {
+        let node = self.node;
+        let sent = call(node, node.http().post(url), timeout_ms);
+        self.alive_while(sent)
             .await?
             .json()
             .await
-            .map_err(|e| e.to_string())?;
-            copied += imported["imported"].as_u64().unwrap_or(0);
-            pages += 1;
-            // A registry write per page would cost a Raft round trip each; the
-            // lease is renewed in time either way.
-            if pages.is_multiple_of(MOVE_PROGRESS_EVERY_PAGES)
-                || self.renewed.elapsed() >= renew_every(node)
-            {
-                self.report(copied as f64 / estimate).await?;
-            }
-            match next {
-                Some(c) => cursor = Some(c),
-                None => break,
-            }
-        }
-        tracing::info!(tenant = %t, copied, pages, "tenant data copied");
-        Ok(())
+            .map_err(|e| e.to_string())
     }
 
     /// Runs `step`, renewing the lease meanwhile, so that no successor takes over

@@ -61,10 +61,11 @@ pub enum CreateTenantError {
 /// Where a tenant's requests execute, as this node's registry replica says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Placement {
-    /// This node's region is the tenant's home and the tenant is active.
+    /// This node's region is the tenant's home (the tenant is active, or
+    /// moving away: its old home serves it until its store is fenced).
     Local,
-    /// The tenant is being moved: nobody executes for it.
-    Moving,
+    /// No region executes for the tenant (it is deleted).
+    Closed,
     /// Another region is home; forward there.
     Remote { region: String },
 }
@@ -95,6 +96,7 @@ impl Node {
             .no_proxy()
             .tcp_nodelay(true)
             .pool_max_idle_per_host(256)
+            .local_address(config.outbound_ip)
             .build()
             .map_err(|e| Error::Config(format!("cannot build the HTTP client: {e}")))?;
         let info = NodeInfo::new(
@@ -186,6 +188,9 @@ impl Node {
         match self.store.guard(tenant)? {
             None => return Ok(true),
             Some(guard) if guard.executes() && guard.epoch() >= epoch => return Ok(true),
+            // A move's fence (or import) at this epoch stays until the registry
+            // moves the tenant on: `Own` would be refused.
+            Some(guard) if guard.epoch() >= epoch => return Ok(false),
             Some(_) => {}
         }
         let command = Command::Own {
@@ -203,10 +208,16 @@ impl Node {
         Ok(owned)
     }
 
-    /// Where this tenant's requests execute, by the local replica.
+    /// Where this tenant's requests execute, by the local replica. A moving
+    /// tenant is placed at its old home like an active one: the old home's
+    /// store decides, serving it during the move's copy and answering 503
+    /// `tenant-moving` once the move fenced it.
     pub fn placement(&self, record: &TenantRecord) -> Placement {
-        if !record.is_active() {
-            return Placement::Moving;
+        if !matches!(
+            record.state,
+            TenantState::Active | TenantState::Moving { .. }
+        ) {
+            return Placement::Closed;
         }
         // Only the region's store node executes; other nodes of the home region
         // (registry learners serving the API) forward to it like any other.

@@ -51,18 +51,29 @@ pub fn unique(prefix: &str) -> String {
 
 /// `keyhold up` puts its fake payment provider at the base port plus this.
 pub const PSP_PORT_OFFSET: u16 = 40;
-/// ... and each node's Raft listener at the base port plus this plus its index.
+/// ... its control API here ...
+pub const CONTROL_PORT_OFFSET: u16 = 41;
+/// ... each node's Raft listener at the base port plus this plus its index ...
 pub const RAFT_PORT_OFFSET: u16 = 10;
+/// ... and the proxies in front of each node's API and Raft listeners here.
+pub const API_PROXY_PORT_OFFSET: u16 = 20;
+pub const RAFT_PROXY_PORT_OFFSET: u16 = 30;
 
-/// A base port whose first `count` ports (and a margin) bind on 127.0.0.1 now.
+/// Every port offset a cluster of `count` nodes uses (and a margin).
+fn cluster_ports(count: u16) -> impl Iterator<Item = u16> {
+    (0..count + 2)
+        .chain((0..count).map(|i| RAFT_PORT_OFFSET + i))
+        .chain((0..count).map(|i| API_PROXY_PORT_OFFSET + i))
+        .chain((0..count).map(|i| RAFT_PROXY_PORT_OFFSET + i))
+        .chain([PSP_PORT_OFFSET, CONTROL_PORT_OFFSET])
+}
+
+/// A base port whose ports for `count` nodes bind on 127.0.0.1 now.
 pub fn free_base_port(count: u16) -> u16 {
     for _ in 0..200 {
         let base = 20_000 + (random_u64() % 40_000) as u16;
         let mut held = Vec::new();
-        // The nodes' ports, a margin, and the fake payment provider at base + 40.
-        let mut ports = (0..count + 2)
-            .chain((0..count).map(|i| RAFT_PORT_OFFSET + i))
-            .chain([PSP_PORT_OFFSET]);
+        let mut ports = cluster_ports(count);
         let ok = ports.all(|i| match TcpListener::bind(("127.0.0.1", base + i)) {
             Ok(l) => {
                 held.push(l);
@@ -90,6 +101,16 @@ pub struct Tenant {
     pub token: String,
 }
 
+/// One node process of `keyhold up` (cluster.json's `nodes`).
+#[derive(Debug, Clone)]
+pub struct NodeInfo {
+    pub node_id: u64,
+    pub region: String,
+    pub api_url: String,
+    /// `None` while the node is down.
+    pub pid: Option<u32>,
+}
+
 /// `DIR/cluster.json`, parsed; `raw` keeps the whole document for shape checks.
 #[derive(Debug, Clone)]
 pub struct ClusterInfo {
@@ -97,6 +118,8 @@ pub struct ClusterInfo {
     pub admin_token: String,
     pub regions: Vec<Region>,
     pub tenants: Vec<Tenant>,
+    pub control_url: String,
+    pub nodes: Vec<NodeInfo>,
 }
 
 impl ClusterInfo {
@@ -125,10 +148,23 @@ impl ClusterInfo {
                 token: s(t, "token"),
             })
             .collect();
+        let nodes = raw["nodes"]
+            .as_array()
+            .expect("cluster.json: nodes must be an array")
+            .iter()
+            .map(|n| NodeInfo {
+                node_id: n["node_id"].as_u64().expect("cluster.json: node_id"),
+                region: s(n, "region"),
+                api_url: s(n, "api_url"),
+                pid: n["pid"].as_u64().map(|p| p as u32),
+            })
+            .collect();
         ClusterInfo {
             admin_token: s(&raw, "admin_token"),
+            control_url: s(&raw, "control_url"),
             regions,
             tenants,
+            nodes,
             raw,
         }
     }
@@ -174,6 +210,8 @@ impl Cluster {
                 admin_token: String::new(),
                 regions: Vec::new(),
                 tenants: Vec::new(),
+                control_url: String::new(),
+                nodes: Vec::new(),
             },
         };
         cluster.boot(None);
@@ -335,15 +373,91 @@ impl Cluster {
         let same = self.base_port;
         let n = self.regions.len() as u16;
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !(0..n)
-            .chain((0..n).map(|i| RAFT_PORT_OFFSET + i))
-            .chain([PSP_PORT_OFFSET])
-            .all(|i| TcpListener::bind(("127.0.0.1", same + i)).is_ok())
-        {
+        while !cluster_ports(n).all(|i| TcpListener::bind(("127.0.0.1", same + i)).is_ok()) {
             assert!(Instant::now() < deadline, "ports of the cluster stay busy");
             std::thread::sleep(Duration::from_millis(50));
         }
         self.boot(Some(same));
+    }
+
+    /// Reads cluster.json again (`up` rewrites it when a node's pid changes).
+    pub fn reload_info(&mut self) {
+        let bytes = std::fs::read(self.data_dir().join("cluster.json")).expect("cluster.json");
+        self.info = ClusterInfo::parse(serde_json::from_slice(&bytes).expect("cluster.json"));
+    }
+
+    /// The node of `region`, as cluster.json last read says.
+    pub fn node(&self, region: &str) -> NodeInfo {
+        self.info
+            .nodes
+            .iter()
+            .find(|n| n.region == region)
+            .unwrap_or_else(|| panic!("no node of region {region} in cluster.json"))
+            .clone()
+    }
+
+    /// Every running process of the cluster: `up` and its nodes.
+    pub fn pids(&self) -> Vec<u32> {
+        let nodes = self.info.nodes.iter().filter_map(|n| n.pid);
+        self.child.iter().map(Child::id).chain(nodes).collect()
+    }
+
+    /// `POST` to the control API with the admin token (or `token`); the
+    /// answer's status and JSON body, after checking that errors are problem+json.
+    pub fn control_as(&self, path: &str, token: Option<&str>) -> (u16, Value) {
+        let mut rb = Client::builder()
+            .timeout(Duration::from_secs(60))
+            .build()
+            .expect("client")
+            .post(format!("{}{path}", self.info.control_url));
+        if let Some(t) = token {
+            rb = rb.bearer_auth(t);
+        }
+        let r = rb.send().expect("control API answers");
+        let status = r.status().as_u16();
+        let content_type = r
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        let body: Value = r.json().expect("control API answers JSON");
+        if status >= 400 {
+            assert_eq!(content_type, "application/problem+json", "{body}");
+            assert_eq!(body["status"], status, "{body}");
+        }
+        (status, body)
+    }
+
+    #[track_caller]
+    pub fn control(&self, path: &str) -> Value {
+        let (status, body) = self.control_as(path, Some(&self.info.admin_token.clone()));
+        assert_eq!(status, 200, "control {path}: {body}");
+        body
+    }
+
+    /// Waits (bounded) until `up` reports the node of `region` down (it exited
+    /// and was reaped), and rereads cluster.json.
+    pub fn wait_node_down(&mut self, region: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.reload_info();
+            if self.node(region).pid.is_none() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the node of {region} still runs after {timeout:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The log file of the node of `region`.
+    pub fn node_log(&self, region: &str) -> String {
+        let id = self.node(region).node_id;
+        let path = self.data_dir().join("logs").join(format!("node-{id}.log"));
+        std::fs::read_to_string(path).unwrap_or_default()
     }
 
     pub fn region(&self, name: &str) -> &Region {

@@ -2,8 +2,9 @@
 //!
 //! Every tenant route passes through here first. The request is authenticated
 //! (401 before anything else), then placed by the local registry replica: the
-//! home region executes it; while the tenant moves nobody does (503
-//! `tenant-moving`); otherwise the whole request is forwarded to the home
+//! home region executes it (while the tenant moves, its old home does until
+//! the move fences its store, then answers 503 `tenant-moving`); otherwise the
+//! whole request is forwarded to the home
 //! region's store node, carrying the epoch this node believes. A home that is
 //! not the owner at that epoch answers 421; this node then waits for its
 //! replica to reach the home's registry index and places the request once more.
@@ -36,6 +37,9 @@ use std::time::Duration;
 async fn run_local(node: &Node, tenant: &Tenant, request: Request, next: Next) -> Response {
     match node.ensure_owned(tenant.id(), tenant.record.epoch).await {
         Ok(true) => next.run(request).await,
+        Ok(false) if !tenant.record.is_active() => ApiError::new(Problem::TenantMoving)
+            .detail("the tenant's move is switching it to its new home")
+            .into_response(),
         Ok(false) => ApiError::new(Problem::TenantMoving)
             .detail("this node's registry replica is behind the store")
             .into_response(),
@@ -92,7 +96,7 @@ pub async fn route(State(node): State<Arc<Node>>, request: Request, next: Next) 
         Err(e) => return e.into_response(),
     };
     match (node.placement(&tenant.record), believed_epoch) {
-        (Placement::Moving, _) => ApiError::new(Problem::TenantMoving).into_response(),
+        (Placement::Closed, _) => ApiError::new(Problem::TenantMoving).into_response(),
         // A forwarder that believes another epoch must refresh first, whether it
         // is behind or (after a move back) ahead.
         (Placement::Local, Some(e)) if e != tenant.record.epoch => misdirected(&node),
@@ -147,7 +151,7 @@ async fn forward(node: Arc<Node>, request: Request, next: Next, region: String) 
         };
         if attempt > 0 {
             match node.placement(&tenant.record) {
-                Placement::Moving => return ApiError::new(Problem::TenantMoving).into_response(),
+                Placement::Closed => return ApiError::new(Problem::TenantMoving).into_response(),
                 // After a refresh the tenant turned out to live here.
                 Placement::Local => {
                     let request = Request::from_parts(parts, Body::from(bytes));

@@ -1,6 +1,11 @@
 //! The node-to-node routes of a tenant move, open only to callers holding the
-//! cluster's node credential (`require_node_credential`): fence on the old home,
-//! export pages from it, import pages into the new home.
+//! cluster's node credential (`require_node_credential`). On the old home:
+//! `track` (its store starts the tenant's change index while it keeps serving
+//! it), `fence`, and two read-only page sources, `export` (the tenant's
+//! entries) and `changes` (what changed since `track`). On the new home:
+//! `pull`, by which the new home copies pages straight from the old home (one
+//! inter-region hop per page, not two through the driver), and `import` of
+//! one page.
 //!
 //! Every call names the move's operation id and the tenant's epoch during the
 //! move. A node acts only while its registry replica shows that very move
@@ -13,8 +18,8 @@
 
 use super::{json_response, read_body};
 use crate::limits::{
-    MOVE_DRAIN_POLL_MS, MOVE_DRAIN_WAIT_MS, MOVE_IMPORT_BODY_BYTES_MAX, MOVE_PAGE_BYTES_MAX,
-    REGISTRY_READ_WAIT_MS,
+    MOVE_CALL_TIMEOUT_MS, MOVE_DRAIN_POLL_MS, MOVE_DRAIN_WAIT_MS, MOVE_IMPORT_BODY_BYTES_MAX,
+    MOVE_PAGE_BYTES_MAX, MOVE_PULL_BUDGET_MS, MOVE_PULL_PAGES_MAX, REGISTRY_READ_WAIT_MS,
 };
 use crate::node::Node;
 use crate::problem::ApiError;
@@ -25,8 +30,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use keyhold_core::{Problem, TenantId};
-use keyhold_registry::TenantState;
-use keyhold_store::{Applied, Command, ExportEntry, GuardOutcome};
+use keyhold_registry::{TenantState, NODE_CREDENTIAL_HEADER};
+use keyhold_store::{Applied, ChangePage, Command, ExportEntry, GuardOutcome};
 use serde::Deserialize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -40,8 +45,11 @@ const FAULT_ABORT_AFTER_FENCE: &str = "KEYHOLD_FAULT_ABORT_AFTER_FENCE";
 
 pub fn router(node: Arc<Node>) -> Router<Arc<Node>> {
     Router::new()
+        .route("/internal/v1/moves/{tenant_id}/track", post(track))
         .route("/internal/v1/moves/{tenant_id}/fence", post(fence))
         .route("/internal/v1/moves/{tenant_id}/export", get(export))
+        .route("/internal/v1/moves/{tenant_id}/changes", get(changes))
+        .route("/internal/v1/moves/{tenant_id}/pull", post(pull))
         .route("/internal/v1/moves/{tenant_id}/import", post(import))
         .route_layer(axum::middleware::from_fn_with_state(
             node,
@@ -136,22 +144,68 @@ fn guard_answer(applied: Applied) -> Result<u64, ApiError> {
     }
 }
 
+/// On the old home: start the tenant's change index for the move (the store
+/// keeps executing for the tenant), and report how many entries the first
+/// pass will carry.
+async fn track(
+    State(node): State<Arc<Node>>,
+    Path(tenant_id): Path<String>,
+    Query(scope): Query<MoveScope>,
+) -> Result<Response, ApiError> {
+    let tenant = at_old_home(&node, &tenant_id, scope, OldHomeStep::Track).await?;
+    let entries = node.store().tenant_entry_count(&tenant)?;
+    Ok(ok_json(
+        serde_json::json!({ "tracking": true, "entries": entries }),
+    ))
+}
+
+/// The old home's steps of a move that set where its store stands.
+#[derive(Clone, Copy)]
+enum OldHomeStep {
+    Track,
+    Fence,
+}
+
+/// Checks the call as `check_running` does for the old home, then applies the
+/// store command of `step` for the move's scope.
+async fn at_old_home(
+    node: &Node,
+    tenant_id: &str,
+    scope: MoveScope,
+    step: OldHomeStep,
+) -> Result<TenantId, ApiError> {
+    let tenant = tenant_param(tenant_id)?;
+    check_running(node, tenant_id, &scope, End::From).await?;
+    let (operation_id, epoch) = (scope.operation_id, scope.epoch);
+    let command = match step {
+        OldHomeStep::Track => Command::TrackChanges {
+            tenant: tenant.clone(),
+            operation_id,
+            epoch,
+        },
+        OldHomeStep::Fence => Command::Fence {
+            tenant: tenant.clone(),
+            operation_id,
+            epoch,
+        },
+    };
+    guard_answer(node.store().execute(command).await?)?;
+    Ok(tenant)
+}
+
+fn ok_json(value: serde_json::Value) -> Response {
+    json_response(200, serde_json::to_vec(&value).expect("json"))
+}
+
 /// On the old home: wait for the registry entry that granted the caller's
-/// lease, fence the store for the move, let the relay deliver the tenant's events (so order states are
-/// final before they travel), and report how many entries will travel.
+/// lease, fence the store for the move, and let the relay deliver the tenant's
+/// events (so order states are final before the last changes travel).
 async fn fence(
     State(node): State<Arc<Node>>,
     Path(tenant_id): Path<String>,
     Query(scope): Query<MoveScope>,
 ) -> Result<Response, ApiError> {
-    let tenant = tenant_param(&tenant_id)?;
-    check_running(&node, &tenant_id, &scope, End::From).await?;
-    let command = Command::Fence {
-        tenant: tenant.clone(),
-        operation_id: scope.operation_id,
-        epoch: scope.epoch,
-    };
-    guard_answer(node.store().execute(command).await?)?;
+    let tenant = at_old_home(&node, &tenant_id, scope, OldHomeStep::Fence).await?;
     if std::env::var_os(FAULT_ABORT_AFTER_FENCE).is_some() {
         tracing::error!("{FAULT_ABORT_AFTER_FENCE} is set: aborting after the fence");
         std::process::abort();
@@ -167,12 +221,7 @@ async fn fence(
             tokio::time::sleep(Duration::from_millis(MOVE_DRAIN_POLL_MS)).await;
         }
     }
-    let entries = node.store().tenant_entry_count(&tenant)?;
-    Ok(json_response(
-        200,
-        serde_json::to_vec(&serde_json::json!({ "fenced": true, "entries": entries }))
-            .expect("json"),
-    ))
+    Ok(ok_json(serde_json::json!({ "fenced": true })))
 }
 
 #[derive(Deserialize)]
@@ -182,34 +231,27 @@ struct ExportQuery {
     bytes_max: usize,
 }
 
-/// One page of the tenant's entries, at most `bytes_max` (capped by
-/// `MOVE_PAGE_BYTES_MAX`) unless one entry alone is larger.
-async fn export(
-    State(node): State<Arc<Node>>,
-    Path(tenant_id): Path<String>,
-    Query(q): Query<ExportQuery>,
-) -> Result<Response, ApiError> {
-    let tenant = tenant_param(&tenant_id)?;
-    let after = match q.after {
-        None => None,
-        Some(h) => {
-            Some(hex::decode(h).map_err(|_| ApiError::invalid("/after", "after must be hex"))?)
-        }
-    };
-    let (entries, next) = node
-        .store()
-        .export_tenant(
-            &tenant,
-            after.as_deref(),
-            q.bytes_max.clamp(1, MOVE_PAGE_BYTES_MAX),
-        )
-        .await?;
+impl ExportQuery {
+    /// The cursor, and the page size capped by `MOVE_PAGE_BYTES_MAX`.
+    fn parse(self) -> Result<(Option<Vec<u8>>, usize), ApiError> {
+        let after = match self.after {
+            None => None,
+            Some(h) => {
+                Some(hex::decode(h).map_err(|_| ApiError::invalid("/after", "after must be hex"))?)
+            }
+        };
+        Ok((after, self.bytes_max.clamp(1, MOVE_PAGE_BYTES_MAX)))
+    }
+}
+
+/// A page's wire form, with the cursor of the next page when there is one.
+fn page_response(body: Vec<u8>, next: Option<Vec<u8>>) -> Response {
     let mut response = (
         [(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/octet-stream"),
         )],
-        ExportEntry::encode_page(&entries),
+        body,
     )
         .into_response();
     if let Some(next) = next {
@@ -218,7 +260,189 @@ async fn export(
             HeaderValue::from_str(&hex::encode(next)).expect("hex is header-safe"),
         );
     }
-    Ok(response)
+    response
+}
+
+/// One page of `pass` on the old home: for `Full` (`export`), the tenant's
+/// entries; for `Changes` (`changes`), what changed in the tenant since its
+/// move began tracking it (entries as they are now, and keys deleted). At most
+/// `bytes_max` (capped by `MOVE_PAGE_BYTES_MAX`) unless one entry alone is
+/// larger.
+async fn source_page(
+    node: Arc<Node>,
+    tenant_id: String,
+    q: ExportQuery,
+    pass: Pass,
+) -> Result<Response, ApiError> {
+    let tenant = tenant_param(&tenant_id)?;
+    let (after, bytes_max) = q.parse()?;
+    let store = node.store();
+    Ok(match pass {
+        Pass::Full => {
+            let (entries, next) = store
+                .export_tenant(&tenant, after.as_deref(), bytes_max)
+                .await?;
+            page_response(ExportEntry::encode_page(&entries), next)
+        }
+        Pass::Changes => {
+            let (page, next) = store
+                .export_changes(&tenant, after.as_deref(), bytes_max)
+                .await?;
+            page_response(page.encode(), next)
+        }
+    })
+}
+
+async fn export(
+    State(node): State<Arc<Node>>,
+    Path(tenant_id): Path<String>,
+    Query(q): Query<ExportQuery>,
+) -> Result<Response, ApiError> {
+    source_page(node, tenant_id, q, Pass::Full).await
+}
+
+async fn changes(
+    State(node): State<Arc<Node>>,
+    Path(tenant_id): Path<String>,
+    Query(q): Query<ExportQuery>,
+) -> Result<Response, ApiError> {
+    source_page(node, tenant_id, q, Pass::Changes).await
+}
+
+/// Which pass of a move a page belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Pass {
+    /// The tenant's entries, read while the old home still serves it.
+    Full,
+    /// What changed since the first pass began, read under the fence.
+    Changes,
+}
+
+impl Pass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Pass::Full => "full",
+            Pass::Changes => "changes",
+        }
+    }
+
+    /// The old home's route that serves this pass's pages.
+    fn source(self) -> &'static str {
+        match self {
+            Pass::Full => "export",
+            Pass::Changes => "changes",
+        }
+    }
+}
+
+/// Writes one page of `pass` for the running move `scope` into this store.
+async fn import_page(
+    node: &Node,
+    tenant: &TenantId,
+    scope: &MoveScope,
+    pass: Pass,
+    bytes: &[u8],
+) -> Result<u64, ApiError> {
+    let undecodable = |e: keyhold_store::Error| ApiError::invalid("", e.to_string());
+    let (operation_id, epoch) = (scope.operation_id.clone(), scope.epoch);
+    let command = match pass {
+        Pass::Full => Command::Import {
+            tenant: tenant.clone(),
+            operation_id,
+            epoch,
+            entries: ExportEntry::decode_page(bytes).map_err(undecodable)?,
+        },
+        Pass::Changes => Command::ImportChanges {
+            tenant: tenant.clone(),
+            operation_id,
+            epoch,
+            page: ChangePage::decode(bytes).map_err(undecodable)?,
+        },
+    };
+    let imported = guard_answer(node.store().execute(command).await?)?;
+    metrics::counter!("keyhold_move_pages_total").increment(1);
+    metrics::counter!("keyhold_move_bytes_total").increment(bytes.len() as u64);
+    Ok(imported)
+}
+
+#[derive(Deserialize)]
+struct PullQuery {
+    pass: Pass,
+    #[serde(default)]
+    after: Option<String>,
+}
+
+/// On the new home: copy pages of `pass` straight from the old home, starting
+/// after `after`, until the pass is done, `MOVE_PULL_PAGES_MAX` pages were
+/// copied or `MOVE_PULL_BUDGET_MS` passed; answers what it copied and the
+/// cursor to continue from (`null` when the pass is done). The driver calls
+/// it again until then, renewing its lease in between. Before each page the
+/// move must still run under the caller's lease, so a superseded driver's
+/// pull stops.
+async fn pull(
+    State(node): State<Arc<Node>>,
+    Path(tenant_id): Path<String>,
+    Query(scope): Query<MoveScope>,
+    Query(q): Query<PullQuery>,
+) -> Result<Response, ApiError> {
+    let tenant = tenant_param(&tenant_id)?;
+    let started = Instant::now();
+    let mut after = q.after;
+    let (mut copied, mut pages, mut bytes) = (0u64, 0u64, 0u64);
+    loop {
+        check_running(&node, &tenant_id, &scope, End::To).await?;
+        let record = node
+            .registry()
+            .tenant(&tenant_id)
+            .ok_or_else(|| ApiError::new(Problem::NotFound))?;
+        let Some((_, old)) = node.store_node_of(&record.home_region) else {
+            return Err(ApiError::new(Problem::OwnerUnreachable)
+                .detail(format!("no node of region {}", record.home_region)));
+        };
+        let mut url = format!(
+            "http://{}/internal/v1/moves/{tenant_id}/{}?bytes_max={MOVE_PAGE_BYTES_MAX}",
+            old.api_addr,
+            q.pass.source()
+        );
+        if let Some(a) = &after {
+            url.push_str("&after=");
+            url.push_str(a);
+        }
+        let unreachable = |e: reqwest::Error| {
+            ApiError::new(Problem::OwnerUnreachable).detail(format!("the old home: {e}"))
+        };
+        let response = node
+            .http()
+            .get(url)
+            .header(NODE_CREDENTIAL_HEADER, node.credentials().current())
+            .timeout(Duration::from_millis(MOVE_CALL_TIMEOUT_MS))
+            .send()
+            .await
+            .map_err(unreachable)?;
+        if !response.status().is_success() {
+            return Err(ApiError::new(Problem::OwnerUnreachable)
+                .detail(format!("the old home answered {}", response.status())));
+        }
+        let next = response
+            .headers()
+            .get(NEXT_CURSOR)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let body = response.bytes().await.map_err(unreachable)?;
+        copied += import_page(&node, &tenant, &scope, q.pass, &body).await?;
+        pages += 1;
+        bytes += body.len() as u64;
+        after = next;
+        let spent = started.elapsed() >= Duration::from_millis(MOVE_PULL_BUDGET_MS);
+        if after.is_none() || pages >= MOVE_PULL_PAGES_MAX || spent {
+            break;
+        }
+    }
+    let answer = serde_json::json!({
+        "copied": copied, "pages": pages, "bytes": bytes, "next": after,
+    });
+    Ok(ok_json(answer))
 }
 
 /// On the new home: write one exported page for the running move.
@@ -232,19 +456,6 @@ async fn import(
     let tenant = tenant_param(&tenant_id)?;
     let bytes = read_body(&headers, body, MOVE_IMPORT_BODY_BYTES_MAX).await?;
     check_running(&node, &tenant_id, &scope, End::To).await?;
-    let entries =
-        ExportEntry::decode_page(&bytes).map_err(|e| ApiError::invalid("", e.to_string()))?;
-    let command = Command::Import {
-        tenant,
-        operation_id: scope.operation_id,
-        epoch: scope.epoch,
-        entries,
-    };
-    let imported = guard_answer(node.store().execute(command).await?)?;
-    metrics::counter!("keyhold_move_pages_total").increment(1);
-    metrics::counter!("keyhold_move_bytes_total").increment(bytes.len() as u64);
-    Ok(json_response(
-        200,
-        serde_json::to_vec(&serde_json::json!({ "imported": imported })).expect("json"),
-    ))
+    let imported = import_page(&node, &tenant, &scope, Pass::Full, &bytes).await?;
+    Ok(ok_json(serde_json::json!({ "imported": imported })))
 }

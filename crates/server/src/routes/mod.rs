@@ -11,7 +11,7 @@ mod meta;
 mod moves;
 mod orders;
 
-pub(crate) use internal::NEXT_CURSOR;
+pub(crate) use internal::Pass;
 
 use crate::node::Node;
 use crate::problem::ApiError;

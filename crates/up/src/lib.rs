@@ -1,0 +1,297 @@
+//! `keyhold up`: a whole local multi-region cluster for demos, development,
+//! drills and the acceptance suite, with `up` in the foreground as the
+//! supervisor of one OS process per node.
+//!
+//! `run` lays the cluster out (`layout`), starts the fake payment provider in
+//! its own process, a routed proxy in front of every node's API and Raft
+//! listener (`links`: inter-region delay and isolation), every node as
+//! `keyhold serve --config FILE` (`nodes`), brings the cluster to ready through
+//! the nodes' HTTP API (`bootstrap`), writes `DIR/cluster.json` and serves the
+//! control API (`control`) until told to stop, when it stops every node cleanly.
+//!
+//! **Architecture Invariant:** `up` reaches its nodes only through processes,
+//! files and HTTP, as an operator would; the server crate knows nothing of `up`.
+
+mod bootstrap;
+mod control;
+pub mod layout;
+pub mod limits;
+mod links;
+mod nodes;
+
+pub use layout::{ClusterFile, NodeEntry, RegionEntry, TenantSecret};
+pub use nodes::{follow_supervisor, SUPERVISOR_PID_ENV};
+
+use crate::limits::{CLUSTER_READY_WAIT_MS, CONTROL_PORT_OFFSET, PSP_PORT_OFFSET};
+use keyhold_server::config::Member;
+use keyhold_server::Config;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::net::TcpListener;
+
+/// The one error type of this crate.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("configuration: {0}")]
+    Config(String),
+    #[error("node: {0}")]
+    Node(String),
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl From<keyhold_server::Error> for Error {
+    fn from(e: keyhold_server::Error) -> Error {
+        Error::Config(e.to_string())
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct UpConfig {
+    /// The `keyhold` binary each node runs as `keyhold serve --config FILE`.
+    pub keyhold: PathBuf,
+    /// Arguments given to that binary before `serve` (the log format).
+    pub node_args: Vec<String>,
+    pub data_dir: PathBuf,
+    pub base_port: u16,
+    pub regions: Vec<String>,
+    pub response_ttl: Option<Duration>,
+    pub marker_ttl: Option<Duration>,
+    pub processed_ttl: Option<Duration>,
+    /// The payment provider's key retention (`Config::psp_key_retention`).
+    pub psp_key_retention: Option<Duration>,
+    /// Probability that the fake provider loses an answer after committing.
+    pub psp_drop_response_rate: f64,
+    /// Probability that the fake provider declines a charge.
+    pub psp_decline_rate: f64,
+    /// Served at `/demo` by every node (see `Config::demo_dir`).
+    pub demo_dir: Option<PathBuf>,
+    /// Simulated round trip between regions (added by the proxies); none: zero.
+    pub inter_region_rtt: Option<Duration>,
+    /// Nodes per region; 1 until the region store is replicated.
+    pub nodes_per_region: usize,
+}
+
+/// Runs the cluster until `shutdown` resolves, then stops every node.
+pub async fn run(
+    up: UpConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
+    layout::validate(&up.regions, up.nodes_per_region)?;
+    let dir = up.data_dir.clone();
+    for sub in ["nodes", "logs"] {
+        std::fs::create_dir_all(dir.join(sub))?;
+    }
+    // A cluster.json from an earlier run must not be mistaken for readiness.
+    match std::fs::remove_file(dir.join(layout::CLUSTER_FILE)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+        _ => {}
+    }
+    let mut secrets = layout::load_secrets(
+        &dir,
+        layout::Layout {
+            base_port: up.base_port,
+            regions: up.regions.clone(),
+            nodes_per_region: up.nodes_per_region,
+        },
+    )?;
+    let credential = layout::node_credential(&dir)?;
+    let plans = layout::plan(&dir, up.base_port, &up.regions);
+
+    let psp_listener = bind(port(up.base_port + PSP_PORT_OFFSET)).await?;
+    let psp_url = format!("http://{}", psp_listener.local_addr()?);
+    let control_listener = bind(port(up.base_port + CONTROL_PORT_OFFSET)).await?;
+    let control_url = format!("http://{}", control_listener.local_addr()?);
+    let links = links::Links::start(
+        &plans,
+        up.regions.len(),
+        up.inter_region_rtt.unwrap_or_default(),
+    )
+    .await?;
+
+    // Every node reaches every other through the proxy in front of it: those
+    // are the addresses the registry's membership holds.
+    let members: Vec<Member> = plans
+        .iter()
+        .map(|p| Member {
+            id: p.id,
+            region: p.region.clone(),
+            api_addr: p.api_proxy.to_string(),
+            raft_addr: p.raft_proxy.to_string(),
+        })
+        .collect();
+    for plan in &plans {
+        let mut config = Config::new(
+            &plan.region,
+            plan.data_dir.clone(),
+            secrets.admin_token.clone(),
+        );
+        config.regions = up.regions.clone();
+        config.node_id = plan.id;
+        config.members = members.clone();
+        config.listen = plan.api.to_string();
+        config.raft_listen = plan.raft.to_string();
+        config.outbound_ip = Some(layout::region_ip(plan.region_index));
+        config.psp_url = Some(psp_url.clone());
+        config.node_credential_file = Some(credential.clone());
+        if let Some(d) = up.response_ttl {
+            config.response_ttl = d;
+        }
+        if let Some(d) = up.marker_ttl {
+            config.marker_ttl = d;
+        }
+        if let Some(d) = up.processed_ttl {
+            config.processed_ttl = d;
+        }
+        config.psp_key_retention = up.psp_key_retention;
+        config.demo_dir.clone_from(&up.demo_dir);
+        config.validate()?;
+        layout::write_atomically(&plan.config_file, config.to_toml()?.as_bytes())?;
+    }
+
+    let (stop_tx, _) = tokio::sync::broadcast::channel::<()>(1);
+    let mut psp_stop = stop_tx.subscribe();
+    let psp_config = keyhold_fakepsp::PspConfig {
+        data_dir: dir.join("psp"),
+        drop_response_rate: up.psp_drop_response_rate,
+        decline_rate: up.psp_decline_rate,
+        refuse_replay_rate: 0.0,
+    };
+    let psp = tokio::spawn(async move {
+        keyhold_fakepsp::run(psp_config, psp_listener, async move {
+            let _ = psp_stop.recv().await;
+        })
+        .await
+    });
+
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .map_err(|e| Error::Config(format!("cannot build the HTTP client: {e}")))?;
+    let nodes = nodes::Nodes::new(&up.keyhold, &up.node_args, plans.clone(), http.clone());
+    let cluster_file = layout::ClusterFile {
+        admin_token: secrets.admin_token.clone(),
+        regions: plans
+            .iter()
+            .map(|p| layout::RegionEntry {
+                name: p.region.clone(),
+                api_url: p.api_url(),
+            })
+            .collect(),
+        psp_url,
+        control_url,
+        tenants: Vec::new(),
+        nodes: plans
+            .iter()
+            .map(|p| layout::NodeEntry {
+                node_id: p.id,
+                region: p.region.clone(),
+                api_url: p.api_url(),
+                role: "store",
+                pid: None,
+            })
+            .collect(),
+    };
+    let mut cluster = control::Cluster::new(
+        nodes,
+        links,
+        cluster_file,
+        dir.join(layout::CLUSTER_FILE),
+        up.regions.clone(),
+    );
+
+    let booted = boot(&cluster, &http, &mut secrets, &up).await;
+    if let Err(e) = booted {
+        cluster.nodes.stop_all().await;
+        let _ = stop_tx.send(());
+        return Err(e);
+    }
+    cluster.file.tenants = secrets.tenants.clone();
+    cluster.publish()?;
+    let cluster = Arc::new(cluster);
+    // The one summary an operator needs after the per-node lines: where to
+    // point a browser, a client and the admin tools.
+    let first_api = &cluster.file.regions[0].api_url;
+    tracing::info!(
+        regions = %cluster
+            .file
+            .regions
+            .iter()
+            .map(|r| format!("{}={}", r.name, r.api_url))
+            .collect::<Vec<_>>()
+            .join(" "),
+        demo = %format!("{first_api}/demo/"),
+        admin = %format!("{first_api}/admin/"),
+        psp = %cluster.file.psp_url,
+        control = %cluster.file.control_url,
+        logs = %dir.join("logs").display(),
+        cluster_json = %cluster.file_path.display(),
+        "cluster ready"
+    );
+
+    let watched = cluster.clone();
+    let watcher = tokio::spawn(async move {
+        let publisher = watched.clone();
+        watched
+            .nodes
+            .watch(move || {
+                if let Err(e) = publisher.publish() {
+                    tracing::warn!(error = %e, "cannot rewrite cluster.json");
+                }
+            })
+            .await;
+    });
+    let mut control_stop = stop_tx.subscribe();
+    let app = control::router(cluster.clone());
+    let control = tokio::spawn(async move {
+        axum::serve(control_listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = control_stop.recv().await;
+            })
+            .await
+    });
+
+    shutdown.await;
+    watcher.abort();
+    let _ = stop_tx.send(());
+    let _ = control.await;
+    cluster.nodes.stop_all().await;
+    match psp.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::error!(error = %e, "payment provider failed"),
+        Err(e) => tracing::error!(error = %e, "payment provider task failed"),
+    }
+    Ok(())
+}
+
+/// Starts every node and waits until the cluster is ready with its demo tenants.
+async fn boot(
+    cluster: &control::Cluster,
+    http: &reqwest::Client,
+    secrets: &mut layout::Secrets,
+    up: &UpConfig,
+) -> Result<(), Error> {
+    let deadline = Instant::now() + Duration::from_millis(CLUSTER_READY_WAIT_MS);
+    // One after another: a node listens (`/healthz`) long before the registry
+    // has a leader, so this costs little.
+    for i in 0..cluster.nodes.plans().len() {
+        cluster.nodes.start(i).await?;
+    }
+    bootstrap::wait_ready(&cluster.nodes, deadline).await?;
+    let plans = cluster.nodes.plans();
+    bootstrap::demo_tenants(http, plans, secrets, &up.data_dir, deadline).await?;
+    bootstrap::wait_tenants_known(http, plans, &secrets.tenants, deadline).await
+}
+
+fn port(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+pub(crate) async fn bind(addr: SocketAddr) -> Result<TcpListener, Error> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|e| Error::Config(format!("cannot listen on {addr}: {e}")))
+}
