@@ -15,7 +15,7 @@ use crate::wal::{Wal, WAL_BYTES_MAX};
 use crate::{Error, Job};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 
 /// Counters of the commit loop, read by `/metrics` and by benchmarks.
@@ -40,6 +40,22 @@ impl CommitStats {
     }
     pub fn failed(&self) -> bool {
         self.failed.load(Ordering::Relaxed)
+    }
+
+    /// Counts one batch of `commands` made durable in `took`, and records it in the
+    /// `keyhold_store_fsync_seconds` and `keyhold_store_batch_commands` histograms.
+    pub(crate) fn record(&self, commands: usize, took: Duration) {
+        self.sync_micros
+            .fetch_add(took.as_micros() as u64, Ordering::Relaxed);
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        self.commands.fetch_add(commands as u64, Ordering::Relaxed);
+        metrics::histogram!("keyhold_store_fsync_seconds").record(took.as_secs_f64());
+        metrics::histogram!("keyhold_store_batch_commands").record(commands as f64);
+    }
+
+    /// The store can no longer make commands durable.
+    pub(crate) fn mark_failed(&self) {
+        self.failed.store(true, Ordering::Relaxed);
     }
 }
 
@@ -86,21 +102,12 @@ pub(crate) fn spawn(
                 .map(|(job, _)| &job.command)
                 .collect();
             let durable = stamped.and_then(|()| wal.append(batch, &commands));
-            let sync_time = started.elapsed();
-            stats
-                .sync_micros
-                .fetch_add(sync_time.as_micros() as u64, Ordering::Relaxed);
-            stats.batches.fetch_add(1, Ordering::Relaxed);
-            stats
-                .commands
-                .fetch_add(pending.len() as u64, Ordering::Relaxed);
-            metrics::histogram!("keyhold_store_fsync_seconds").record(sync_time.as_secs_f64());
-            metrics::histogram!("keyhold_store_batch_commands").record(pending.len() as f64);
+            stats.record(pending.len(), started.elapsed());
             if let Err(e) = durable {
                 // The tree may now be ahead of the disk: stop taking commands
                 // rather than answer from state a crash could take back.
                 tracing::error!(error = %e, "write-ahead log append failed; refusing further commands");
-                stats.failed.store(true, Ordering::Relaxed);
+                stats.mark_failed();
                 for job in pending.drain(..) {
                     let _ = job.reply.send(Err(Error::Unavailable));
                 }
@@ -109,7 +116,7 @@ pub(crate) fn spawn(
             if wal.bytes() > WAL_BYTES_MAX {
                 if let Err(e) = checkpoint(&db, &mut wal) {
                     tracing::error!(error = %e, "checkpoint failed; refusing further commands");
-                    stats.failed.store(true, Ordering::Relaxed);
+                    stats.mark_failed();
                     for job in pending.drain(..) {
                         let _ = job.reply.send(Err(Error::Unavailable));
                     }

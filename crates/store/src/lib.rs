@@ -58,6 +58,9 @@ pub enum Error {
     /// The region group's Raft log could not be opened.
     #[error("raft log: {0}")]
     RaftLog(#[from] keyhold_raftlog::Error),
+    /// The region group's Raft instance failed to start, initialize or stop.
+    #[error("region raft: {0}")]
+    Raft(String),
     /// Building, reading or installing a region snapshot failed.
     #[error("snapshot: {0}")]
     Snapshot(String),
@@ -66,6 +69,21 @@ pub enum Error {
 struct Job {
     command: Command,
     reply: oneshot::Sender<Result<Applied, Error>>,
+}
+
+/// Queues `command` for a writer (the apply thread, or a region group's writer) and
+/// waits for its answer: a full queue is `Overloaded` at once, a refusal
+/// `Error::Rejected`.
+async fn submit(jobs: &mpsc::Sender<Job>, command: Command) -> Result<Applied, Error> {
+    let (reply, rx) = oneshot::channel();
+    jobs.try_send(Job { command, reply }).map_err(|e| match e {
+        mpsc::error::TrySendError::Full(_) => Error::Overloaded,
+        mpsc::error::TrySendError::Closed(_) => Error::Unavailable,
+    })?;
+    match rx.await.map_err(|_| Error::Unavailable)?? {
+        Applied::Rejected(rejection) => Err(Error::Rejected(rejection)),
+        applied => Ok(applied),
+    }
 }
 
 /// A cheap, cloneable handle to one region store.
@@ -157,18 +175,7 @@ impl Store {
     /// command the state machine refused (`Applied::Rejected`, a value in the
     /// log) reaches the caller as `Error::Rejected`.
     pub async fn execute(&self, command: Command) -> Result<Applied, Error> {
-        let (reply, rx) = oneshot::channel();
-        self.inner
-            .jobs
-            .try_send(Job { command, reply })
-            .map_err(|e| match e {
-                mpsc::error::TrySendError::Full(_) => Error::Overloaded,
-                mpsc::error::TrySendError::Closed(_) => Error::Unavailable,
-            })?;
-        match rx.await.map_err(|_| Error::Unavailable)?? {
-            Applied::Rejected(rejection) => Err(Error::Rejected(rejection)),
-            applied => Ok(applied),
-        }
+        submit(&self.inner.jobs, command).await
     }
 
     pub fn stats(&self) -> &CommitStats {

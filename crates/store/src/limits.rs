@@ -38,7 +38,23 @@ pub const SNAPSHOT_IO_BUFFER_BYTES: usize = 1024 * 1024;
 /// this many key and value bytes (one more entry may go over it).
 pub const SNAPSHOT_INSTALL_BATCH_BYTES_MAX: usize = 4 * 1024 * 1024;
 
+/// Leader heartbeat of a region group. Its members share a region, so the round
+/// trip is short; openraft's default.
+pub const REGION_HEARTBEAT_INTERVAL_MS: u64 = 50;
+/// Randomized election timeout of a region group, lower and upper bound.
+pub const REGION_ELECTION_TIMEOUT_MIN_MS: u64 = 150;
+pub const REGION_ELECTION_TIMEOUT_MAX_MS: u64 = 300;
+/// How long starting a single-voter region group waits for this node to lead it
+/// (one election timeout after a restart, plus the replay of unapplied entries).
+pub const REGION_LEADER_WAIT_MS: u64 = 30_000;
+/// A region group builds a snapshot (and may purge the log behind it) after this
+/// many applied entries; each entry holds a whole commit batch.
+pub const REGION_SNAPSHOT_LOGS_SINCE_LAST: u64 = 10_000;
+
 const _: () = assert!(BATCH_COMMANDS_MAX <= QUEUE_COMMANDS_MAX);
 const _: () = assert!(SWEEP_ENTRIES_MAX <= BATCH_COMMANDS_MAX);
 const _: () = assert!(ERASE_ENTRIES_MAX <= BATCH_COMMANDS_MAX);
 const _: () = assert!(SNAPSHOT_IO_BUFFER_BYTES <= SNAPSHOT_INSTALL_BATCH_BYTES_MAX);
+const _: () = assert!(REGION_HEARTBEAT_INTERVAL_MS < REGION_ELECTION_TIMEOUT_MIN_MS);
+const _: () = assert!(REGION_ELECTION_TIMEOUT_MIN_MS < REGION_ELECTION_TIMEOUT_MAX_MS);
+const _: () = assert!(REGION_ELECTION_TIMEOUT_MAX_MS * 10 <= REGION_LEADER_WAIT_MS);

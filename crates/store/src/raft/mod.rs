@@ -1,6 +1,6 @@
 //! The region store as the state machine of its own openraft group: the group's type
-//! configuration (entries carry `Command`s, each entry answers with its `Applied`
-//! outcome), its log (`keyhold-raftlog`'s sled log store) and its state machine
+//! configuration (an entry carries a batch of `Command`s and answers with each one's
+//! `Applied` outcome), its log (`keyhold-raftlog`'s sled log store) and its state machine
 //! (`state_machine.rs`, applying each entry through `Machine::apply`'s staging with
 //! the last applied log id in the same sled batch), and snapshots streamed from and
 //! into the region tree (`snapshot.rs`).
@@ -15,10 +15,11 @@
 //! - `snapshots/`: `current.snap`, the last snapshot built or installed, and
 //!   `install.pending` while an installation is under way.
 //!
-//! **Architecture Invariant:** an entry's effect and the record of having applied it
-//! reach the region tree in one atomic sled batch, so a crash at any point re-applies
-//! exactly the entries whose effects are missing.
+//! **Architecture Invariant:** each command's effect and the record of having applied
+//! it (how far its entry got) reach the region tree in one atomic sled batch, so a
+//! crash at any point re-applies exactly the commands whose effects are missing.
 
+mod group;
 mod snapshot;
 mod state_machine;
 
@@ -27,17 +28,32 @@ use std::path::Path;
 use keyhold_raftlog::{LogTrees, NodeId, NodeInfo};
 use serde::{Deserialize, Serialize};
 
+pub use self::group::RegionGroup;
 pub use self::state_machine::RegionStateMachine;
 use crate::command::{Applied, Command};
 use crate::limits::SLED_FLUSH_EVERY_MS;
 use crate::Error;
 
+/// The payload of one region log entry: the commands one group commit gathered,
+/// applied in order.
+///
+/// Batches, not single commands, because openraft 0.9 makes every `client_write` its
+/// own log append and waits for that append's flush before it handles the next
+/// request (`RaftCore::append_to_log` awaits the `LogFlushed` callback): one command
+/// per entry would cost one fsync per command. A writer that gathers the waiting
+/// commands into one entry keeps group commit's economy, one fsync for many
+/// commands.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CommandBatch {
+    pub commands: Vec<Command>,
+}
+
 /// What one entry of a region log produced.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum EntryOutcome {
-    /// A command's answer; a refusal (`Applied::Rejected`) is an answer too and
-    /// replays identically.
-    Command(Applied),
+    /// The answer of each command of a `CommandBatch`, in order; a refusal
+    /// (`Applied::Rejected`) is an answer too and replays identically.
+    Commands(Vec<Applied>),
     /// A blank or membership entry: Raft's own, without an answer.
     Raft,
 }
@@ -45,7 +61,7 @@ pub enum EntryOutcome {
 openraft::declare_raft_types!(
     /// Type configuration of a region's Raft group.
     pub RegionConfig:
-        D = Command,
+        D = CommandBatch,
         R = EntryOutcome,
         NodeId = NodeId,
         Node = NodeInfo,

@@ -1,7 +1,9 @@
 //! The region group's state machine (openraft's `RaftStateMachine`): applies each
-//! committed entry's `Command` through the region's `Machine`, writing the entry's
-//! effect, the last applied log id and (for a membership entry) the membership in one
-//! atomic sled batch; builds snapshots by streaming the region tree to a file and
+//! committed entry's commands through the region's `Machine`, each command's effect
+//! in one atomic sled batch with the record of how far the entry got (the last
+//! command's with the entry's log id as last applied; a membership entry's with the
+//! membership), so that a crash mid-entry re-applies exactly the commands whose
+//! effects are missing; builds snapshots by streaming the region tree to a file and
 //! installs them by streaming a file back into the tree; publishes the last applied
 //! index on a watch channel.
 //!
@@ -31,11 +33,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{AnyError, EntryPayload, OptionalSend, RaftSnapshotBuilder, StorageIOError};
+use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use super::snapshot;
 use super::{
-    Entry, EntryOutcome, LogId, RegionConfig, SnapshotMeta, StorageError, StoredMembership,
+    CommandBatch, Entry, EntryOutcome, LogId, RegionConfig, SnapshotMeta, StorageError,
+    StoredMembership,
 };
 use crate::limits::SNAPSHOT_INSTALL_BATCH_BYTES_MAX;
 use crate::machine::Machine;
@@ -45,10 +49,20 @@ use crate::Error;
 const KEY_APPLIED: &[u8] = b"sraft:applied";
 /// The last applied membership (`StoredMembership`).
 const KEY_MEMBERSHIP: &[u8] = b"sraft:membership";
+/// Present while an entry is applied in part (`Partial`): how many of its commands
+/// are in the tree.
+const KEY_PARTIAL: &[u8] = b"sraft:partial";
 const CURRENT_SNAPSHOT: &str = "current.snap";
 const INSTALL_PENDING: &str = "install.pending";
 /// Prefixes of files that only live while a snapshot is built or received.
 const TEMPORARY_PREFIXES: [&str; 3] = ["building-", "incoming-", "installing-"];
+
+/// How far the entry being applied got.
+#[derive(Serialize, Deserialize)]
+struct Partial {
+    log_id: LogId,
+    commands: u32,
+}
 
 struct Shared {
     db: sled::Db,
@@ -145,7 +159,7 @@ impl RegionStateMachine {
     }
 
     /// Every entry of the region tree but the group's own bookkeeping (last applied
-    /// id, membership), as stored (with their stamps), in key order: for tests that
+    /// id, membership, progress in an entry), as stored (with their stamps), in key order: for tests that
     /// compare replicas.
     #[doc(hidden)]
     pub fn entries_for_tests(&self) -> Vec<(Vec<u8>, Vec<u8>)> {
@@ -154,7 +168,7 @@ impl RegionStateMachine {
             .tree()
             .iter()
             .filter_map(Result::ok)
-            .filter(|(k, _)| k.as_ref() != KEY_APPLIED && k.as_ref() != KEY_MEMBERSHIP)
+            .filter(|(k, _)| ![KEY_APPLIED, KEY_MEMBERSHIP, KEY_PARTIAL].contains(&k.as_ref()))
             .map(|(k, v)| (k.to_vec(), v.to_vec()))
             .collect()
     }
@@ -194,36 +208,89 @@ impl Shared {
         Ok((applied, membership))
     }
 
-    /// Applies entries in order, each in its own atomic batch (an entry's command
-    /// decides from the tree as the previous entries left it).
+    /// Applies entries in order. Each command of an entry is applied in its own
+    /// atomic sled batch (a command decides from the tree as the commands before it
+    /// left it), which also records how far the entry got (`KEY_PARTIAL`) or, for its
+    /// last command, that the entry is applied (`KEY_APPLIED`).
     fn apply(&self, entries: impl IntoIterator<Item = Entry>) -> Result<Vec<EntryOutcome>, Error> {
         let _cut = self.lock();
         let mut outcomes = Vec::new();
         for entry in entries {
             let log_id = entry.log_id;
-            let (outcome, writes, membership) = match entry.payload {
-                EntryPayload::Blank => (EntryOutcome::Raft, None, None),
-                EntryPayload::Normal(command) => {
-                    // The log index is the batch number stamped on every value: it
-                    // only grows, as batch numbers must.
-                    let (applied, writes) = self.machine.stage(&command, log_id.index)?;
-                    (EntryOutcome::Command(applied), writes, None)
+            let outcome = match entry.payload {
+                EntryPayload::Blank => {
+                    self.finish_entry(sled::Batch::default(), log_id, None)?;
+                    EntryOutcome::Raft
                 }
-                EntryPayload::Membership(membership) => (
-                    EntryOutcome::Raft,
-                    None,
-                    Some(StoredMembership::new(Some(log_id), membership)),
-                ),
+                EntryPayload::Normal(batch) => self.apply_commands(log_id, &batch)?,
+                EntryPayload::Membership(membership) => {
+                    let membership = StoredMembership::new(Some(log_id), membership);
+                    self.finish_entry(sled::Batch::default(), log_id, Some(&membership))?;
+                    EntryOutcome::Raft
+                }
             };
-            let mut batch = writes.unwrap_or_default();
-            batch.insert(KEY_APPLIED, encode(&Some(log_id))?);
-            if let Some(membership) = membership {
-                batch.insert(KEY_MEMBERSHIP, encode(&membership)?);
-            }
-            self.machine.tree().apply_batch(batch)?;
             outcomes.push(outcome);
         }
         Ok(outcomes)
+    }
+
+    fn apply_commands(&self, log_id: LogId, batch: &CommandBatch) -> Result<EntryOutcome, Error> {
+        let tree = self.machine.tree();
+        // Commands of this entry applied before a crash are not written again.
+        let done = match tree.get(KEY_PARTIAL)? {
+            Some(bytes) => match decode::<Partial>(&bytes)? {
+                Partial {
+                    log_id: at,
+                    commands,
+                } if at == log_id => commands as usize,
+                _ => 0,
+            },
+            None => 0,
+        };
+        let count = batch.commands.len();
+        let mut answers = Vec::with_capacity(count);
+        for (position, command) in batch.commands.iter().enumerate() {
+            // The log index is the batch number stamped on every value: it only
+            // grows, as batch numbers must.
+            let (applied, writes) = self.machine.stage(command, log_id.index)?;
+            answers.push(applied);
+            if position < done {
+                // Its answer is decided again on the state it produced; nobody
+                // waits for it any more (the process that took it is gone).
+                continue;
+            }
+            let mut writes = writes.unwrap_or_default();
+            if position + 1 == count {
+                self.finish_entry(writes, log_id, None)?;
+            } else {
+                let partial = Partial {
+                    log_id,
+                    commands: (position + 1) as u32,
+                };
+                writes.insert(KEY_PARTIAL, encode(&partial)?);
+                tree.apply_batch(writes)?;
+            }
+        }
+        if count == 0 {
+            self.finish_entry(sled::Batch::default(), log_id, None)?;
+        }
+        Ok(EntryOutcome::Commands(answers))
+    }
+
+    /// Applies `batch` with the record that entry `log_id` is applied in full.
+    fn finish_entry(
+        &self,
+        mut batch: sled::Batch,
+        log_id: LogId,
+        membership: Option<&StoredMembership>,
+    ) -> Result<(), Error> {
+        batch.insert(KEY_APPLIED, encode(&Some(log_id))?);
+        batch.remove(KEY_PARTIAL);
+        if let Some(membership) = membership {
+            batch.insert(KEY_MEMBERSHIP, encode(membership)?);
+        }
+        self.machine.tree().apply_batch(batch)?;
+        Ok(())
     }
 
     fn current_path(&self) -> PathBuf {

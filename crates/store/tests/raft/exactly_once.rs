@@ -1,28 +1,42 @@
 //! Exactly-once apply across kill -9: a child process (this test binary re-invoked
-//! with `APPLY_CHILD_DIR` set) applies new orders to a region state machine one
-//! entry at a time, flushing sled now and then so that the state on disk is some
-//! prefix of what it applied, and the parent SIGKILLs it mid-stream. After reopening,
-//! the last applied id must match the effects exactly: re-applying every entry after
-//! it, as openraft does from the log at startup, creates each of those orders anew
-//! (an entry applied but not recorded as applied would replay instead), and the
-//! region ends up identical to a replica that applied every entry once.
+//! with `APPLY_CHILD_DIR` set) applies entries of `COMMANDS_PER_ENTRY` new orders each
+//! to a region state machine, with sled persisting in the background every
+//! millisecond and flushing now and then, so that the state on disk is some prefix
+//! of what it applied (cut at any sled batch), and the parent SIGKILLs it mid-stream. After
+//! reopening, the record of what was applied must match the effects exactly: the
+//! orders present are the first `p` of the log, the last applied entry's are all
+//! among them and at most the commands of one more entry besides; re-applying every
+//! entry after the last applied one, as openraft does from the log at startup,
+//! creates each missing order anew and writes none twice, and the region ends up
+//! identical to a replica that applied every entry once.
 
 use std::io::{BufRead, BufReader};
 use std::time::{Duration, Instant};
 
-use keyhold_store::raft;
+use keyhold_store::raft::{self, Entry, RegionStateMachine};
 use openraft::storage::RaftStateMachine;
 
-use crate::helpers::{is_created, membership_entry, order_entry};
+use crate::helpers::{answers, commands_entry, is_created, membership_entry, new_order};
 
 const CHILD_DIR_ENV: &str = "APPLY_CHILD_DIR";
 /// Entries of the whole run; the child stops by itself after them.
-const ENTRIES_MAX: u64 = 3_000;
+const ENTRIES_MAX: u64 = 2_000;
+const COMMANDS_PER_ENTRY: u64 = 3;
 /// The parent kills the child after reading this many acknowledgements.
-const KILL_AFTER_ACKS: u64 = 400;
+const KILL_AFTER_ACKS: u64 = 300;
 /// The child makes sled durable after every this many entries.
 const FLUSH_EVERY_ENTRIES: u64 = 37;
 const CHILD_DEADLINE: Duration = Duration::from_secs(60);
+
+/// Entry `index` (from 2; entry 1 is the membership) carries the orders numbered
+/// `COMMANDS_PER_ENTRY * (index - 2) + 1` and on.
+fn orders_entry(index: u64) -> Entry {
+    let first = COMMANDS_PER_ENTRY * (index - 2) + 1;
+    commands_entry(
+        index,
+        (first..first + COMMANDS_PER_ENTRY).map(new_order).collect(),
+    )
+}
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
@@ -37,19 +51,28 @@ fn apply_child_entry_point() {
     let Ok(dir) = std::env::var(CHILD_DIR_ENV) else {
         return;
     };
-    let runtime = runtime();
-    runtime.block_on(async {
-        let (_log, mut state_machine) = raft::open(dir.as_ref(), "region-eu").expect("open");
+    runtime().block_on(async {
+        // The layout of `raft::open`, with sled persisting in the background every
+        // millisecond, so that the kill finds states in the middle of entries too.
+        let dir = std::path::Path::new(&dir);
+        let db = sled::Config::new()
+            .path(dir.join("db"))
+            .flush_every_ms(Some(1))
+            .open()
+            .expect("open db");
+        let tree = db.open_tree(raft::REGION_TREE).expect("tree");
+        let mut state_machine =
+            RegionStateMachine::open(db, tree, &dir.join("snapshots")).expect("open");
         state_machine
             .apply([membership_entry(1)])
             .await
             .expect("membership");
         for index in 2..=ENTRIES_MAX {
             let outcomes = state_machine
-                .apply([order_entry(index)])
+                .apply([orders_entry(index)])
                 .await
                 .expect("apply");
-            assert!(is_created(&outcomes[0]), "{outcomes:?}");
+            assert!(answers(&outcomes[0]).iter().all(is_created), "{outcomes:?}");
             if index % FLUSH_EVERY_ENTRIES == 0 {
                 state_machine.flush().await.expect("flush");
             }
@@ -89,28 +112,51 @@ fn an_entry_is_applied_exactly_once_across_sigkill() {
         "child stopped after {last_ack} acks"
     );
 
-    let runtime = runtime();
-    runtime.block_on(async {
+    runtime().block_on(async {
         let (_log, mut recovered) = raft::open(dir.path(), "region-eu").expect("reopen");
         let (applied, _) = recovered.applied_state().await.expect("applied state");
         let applied = applied.map_or(0, |id| id.index);
         // Each flush finished before the acknowledgement of its entry was printed.
         let flushed = KILL_AFTER_ACKS / FLUSH_EVERY_ENTRIES * FLUSH_EVERY_ENTRIES;
         assert!(applied >= flushed, "applied {applied} < flushed {flushed}");
-        let end = ENTRIES_MAX.min(last_ack + 100);
+
+        // The orders in the tree are a prefix of the log's: ord_1 ..= ord_p.
+        let orders: Vec<u64> = recovered
+            .entries_for_tests()
+            .iter()
+            .filter_map(|(key, _)| key.strip_prefix(b"oord_"))
+            .map(|n| String::from_utf8_lossy(n).parse().expect("order number"))
+            .collect();
+        let present = orders.len() as u64;
+        let mut sorted = orders.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (1..=present).collect::<Vec<_>>());
+        // Every command of the applied entries is there, and besides them at most
+        // part of the next entry.
+        let of_applied = COMMANDS_PER_ENTRY * applied.saturating_sub(1);
+        assert!(
+            (of_applied..of_applied + COMMANDS_PER_ENTRY).contains(&present),
+            "{present} orders present, entries up to {applied} applied"
+        );
+
         // What openraft does at startup: re-apply from the entry after the last
         // applied one (the membership entry too, when it was lost).
+        let end = ENTRIES_MAX.min(last_ack + 100);
         for index in applied + 1..=end {
             let entry = if index == 1 {
                 membership_entry(1)
             } else {
-                order_entry(index)
+                orders_entry(index)
             };
             let outcomes = recovered.apply([entry]).await.expect("re-apply");
-            assert!(
-                index == 1 || is_created(&outcomes[0]),
-                "entry {index} after the recovered last applied {applied} was applied before: {outcomes:?}"
-            );
+            for (position, answer) in answers(&outcomes[0]).iter().enumerate() {
+                let n = COMMANDS_PER_ENTRY * (index - 2) + 1 + position as u64;
+                assert_eq!(
+                    is_created(answer),
+                    n > present,
+                    "order {n} of entry {index} ({present} were present): {answer:?}"
+                );
+            }
         }
 
         let reference_dir = tempfile::tempdir().expect("tempdir");
@@ -120,7 +166,7 @@ fn an_entry_is_applied_exactly_once_across_sigkill() {
             .await
             .expect("membership");
         reference
-            .apply((2..=end).map(order_entry))
+            .apply((2..=end).map(orders_entry))
             .await
             .expect("apply");
         assert_eq!(

@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 
 use keyhold_core::UnixMillis;
-use keyhold_store::raft::{Entry, EntryOutcome, LogId};
+use keyhold_store::raft::{CommandBatch, Entry, EntryOutcome, LogId};
 use keyhold_store::{Applied, Command, OrderOutcome};
 use openraft::{CommittedLeaderId, EntryPayload, Membership};
 
@@ -15,10 +15,11 @@ pub fn log_id(term: u64, index: u64) -> LogId {
     LogId::new(CommittedLeaderId::new(term, 1), index)
 }
 
-pub fn command_entry(index: u64, command: Command) -> Entry {
+/// An entry at `index` carrying `commands`.
+pub fn commands_entry(index: u64, commands: Vec<Command>) -> Entry {
     Entry {
         log_id: log_id(1, index),
-        payload: EntryPayload::Normal(command),
+        payload: EntryPayload::Normal(CommandBatch { commands }),
     }
 }
 
@@ -29,23 +30,30 @@ pub fn membership_entry(index: u64) -> Entry {
     }
 }
 
-/// A new order of its own key at `index` (distinct keys, ids and instants).
-pub fn order_entry(index: u64) -> Entry {
-    command_entry(
-        index,
-        create(
-            &format!("key-{index}"),
-            &format!("client-{index}"),
-            "fp",
-            &format!("ord_{index}"),
-            UnixMillis(crate::common::T0.0 + index),
-        ),
+/// A new order numbered `n`, with its own key, ids and instant.
+pub fn new_order(n: u64) -> Command {
+    create(
+        &format!("key-{n}"),
+        &format!("client-{n}"),
+        "fp",
+        &format!("ord_{n}"),
+        UnixMillis(crate::common::T0.0 + n),
     )
 }
 
-pub fn is_created(outcome: &EntryOutcome) -> bool {
-    matches!(
-        outcome,
-        EntryOutcome::Command(Applied::Order(OrderOutcome::Created { .. }))
-    )
+/// An entry at `index` carrying one new order, numbered `index`.
+pub fn order_entry(index: u64) -> Entry {
+    commands_entry(index, vec![new_order(index)])
+}
+
+pub fn is_created(applied: &Applied) -> bool {
+    matches!(applied, Applied::Order(OrderOutcome::Created { .. }))
+}
+
+/// The answers of a command entry's outcome (none for Raft's own entries).
+pub fn answers(outcome: &EntryOutcome) -> &[Applied] {
+    match outcome {
+        EntryOutcome::Commands(answers) => answers,
+        EntryOutcome::Raft => &[],
+    }
 }

@@ -1,12 +1,14 @@
-//! Storage tests of a region's Raft group: openraft's own storage suite for the
-//! region log store and state machine, exactly-once apply across a kill -9, and
-//! snapshots that build from the region tree and install on new, lagging and
-//! interrupted replicas.
+//! Tests of a region's Raft group: a single-voter group end to end, openraft's own
+//! storage suite for the region log store and state machine, exactly-once apply
+//! across a kill -9, and snapshots that build from the region tree and install on
+//! new, lagging and interrupted replicas.
 
 #[path = "../common/mod.rs"]
 mod common;
 
+mod catch_up;
 mod exactly_once;
+mod group;
 mod helpers;
 mod snapshots;
 mod suite;

@@ -12,7 +12,7 @@ use openraft::RaftSnapshotBuilder;
 use tokio::io::AsyncReadExt;
 
 use crate::common::T0;
-use crate::helpers::{command_entry, membership_entry, order_entry};
+use crate::helpers::{commands_entry, membership_entry, order_entry};
 
 fn open(dir: &Path) -> RegionStateMachine {
     raft::open(dir, "region-eu").expect("open").1
@@ -38,7 +38,7 @@ async fn fill(
 ) -> Vec<EntryOutcome> {
     let entries = std::iter::once(membership_entry(1)).chain((2..=last).map(|index| {
         if index == refused {
-            command_entry(index, payment_for_missing_order(index))
+            commands_entry(index, vec![payment_for_missing_order(index)])
         } else {
             order_entry(index)
         }
@@ -90,9 +90,9 @@ async fn a_refused_command_answers_the_same_on_every_replica() {
     let outcomes_b = fill(&mut open(b.path()), 6, 4).await;
     assert_eq!(
         outcomes_a[3],
-        EntryOutcome::Command(Applied::Rejected(Rejection::PaymentForMissingOrder {
+        EntryOutcome::Commands(vec![Applied::Rejected(Rejection::PaymentForMissingOrder {
             order_id: "ord_missing".into()
-        }))
+        })])
     );
     assert_eq!(outcomes_a, outcomes_b);
 }
@@ -137,9 +137,15 @@ async fn a_snapshot_installs_on_a_new_and_on_a_lagging_replica() {
     let mut lagging = open(lagging_dir.path());
     fill(&mut lagging, 40, 0).await;
     lagging
-        .apply([command_entry(
+        .apply([commands_entry(
             41,
-            crate::common::create("other", "other", "fp", "ord_other", T0),
+            vec![crate::common::create(
+                "other",
+                "other",
+                "fp",
+                "ord_other",
+                T0,
+            )],
         )])
         .await
         .unwrap();

@@ -1,0 +1,133 @@
+//! The region store's two write paths side by side, below HTTP: today's apply thread
+//! with its write-ahead log (`Store::execute`) and the region group's writer over
+//! openraft with the sled Raft log (`RegionGroup::execute`, one voter). Each run has
+//! `clients` tasks each creating new orders back to back for a fixed number of
+//! commands, and prints commands per second and commands per log fsync (entries or
+//! WAL batches, from `CommitStats`) with an fsync probe of the same disk beside it.
+//!
+//! `cargo bench -p keyhold-store --bench write_path` (release build). Results go in
+//! docs/benchmarks.md.
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use keyhold_core::UnixMillis;
+use keyhold_raftlog::NodeInfo;
+use keyhold_store::raft::RegionGroup;
+use keyhold_store::{Applied, Command, CommitStats, Error, Store};
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+/// Commands per run (all clients together) under `cargo bench`.
+const COMMANDS_PER_RUN: u64 = 6_000;
+/// Commands per run when the target runs as a test (`cargo test --all-targets`,
+/// which passes no `--bench`): a smoke run, not a measurement.
+const COMMANDS_PER_SMOKE_RUN: u64 = 320;
+const CLIENTS: [u64; 3] = [1, 16, 64];
+/// Writes of the fsync probe.
+const PROBE_FSYNCS: u32 = 200;
+
+fn new_order(n: u64) -> Command {
+    common::create(
+        &format!("key-{n}"),
+        &format!("client-{n}"),
+        "fp",
+        &format!("ord_{n}"),
+        UnixMillis(common::T0.0 + n),
+    )
+}
+
+/// 4 KiB write + fsync, repeated: the disk's fsync rate right now.
+fn fsync_probe(dir: &Path) -> f64 {
+    let mut file = std::fs::File::create(dir.join("probe")).expect("probe file");
+    let block = [7u8; 4096];
+    let started = Instant::now();
+    for _ in 0..PROBE_FSYNCS {
+        file.write_all(&block).expect("probe write");
+        file.sync_data().expect("probe fsync");
+    }
+    f64::from(PROBE_FSYNCS) / started.elapsed().as_secs_f64()
+}
+
+/// Runs `clients` tasks that together execute `COMMANDS_PER_RUN` new orders.
+async fn drive<F, Fut>(clients: u64, commands: u64, execute: F) -> Duration
+where
+    F: Fn(Command) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = Result<Applied, Error>> + Send,
+{
+    let per_client = commands / clients;
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for client in 0..clients {
+        let execute = execute.clone();
+        tasks.spawn(async move {
+            for i in 0..per_client {
+                let answer = execute(new_order(1 + client * per_client + i)).await;
+                assert!(answer.is_ok(), "{answer:?}");
+            }
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.expect("client task");
+    }
+    started.elapsed()
+}
+
+fn report(path: &str, clients: u64, took: Duration, stats: &CommitStats, probe: f64) {
+    let commands = stats.commands() as f64;
+    println!(
+        "| {path} | {clients} | {:.0} | {:.1} | {probe:.0} |",
+        commands / took.as_secs_f64(),
+        commands / stats.batches().max(1) as f64,
+    );
+}
+
+fn main() {
+    let commands = if std::env::args().any(|a| a == "--bench") {
+        COMMANDS_PER_RUN
+    } else {
+        COMMANDS_PER_SMOKE_RUN
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    println!("| path | clients | commands/s | commands per fsync | fsync probe (/s) |");
+    println!("|---|---|---|---|---|");
+    runtime.block_on(async {
+        for clients in CLIENTS {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let store = Arc::new(Store::open(&dir.path().join("wal")).expect("open store"));
+            let probe = fsync_probe(dir.path());
+            let handle = store.clone();
+            let took = drive(clients, commands, move |c| {
+                let store = handle.clone();
+                async move { store.execute(c).await }
+            })
+            .await;
+            report("WAL (apply thread)", clients, took, store.stats(), probe);
+            drop(store);
+
+            let group = RegionGroup::start_single_voter(
+                &dir.path().join("raft"),
+                "region-bench",
+                1,
+                NodeInfo::new("bench", "-", "-"),
+            )
+            .await
+            .expect("start group");
+            let probe = fsync_probe(dir.path());
+            let handle = group.clone();
+            let took = drive(clients, commands, move |c| {
+                let group = handle.clone();
+                async move { group.execute(c).await }
+            })
+            .await;
+            report("Raft (region group)", clients, took, group.stats(), probe);
+            group.shutdown().await.expect("shutdown");
+        }
+    });
+}

@@ -1,0 +1,246 @@
+//! A region group running on one node: the openraft instance over the region's log
+//! and state machine, and the writer that gathers waiting commands into one entry.
+//!
+//! The writer is group commit over Raft: it takes the first waiting command, every
+//! other one already queued (up to `BATCH_COMMANDS_MAX`), submits them as one
+//! `CommandBatch` with `client_write`, and answers every waiter once the entry is
+//! applied (applied implies committed, which implies durable in the log of a majority;
+//! with one voter, the local log's flush). While one entry is in flight new commands
+//! queue up and form the next, so one log fsync carries many commands under load,
+//! although openraft 0.9 flushes once per `client_write` (see `CommandBatch`).
+//!
+//! Only single-voter groups start here so far (`start_single_voter`): their Raft
+//! network answers every RPC with `Unreachable`, as a group without peers never
+//! sends one. Multi-node regions need the HTTP transport with the group in the path.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use keyhold_raftlog::{NodeId, NodeInfo};
+use openraft::error::{InstallSnapshotError, RPCError, RaftError, Unreachable};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::{AnyError, ServerState};
+use tokio::sync::{mpsc, watch};
+
+use super::{CommandBatch, EntryOutcome, RegionConfig, RegionRaft, RegionStateMachine};
+use crate::command::{Applied, Command};
+use crate::commit::CommitStats;
+use crate::limits::{
+    BATCH_COMMANDS_MAX, QUEUE_COMMANDS_MAX, REGION_ELECTION_TIMEOUT_MAX_MS,
+    REGION_ELECTION_TIMEOUT_MIN_MS, REGION_HEARTBEAT_INTERVAL_MS, REGION_LEADER_WAIT_MS,
+    REGION_SNAPSHOT_LOGS_SINCE_LAST,
+};
+use crate::{Error, Job};
+
+/// A running region group on this node. Cheap to clone.
+#[derive(Clone)]
+pub struct RegionGroup {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    raft: RegionRaft,
+    state_machine: RegionStateMachine,
+    jobs: mpsc::Sender<Job>,
+    stats: Arc<CommitStats>,
+}
+
+impl std::fmt::Debug for RegionGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegionGroup").finish_non_exhaustive()
+    }
+}
+
+type RpcError<E = openraft::error::Infallible> = RPCError<NodeId, NodeInfo, RaftError<NodeId, E>>;
+
+/// The network of a group without peers: there is nobody to reach.
+#[derive(Debug, Clone, Copy)]
+struct NoPeers;
+
+fn unreachable<E: std::error::Error>(target: NodeId) -> RPCError<NodeId, NodeInfo, E> {
+    let reason = format!("node {target} is not a member of this single-voter region group");
+    RPCError::Unreachable(Unreachable::new(&AnyError::error(reason)))
+}
+
+impl RaftNetworkFactory<RegionConfig> for NoPeers {
+    type Network = NoPeersClient;
+
+    async fn new_client(&mut self, target: NodeId, _node: &NodeInfo) -> Self::Network {
+        NoPeersClient { target }
+    }
+}
+
+/// A connection that never connects.
+#[derive(Debug)]
+struct NoPeersClient {
+    target: NodeId,
+}
+
+impl RaftNetwork<RegionConfig> for NoPeersClient {
+    async fn append_entries(
+        &mut self,
+        _rpc: AppendEntriesRequest<RegionConfig>,
+        _option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RpcError> {
+        Err(unreachable(self.target))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        _rpc: InstallSnapshotRequest<RegionConfig>,
+        _option: RPCOption,
+    ) -> Result<InstallSnapshotResponse<NodeId>, RpcError<InstallSnapshotError>> {
+        Err(unreachable(self.target))
+    }
+
+    async fn vote(
+        &mut self,
+        _rpc: VoteRequest<NodeId>,
+        _option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RpcError> {
+        Err(unreachable(self.target))
+    }
+}
+
+fn raft_config(group: &str) -> Result<openraft::Config, Error> {
+    openraft::Config {
+        cluster_name: group.to_string(),
+        heartbeat_interval: REGION_HEARTBEAT_INTERVAL_MS,
+        election_timeout_min: REGION_ELECTION_TIMEOUT_MIN_MS,
+        election_timeout_max: REGION_ELECTION_TIMEOUT_MAX_MS,
+        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(REGION_SNAPSHOT_LOGS_SINCE_LAST),
+        ..Default::default()
+    }
+    .validate()
+    .map_err(|e| Error::Raft(e.to_string()))
+}
+
+impl RegionGroup {
+    /// Opens the group `group` in `dir` as its only voter, `node` (initializing it on
+    /// first start), waits until this node leads it, and starts the writer.
+    pub async fn start_single_voter(
+        dir: &Path,
+        group: &str,
+        node: NodeId,
+        info: NodeInfo,
+    ) -> Result<RegionGroup, Error> {
+        let owned_dir = dir.to_path_buf();
+        let owned_group = group.to_string();
+        let (log, state_machine) =
+            tokio::task::spawn_blocking(move || super::open(&owned_dir, &owned_group))
+                .await
+                .map_err(|e| Error::Raft(format!("open task: {e}")))??;
+        let config = Arc::new(raft_config(group)?);
+        let raft = RegionRaft::new(node, config, NoPeers, log, state_machine.clone())
+            .await
+            .map_err(|e| Error::Raft(e.to_string()))?;
+        match raft.initialize(BTreeMap::from([(node, info)])).await {
+            Ok(()) | Err(RaftError::APIError(openraft::error::InitializeError::NotAllowed(_))) => {}
+            Err(e) => return Err(Error::Raft(format!("initialize: {e}"))),
+        }
+        raft.wait(Some(Duration::from_millis(REGION_LEADER_WAIT_MS)))
+            .state(ServerState::Leader, "single voter leads its region group")
+            .await
+            .map_err(|e| Error::Raft(format!("no leadership: {e}")))?;
+        let (jobs, rx) = mpsc::channel(QUEUE_COMMANDS_MAX);
+        let stats = Arc::new(CommitStats::default());
+        tokio::spawn(write_loop(raft.clone(), rx, stats.clone()));
+        Ok(RegionGroup {
+            inner: Arc::new(Inner {
+                raft,
+                state_machine,
+                jobs,
+                stats,
+            }),
+        })
+    }
+
+    /// Executes one command; answers once the entry holding it is applied. A command
+    /// the state machine refused reaches the caller as `Error::Rejected`, as from
+    /// `Store::execute`.
+    pub async fn execute(&self, command: Command) -> Result<Applied, Error> {
+        crate::submit(&self.inner.jobs, command).await
+    }
+
+    /// Entries and commands written, and the time entries took from submission to
+    /// applied: `commands() / batches()` is commands per log fsync.
+    pub fn stats(&self) -> &CommitStats {
+        &self.inner.stats
+    }
+
+    /// The group's state machine (reads of the applied state).
+    pub fn state_machine(&self) -> &RegionStateMachine {
+        &self.inner.state_machine
+    }
+
+    /// A receiver of the last applied log index.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.inner.state_machine.subscribe()
+    }
+
+    /// Stops the Raft instance (the writer then answers `Unavailable`) and flushes the
+    /// region tree.
+    pub async fn shutdown(&self) -> Result<(), Error> {
+        self.inner
+            .raft
+            .shutdown()
+            .await
+            .map_err(|e| Error::Raft(format!("shutdown: {e}")))?;
+        self.inner.state_machine.flush().await
+    }
+}
+
+/// Gathers waiting commands into one entry at a time until the queue closes or the
+/// Raft instance stops.
+async fn write_loop(raft: RegionRaft, mut jobs: mpsc::Receiver<Job>, stats: Arc<CommitStats>) {
+    let mut pending: Vec<Job> = Vec::with_capacity(BATCH_COMMANDS_MAX);
+    while let Some(first) = jobs.recv().await {
+        pending.push(first);
+        while pending.len() < BATCH_COMMANDS_MAX {
+            match jobs.try_recv() {
+                Ok(job) => pending.push(job),
+                Err(_) => break,
+            }
+        }
+        let batch = CommandBatch {
+            commands: pending.iter().map(|job| job.command.clone()).collect(),
+        };
+        let started = Instant::now();
+        let written = raft.client_write(batch).await;
+        let answers = match written {
+            Ok(response) => match response.data {
+                EntryOutcome::Commands(answers) if answers.len() == pending.len() => answers,
+                other => {
+                    tracing::error!(?other, "a command entry answered unlike its commands");
+                    fail(&stats, &mut pending);
+                    return;
+                }
+            },
+            Err(e) => {
+                // Not the leader any more, or Raft stopped: a caller's retry with the
+                // same key replays whatever of this entry was committed.
+                tracing::error!(error = %e, "region group write failed; refusing further commands");
+                fail(&stats, &mut pending);
+                return;
+            }
+        };
+        stats.record(pending.len(), started.elapsed());
+        for (job, answer) in pending.drain(..).zip(answers) {
+            // A waiter that gave up is fine to skip: its command is applied.
+            let _ = job.reply.send(Ok(answer));
+        }
+    }
+}
+
+fn fail(stats: &CommitStats, pending: &mut Vec<Job>) {
+    stats.mark_failed();
+    for job in pending.drain(..) {
+        let _ = job.reply.send(Err(Error::Unavailable));
+    }
+}
