@@ -154,20 +154,24 @@ async fn an_empty_learner_catches_up_by_snapshot() {
         .state(ServerState::Leader, "leads")
         .await
         .expect("leadership");
+    let mut last = 0;
     for entry in 0..ENTRIES {
         let first = entry * ORDERS_PER_ENTRY + 1;
         let commands = (first..first + ORDERS_PER_ENTRY).map(new_order).collect();
-        leader
+        let written = leader
             .client_write(CommandBatch { commands })
             .await
             .expect("write");
+        last = written.log_id.index;
     }
-    let last = leader
-        .metrics()
-        .borrow()
-        .last_applied
-        .expect("applied")
-        .index;
+    // The metrics channel may lag the last write's answer: take the index from
+    // the answer and wait until the metrics show it applied, so the snapshot
+    // below covers exactly that index.
+    leader
+        .wait(Some(WAIT))
+        .applied_index_at_least(Some(last), "last write applied")
+        .await
+        .expect("last write applied");
     leader.trigger().snapshot().await.expect("snapshot");
     leader
         .wait(Some(WAIT))
