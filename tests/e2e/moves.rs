@@ -457,38 +457,17 @@ fn restart_with_driver_pause(sc: &mut ServeCluster, i: usize, pause_ms: u64) {
 #[test]
 fn a_move_never_leased_before_a_crash_is_driven_soon_after_the_restart() {
     let mut sc = ServeCluster::start(&["a", "b", "c"], "move_driver_lease = \"30s\"");
-    let admin = sc.admin_token.clone();
     let (a, b, c) = (sc.index("a"), sc.index("b"), sc.index("c"));
     let tenant = sc.create_tenant(c, "a");
     let made = orders_at(&sc, a, &tenant, 5);
-    sc.members[c].env.push((
-        "KEYHOLD_FAULT_DRIVER_START_DELAY_MS".into(),
-        "120000".into(),
-    ));
-    sc.kill9(c);
-    sc.restart(c);
-    sc.wait_ready(c, Duration::from_secs(20));
-    let op = start_move(&sc.api(c), &admin, &tenant.tenant_id, "b");
-    common::poll(Duration::from_secs(20), "the driver to wait", || {
-        sc.members[c]
-            .stderr_tail()
-            .contains("KEYHOLD_FAULT_DRIVER_START_DELAY_MS is set")
-            .then_some(())
-    });
-
-    sc.members[c].env.clear();
-    for i in [a, b, c] {
-        sc.kill9(i);
-    }
-    for i in [a, b, c] {
-        sc.restart(i);
-    }
-    for i in [a, b, c] {
-        sc.wait_ready(i, Duration::from_secs(30));
-    }
-    let back = std::time::Instant::now();
-    let done = wait_finished(&sc.api(b), &admin, &op, Duration::from_secs(60));
-    let took = back.elapsed();
+    let op = start_faulted_move(
+        &mut sc,
+        c,
+        "KEYHOLD_FAULT_DRIVER_START_DELAY_MS",
+        &tenant.tenant_id,
+        "b",
+    );
+    let (done, took) = restart_all_and_time_move(&mut sc, &op, b);
     assert_eq!(done["state"], "done", "{done}");
     assert!(
         took < Duration::from_secs(10),
@@ -507,16 +486,52 @@ fn a_move_never_leased_before_a_crash_is_driven_soon_after_the_restart() {
 /// that its driver stalls after the fence; returns once it stalls, with the
 /// fault cleared for the member's next start.
 fn start_stalled_move(sc: &mut ServeCluster, driver: usize, tenant_id: &str, to: &str) -> String {
-    restart_with_driver_pause(sc, driver, 120_000);
+    start_faulted_move(sc, driver, "KEYHOLD_FAULT_DRIVER_PAUSE_MS", tenant_id, to)
+}
+
+/// Starts a move of `tenant_id` to `to` through member `driver`, restarted with
+/// the driver fault hook `hook` set to 120 s; returns once the hook took effect
+/// (the node logs "<hook> is set"), with the fault cleared for its next start.
+fn start_faulted_move(
+    sc: &mut ServeCluster,
+    driver: usize,
+    hook: &str,
+    tenant_id: &str,
+    to: &str,
+) -> String {
+    sc.members[driver].env.push((hook.into(), "120000".into()));
+    sc.kill9(driver);
+    sc.restart(driver);
+    sc.wait_ready(driver, Duration::from_secs(20));
     let op = start_move(&sc.api(driver), &sc.admin_token, tenant_id, to);
-    common::poll(Duration::from_secs(20), "the driver to stall", || {
+    let effect = format!("{hook} is set");
+    common::poll(Duration::from_secs(20), "the driver fault", || {
         sc.members[driver]
             .stderr_tail()
-            .contains("KEYHOLD_FAULT_DRIVER_PAUSE_MS is set")
+            .contains(&effect)
             .then_some(())
     });
     sc.members[driver].env.clear();
     op
+}
+
+/// SIGKILLs every member, restarts them all, and returns move `op`'s final
+/// state as seen through member `via` with the time it took from the moment
+/// every member was ready again.
+fn restart_all_and_time_move(sc: &mut ServeCluster, op: &str, via: usize) -> (Value, Duration) {
+    let all: Vec<usize> = (0..sc.members.len()).collect();
+    for &i in &all {
+        sc.kill9(i);
+    }
+    for &i in &all {
+        sc.restart(i);
+    }
+    for &i in &all {
+        sc.wait_ready(i, Duration::from_secs(30));
+    }
+    let back = std::time::Instant::now();
+    let done = wait_finished(&sc.api(via), &sc.admin_token, op, Duration::from_secs(60));
+    (done, back.elapsed())
 }
 
 /// The concatenated export pages of a tenant on one node (its stored content).
@@ -604,24 +619,12 @@ fn two_drivers_race_one_wins_and_the_new_home_equals_the_old() {
 #[test]
 fn a_move_cut_short_by_a_crash_resumes_as_soon_as_the_cluster_is_back() {
     let mut sc = ServeCluster::start(&["a", "b", "c"], "move_driver_lease = \"30s\"");
-    let admin = sc.admin_token.clone();
     let (a, b, c) = (sc.index("a"), sc.index("b"), sc.index("c"));
     let tenant = sc.create_tenant(c, "a");
     let made = orders_at(&sc, a, &tenant, 10);
     // The driver runs on c, neither end of the move, and stalls after the fence.
     let op = start_stalled_move(&mut sc, c, &tenant.tenant_id, "b");
-    for i in [a, b, c] {
-        sc.kill9(i);
-    }
-    for i in [a, b, c] {
-        sc.restart(i);
-    }
-    for i in [a, b, c] {
-        sc.wait_ready(i, Duration::from_secs(30));
-    }
-    let back = std::time::Instant::now();
-    let done = wait_finished(&sc.api(b), &admin, &op, Duration::from_secs(60));
-    let took = back.elapsed();
+    let (done, took) = restart_all_and_time_move(&mut sc, &op, b);
     assert_eq!(done["state"], "done", "{done}");
     assert!(
         took < Duration::from_secs(10),
