@@ -137,6 +137,19 @@ pub const MOVE_CALL_TIMEOUT_MS: u64 = 60_000;
 /// progress (a registry write that also renews its lease).
 pub const MOVE_PULL_PAGES_MAX: u64 = 16;
 pub const MOVE_PULL_BUDGET_MS: u64 = 5_000;
+/// Bytes of keys and payloads in one import command at the new home. A page
+/// from the old home is split into commands this large, so that the apply
+/// thread, which also serves the new home's own tenants, never holds their
+/// commands behind a whole page (a 4 MiB page kept them waiting ~1 s; see
+/// docs/benchmarks.md, "Store: a move's import").
+pub const MOVE_IMPORT_COMMAND_BYTES_MAX: usize = 128 * 1024;
+/// The rate at which the first pass of a move (online: the tenant is still
+/// served at its old home) imports at the new home, in bytes of keys and
+/// payloads per second: the new home's own tenants keep most of its apply
+/// thread. At ~180 bytes per entry, a tenant of 100,000 orders (400,000
+/// entries) copies in about 18 s. The final pass, under the fence, is not
+/// paced: every second of it is a second of 503 `tenant-moving`.
+pub const MOVE_COPY_BYTES_PER_SECOND: u64 = 4 * 1024 * 1024;
 /// One `pull` call as the driver waits for it: the budget plus the one page
 /// (an export call and its import) it may still be copying then.
 pub const MOVE_PULL_CALL_TIMEOUT_MS: u64 = MOVE_PULL_BUDGET_MS + 2 * MOVE_CALL_TIMEOUT_MS;
@@ -171,5 +184,11 @@ const _: () = assert!(MOVE_UNLEASED_GRACE_MS * 10 <= MOVE_DRIVER_LEASE_MS_DEFAUL
 // A driver renews its lease between pull calls, and while one runs.
 const _: () = assert!(MOVE_PULL_BUDGET_MS * 3 <= MOVE_DRIVER_LEASE_MS_DEFAULT);
 const _: () = assert!(MOVE_PULL_PAGES_MAX >= 1);
+// A command is a fraction of a page, and one second of pacing holds a few.
+const _: () = assert!(MOVE_IMPORT_COMMAND_BYTES_MAX * 8 <= MOVE_PAGE_BYTES_MAX);
+const _: () = assert!(MOVE_IMPORT_COMMAND_BYTES_MAX as u64 * 4 <= MOVE_COPY_BYTES_PER_SECOND);
+// A pull call copies at least one page within its budget at the paced rate.
+const _: () =
+    assert!(MOVE_PAGE_BYTES_MAX as u64 * 1000 <= MOVE_COPY_BYTES_PER_SECOND * MOVE_PULL_BUDGET_MS);
 
 const _: () = assert!(INFLIGHT_WAIT_MS_DEFAULT < FORWARD_TIMEOUT_MS);

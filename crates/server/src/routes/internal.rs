@@ -18,8 +18,9 @@
 
 use super::{json_response, read_body};
 use crate::limits::{
-    MOVE_CALL_TIMEOUT_MS, MOVE_DRAIN_POLL_MS, MOVE_DRAIN_WAIT_MS, MOVE_IMPORT_BODY_BYTES_MAX,
-    MOVE_PAGE_BYTES_MAX, MOVE_PULL_BUDGET_MS, MOVE_PULL_PAGES_MAX, REGISTRY_READ_WAIT_MS,
+    MOVE_CALL_TIMEOUT_MS, MOVE_COPY_BYTES_PER_SECOND, MOVE_DRAIN_POLL_MS, MOVE_DRAIN_WAIT_MS,
+    MOVE_IMPORT_BODY_BYTES_MAX, MOVE_IMPORT_COMMAND_BYTES_MAX, MOVE_PAGE_BYTES_MAX,
+    MOVE_PULL_BUDGET_MS, MOVE_PULL_PAGES_MAX, REGISTRY_READ_WAIT_MS,
 };
 use crate::node::Node;
 use crate::problem::ApiError;
@@ -334,33 +335,154 @@ impl Pass {
             Pass::Changes => "changes",
         }
     }
+
+    /// The pace of this pass's imports: the first pass runs while the tenant
+    /// is served and shares the new home's apply thread with its own tenants;
+    /// the final pass runs under the fence, where every second is a second of
+    /// 503 `tenant-moving`.
+    fn bytes_per_second(self) -> Option<u64> {
+        match self {
+            Pass::Full => Some(MOVE_COPY_BYTES_PER_SECOND),
+            Pass::Changes => None,
+        }
+    }
 }
 
-/// Writes one page of `pass` for the running move `scope` into this store.
+/// Splits `items` into runs of at most `bytes_max` bytes by `size`, in order;
+/// a run holds at least one item, however large.
+fn split_by_bytes<T>(items: Vec<T>, bytes_max: usize, size: impl Fn(&T) -> usize) -> Vec<Vec<T>> {
+    let mut runs: Vec<Vec<T>> = Vec::new();
+    let mut bytes = 0;
+    for item in items {
+        let n = size(&item);
+        match runs.last_mut() {
+            Some(run) if bytes + n <= bytes_max => {
+                bytes += n;
+                run.push(item);
+            }
+            _ => {
+                bytes = n;
+                runs.push(vec![item]);
+            }
+        }
+    }
+    runs
+}
+
+fn entry_bytes(entry: &ExportEntry) -> usize {
+    entry.key.len() + entry.payload.len()
+}
+
+/// One page of `pass` as import commands of at most
+/// `MOVE_IMPORT_COMMAND_BYTES_MAX` bytes each, with their sizes. An empty page
+/// is one empty command: it still sets the tenant's guard for the move.
+fn import_commands(
+    tenant: &TenantId,
+    scope: &MoveScope,
+    pass: Pass,
+    bytes: &[u8],
+) -> Result<Vec<(Command, usize)>, ApiError> {
+    let undecodable = |e: keyhold_store::Error| ApiError::invalid("", e.to_string());
+    let (operation_id, epoch) = (&scope.operation_id, scope.epoch);
+    let import = |entries: Vec<ExportEntry>| Command::Import {
+        tenant: tenant.clone(),
+        operation_id: operation_id.clone(),
+        epoch,
+        entries,
+    };
+    let changes = |page: ChangePage| Command::ImportChanges {
+        tenant: tenant.clone(),
+        operation_id: operation_id.clone(),
+        epoch,
+        page,
+    };
+    let max = MOVE_IMPORT_COMMAND_BYTES_MAX;
+    let mut commands = Vec::new();
+    match pass {
+        Pass::Full => {
+            let entries = ExportEntry::decode_page(bytes).map_err(undecodable)?;
+            for run in split_by_bytes(entries, max, entry_bytes) {
+                let size = run.iter().map(entry_bytes).sum();
+                commands.push((import(run), size));
+            }
+            if commands.is_empty() {
+                commands.push((import(Vec::new()), 0));
+            }
+        }
+        Pass::Changes => {
+            let page = ChangePage::decode(bytes).map_err(undecodable)?;
+            for entries in split_by_bytes(page.entries, max, entry_bytes) {
+                let size = entries.iter().map(entry_bytes).sum();
+                let removed = Vec::new();
+                commands.push((changes(ChangePage { entries, removed }), size));
+            }
+            for removed in split_by_bytes(page.removed, max, Vec::len) {
+                let size = removed.iter().map(Vec::len).sum();
+                let entries = Vec::new();
+                commands.push((changes(ChangePage { entries, removed }), size));
+            }
+            if commands.is_empty() {
+                commands.push((changes(ChangePage::default()), 0));
+            }
+        }
+    }
+    Ok(commands)
+}
+
+/// How long an import that has written `imported_bytes` since it started
+/// `elapsed` ago waits before its next command, to stay at `bytes_per_second`.
+fn pace_wait(imported_bytes: u64, elapsed: Duration, bytes_per_second: u64) -> Duration {
+    let due = Duration::from_secs_f64(imported_bytes as f64 / bytes_per_second.max(1) as f64);
+    due.saturating_sub(elapsed)
+}
+
+/// The pacing of one pull call's imports (`None`: as fast as the store goes).
+struct Pacer {
+    bytes_per_second: Option<u64>,
+    started: Instant,
+    imported_bytes: u64,
+}
+
+impl Pacer {
+    fn new(bytes_per_second: Option<u64>) -> Pacer {
+        Pacer {
+            bytes_per_second,
+            started: Instant::now(),
+            imported_bytes: 0,
+        }
+    }
+
+    /// Waits until the next command is due.
+    async fn wait(&self) {
+        let Some(rate) = self.bytes_per_second else {
+            return;
+        };
+        let wait = pace_wait(self.imported_bytes, self.started.elapsed(), rate);
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+/// Writes one page of `pass` for the running move `scope` into this store, in
+/// commands of at most `MOVE_IMPORT_COMMAND_BYTES_MAX` bytes, each queued
+/// among the other tenants' commands and durable before the next, paced by
+/// `pacer`.
 async fn import_page(
     node: &Node,
     tenant: &TenantId,
     scope: &MoveScope,
     pass: Pass,
     bytes: &[u8],
+    pacer: &mut Pacer,
 ) -> Result<u64, ApiError> {
-    let undecodable = |e: keyhold_store::Error| ApiError::invalid("", e.to_string());
-    let (operation_id, epoch) = (scope.operation_id.clone(), scope.epoch);
-    let command = match pass {
-        Pass::Full => Command::Import {
-            tenant: tenant.clone(),
-            operation_id,
-            epoch,
-            entries: ExportEntry::decode_page(bytes).map_err(undecodable)?,
-        },
-        Pass::Changes => Command::ImportChanges {
-            tenant: tenant.clone(),
-            operation_id,
-            epoch,
-            page: ChangePage::decode(bytes).map_err(undecodable)?,
-        },
-    };
-    let imported = guard_answer(node.store().execute(command).await?)?;
+    let mut imported = 0;
+    for (command, size) in import_commands(tenant, scope, pass, bytes)? {
+        pacer.wait().await;
+        imported += guard_answer(node.store().execute(command).await?)?;
+        pacer.imported_bytes += size as u64;
+        metrics::counter!("keyhold_move_import_commands_total").increment(1);
+    }
     metrics::counter!("keyhold_move_pages_total").increment(1);
     metrics::counter!("keyhold_move_bytes_total").increment(bytes.len() as u64);
     Ok(imported)
@@ -373,13 +495,64 @@ struct PullQuery {
     after: Option<String>,
 }
 
+/// One page of `pass` from the tenant's old home (by this node's registry
+/// replica), starting after `after`: its body and the next page's cursor.
+async fn fetch_page(
+    node: &Node,
+    tenant_id: &str,
+    pass: Pass,
+    after: Option<&str>,
+) -> Result<(axum::body::Bytes, Option<String>), ApiError> {
+    let record = node
+        .registry()
+        .tenant(tenant_id)
+        .ok_or_else(|| ApiError::new(Problem::NotFound))?;
+    let Some((_, old)) = node.store_node_of(&record.home_region) else {
+        return Err(ApiError::new(Problem::OwnerUnreachable)
+            .detail(format!("no node of region {}", record.home_region)));
+    };
+    let mut url = format!(
+        "http://{}/internal/v1/moves/{tenant_id}/{}?bytes_max={MOVE_PAGE_BYTES_MAX}",
+        old.api_addr,
+        pass.source()
+    );
+    if let Some(a) = after {
+        url.push_str("&after=");
+        url.push_str(a);
+    }
+    let unreachable = |e: reqwest::Error| {
+        ApiError::new(Problem::OwnerUnreachable).detail(format!("the old home: {e}"))
+    };
+    let response = node
+        .http()
+        .get(url)
+        .header(NODE_CREDENTIAL_HEADER, node.credentials().current())
+        .timeout(Duration::from_millis(MOVE_CALL_TIMEOUT_MS))
+        .send()
+        .await
+        .map_err(unreachable)?;
+    if !response.status().is_success() {
+        return Err(ApiError::new(Problem::OwnerUnreachable)
+            .detail(format!("the old home answered {}", response.status())));
+    }
+    let next = response
+        .headers()
+        .get(NEXT_CURSOR)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let body = response.bytes().await.map_err(unreachable)?;
+    Ok((body, next))
+}
+
 /// On the new home: copy pages of `pass` straight from the old home, starting
 /// after `after`, until the pass is done, `MOVE_PULL_PAGES_MAX` pages were
 /// copied or `MOVE_PULL_BUDGET_MS` passed; answers what it copied and the
 /// cursor to continue from (`null` when the pass is done). The driver calls
-/// it again until then, renewing its lease in between. Before each page the
-/// move must still run under the caller's lease, so a superseded driver's
-/// pull stops.
+/// it again until then, renewing its lease in between. Before each page is
+/// imported the move must still run under the caller's lease, so a
+/// superseded driver's pull stops. The next page is fetched while one is
+/// imported; the first pass imports at `MOVE_COPY_BYTES_PER_SECOND`, the
+/// final pass (under the fence) as fast as the store goes.
 async fn pull(
     State(node): State<Arc<Node>>,
     Path(tenant_id): Path<String>,
@@ -388,57 +561,33 @@ async fn pull(
 ) -> Result<Response, ApiError> {
     let tenant = tenant_param(&tenant_id)?;
     let started = Instant::now();
-    let mut after = q.after;
+    let mut pacer = Pacer::new(q.pass.bytes_per_second());
     let (mut copied, mut pages, mut bytes) = (0u64, 0u64, 0u64);
-    loop {
+    check_running(&node, &tenant_id, &scope, End::To).await?;
+    let mut page = fetch_page(&node, &tenant_id, q.pass, q.after.as_deref()).await?;
+    let after = loop {
+        let (body, next) = page;
         check_running(&node, &tenant_id, &scope, End::To).await?;
-        let record = node
-            .registry()
-            .tenant(&tenant_id)
-            .ok_or_else(|| ApiError::new(Problem::NotFound))?;
-        let Some((_, old)) = node.store_node_of(&record.home_region) else {
-            return Err(ApiError::new(Problem::OwnerUnreachable)
-                .detail(format!("no node of region {}", record.home_region)));
-        };
-        let mut url = format!(
-            "http://{}/internal/v1/moves/{tenant_id}/{}?bytes_max={MOVE_PAGE_BYTES_MAX}",
-            old.api_addr,
-            q.pass.source()
-        );
-        if let Some(a) = &after {
-            url.push_str("&after=");
-            url.push_str(a);
-        }
-        let unreachable = |e: reqwest::Error| {
-            ApiError::new(Problem::OwnerUnreachable).detail(format!("the old home: {e}"))
-        };
-        let response = node
-            .http()
-            .get(url)
-            .header(NODE_CREDENTIAL_HEADER, node.credentials().current())
-            .timeout(Duration::from_millis(MOVE_CALL_TIMEOUT_MS))
-            .send()
-            .await
-            .map_err(unreachable)?;
-        if !response.status().is_success() {
-            return Err(ApiError::new(Problem::OwnerUnreachable)
-                .detail(format!("the old home answered {}", response.status())));
-        }
-        let next = response
-            .headers()
-            .get(NEXT_CURSOR)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
-        let body = response.bytes().await.map_err(unreachable)?;
-        copied += import_page(&node, &tenant, &scope, q.pass, &body).await?;
         pages += 1;
-        bytes += body.len() as u64;
-        after = next;
         let spent = started.elapsed() >= Duration::from_millis(MOVE_PULL_BUDGET_MS);
-        if after.is_none() || pages >= MOVE_PULL_PAGES_MAX || spent {
-            break;
+        let more = next
+            .as_deref()
+            .filter(|_| pages < MOVE_PULL_PAGES_MAX && !spent);
+        let prefetch = async {
+            match more {
+                Some(cursor) => Some(fetch_page(&node, &tenant_id, q.pass, Some(cursor)).await),
+                None => None,
+            }
+        };
+        let imported = import_page(&node, &tenant, &scope, q.pass, &body, &mut pacer);
+        let (imported, prefetched) = tokio::join!(imported, prefetch);
+        copied += imported?;
+        bytes += body.len() as u64;
+        match prefetched {
+            Some(fetched) => page = fetched?,
+            None => break next,
         }
-    }
+    };
     let answer = serde_json::json!({
         "copied": copied, "pages": pages, "bytes": bytes, "next": after,
     });
@@ -456,6 +605,122 @@ async fn import(
     let tenant = tenant_param(&tenant_id)?;
     let bytes = read_body(&headers, body, MOVE_IMPORT_BODY_BYTES_MAX).await?;
     check_running(&node, &tenant_id, &scope, End::To).await?;
-    let imported = import_page(&node, &tenant, &scope, Pass::Full, &bytes).await?;
+    let mut unpaced = Pacer::new(None);
+    let imported = import_page(&node, &tenant, &scope, Pass::Full, &bytes, &mut unpaced).await?;
     Ok(ok_json(serde_json::json!({ "imported": imported })))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(n: u8, bytes: usize) -> ExportEntry {
+        ExportEntry {
+            key: vec![n],
+            payload: vec![n; bytes - 1],
+        }
+    }
+
+    fn scope() -> MoveScope {
+        MoveScope {
+            operation_id: "op1".into(),
+            epoch: 3,
+            generation: 1,
+            registry_index: 1,
+        }
+    }
+
+    #[test]
+    fn runs_are_bounded_by_bytes_keep_order_and_hold_an_oversized_item_alone() {
+        let sizes = [40, 50, 20, 200, 10, 90, 5];
+        let items: Vec<usize> = sizes.to_vec();
+        let runs = split_by_bytes(items, 100, |n| *n);
+        assert_eq!(
+            runs,
+            vec![vec![40, 50], vec![20], vec![200], vec![10, 90], vec![5]]
+        );
+        assert!(split_by_bytes(Vec::<usize>::new(), 100, |n| *n).is_empty());
+    }
+
+    /// A 4 MiB page becomes commands of at most `MOVE_IMPORT_COMMAND_BYTES_MAX`
+    /// bytes that carry every entry once, in order, under the move's scope.
+    #[test]
+    fn a_page_is_imported_in_commands_bounded_by_bytes() {
+        let entries: Vec<ExportEntry> = (0..=255u8).map(|n| entry(n, 16 * 1024)).collect();
+        let page = ExportEntry::encode_page(&entries);
+        let tenant = TenantId::parse("t1").unwrap();
+        let commands = import_commands(&tenant, &scope(), Pass::Full, &page).unwrap();
+        assert_eq!(
+            commands.len(),
+            256 * 16 * 1024 / MOVE_IMPORT_COMMAND_BYTES_MAX
+        );
+        let mut carried = Vec::new();
+        for (command, size) in commands {
+            assert!(size <= MOVE_IMPORT_COMMAND_BYTES_MAX);
+            let Command::Import {
+                tenant: t,
+                operation_id,
+                epoch,
+                entries,
+            } = command
+            else {
+                panic!("not an import: {command:?}");
+            };
+            assert_eq!((t.as_str(), operation_id.as_str(), epoch), ("t1", "op1", 3));
+            assert_eq!(size, entries.iter().map(entry_bytes).sum::<usize>());
+            carried.extend(entries);
+        }
+        assert_eq!(carried, entries);
+    }
+
+    /// A change page's entries and removed keys both travel, and an empty
+    /// page is still one command (it sets the tenant's guard).
+    #[test]
+    fn a_change_page_keeps_its_removals_and_an_empty_page_is_one_command() {
+        let tenant = TenantId::parse("t1").unwrap();
+        let page = ChangePage {
+            entries: vec![entry(1, 100 * 1024), entry(2, 100 * 1024)],
+            removed: vec![b"rt1\0a".to_vec(), b"rt1\0b".to_vec()],
+        };
+        let commands = import_commands(&tenant, &scope(), Pass::Changes, &page.encode()).unwrap();
+        let mut carried = ChangePage::default();
+        for (command, _) in &commands {
+            let Command::ImportChanges { page, .. } = command else {
+                panic!("not a change import: {command:?}");
+            };
+            carried.entries.extend(page.entries.clone());
+            carried.removed.extend(page.removed.clone());
+        }
+        assert_eq!(commands.len(), 3);
+        assert_eq!(carried, page);
+        let empty = ChangePage::default().encode();
+        let commands = import_commands(&tenant, &scope(), Pass::Changes, &empty).unwrap();
+        assert_eq!(commands.len(), 1);
+        let empty = ExportEntry::encode_page(&[]);
+        let commands = import_commands(&tenant, &scope(), Pass::Full, &empty).unwrap();
+        assert_eq!(commands.len(), 1);
+    }
+
+    #[test]
+    fn pacing_waits_until_the_imported_bytes_are_due() {
+        let rate = 1024 * 1024;
+        // Nothing imported yet: no wait.
+        assert_eq!(pace_wait(0, Duration::ZERO, rate), Duration::ZERO);
+        // 512 KiB imported at once: due half a second after the start.
+        assert_eq!(
+            pace_wait(512 * 1024, Duration::from_millis(100), rate),
+            Duration::from_millis(400)
+        );
+        // Behind schedule (the store was slow): go on at once.
+        assert_eq!(
+            pace_wait(512 * 1024, Duration::from_secs(2), rate),
+            Duration::ZERO
+        );
+        // Only the first pass is paced.
+        assert_eq!(
+            Pass::Full.bytes_per_second(),
+            Some(MOVE_COPY_BYTES_PER_SECOND)
+        );
+        assert_eq!(Pass::Changes.bytes_per_second(), None);
+    }
 }
