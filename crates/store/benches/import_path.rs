@@ -45,7 +45,12 @@ fn cpu_seconds() -> f64 {
     // Fields after the command name, which is in parentheses and may hold spaces.
     let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
     let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
     // utime and stime are fields 14 and 15 of the line, 12 and 13 after ")".
     (ticks(11) + ticks(12)) / CLOCK_TICKS_PER_SECOND
 }

@@ -470,11 +470,11 @@ impl Store {
                 if !key.starts_with(&prefix) {
                     break;
                 }
-                if prefix == [keys::ORDER] {
-                    let (order, _) = codec::decode::<Order>(&value)?;
-                    if &order.tenant != tenant {
-                        continue;
-                    }
+                // Orders are keyed by id alone: skip other tenants' orders.
+                if prefix == [keys::ORDER]
+                    && codec::order_tenant(codec::payload(&value)?)? != tenant.as_str()
+                {
+                    continue;
                 }
                 if !f(&key, &value)? {
                     return Ok(Some(key.to_vec()));

@@ -5,7 +5,7 @@
 //! Each command's writes go into one `sled::Batch`, which sled applies atomically:
 //! an order is never visible without its record, marker and outbox event.
 
-use crate::codec::{decode, decode_plain, encode, encode_raw};
+use crate::codec::{decode, decode_plain, encode, encode_raw, order_tenant, payload};
 use crate::command::{
     Applied, ClaimOutcome, Command, CompleteOutcome, ConsumeOutcome, CursorOutcome, ExportEntry,
     GuardOutcome, HeartbeatOutcome, OrderOutcome, OutboxEvent, Processed, Rejection, Reservation,
@@ -467,9 +467,7 @@ impl Machine {
                     keys::tenant_of(key).is_some_and(|t| t == tenant.as_str().as_bytes())
                 }
                 // Keyed by id alone: only an order of this tenant (or none) goes.
-                Some(&keys::ORDER) => self
-                    .get::<Order>(key)?
-                    .is_none_or(|order| &order.tenant == tenant),
+                Some(&keys::ORDER) => self.order_of(key, tenant)?.is_none_or(|mine| mine),
                 _ => return Ok(Err(Rejection::ImportUnexpectedKind { index })),
             };
             if !belongs {
@@ -520,6 +518,15 @@ impl Machine {
             entries,
             more: false,
         })
+    }
+
+    /// Whether the order stored at `key` is `tenant`'s (`None`: no order there),
+    /// reading only the head of its payload.
+    fn order_of(&self, key: &[u8], tenant: &TenantId) -> Result<Option<bool>, Error> {
+        let Some(value) = self.tree.get(key)? else {
+            return Ok(None);
+        };
+        Ok(Some(order_tenant(payload(&value)?)? == tenant.as_str()))
     }
 
     /// The tenant's guard (`None`: never moved, executes).
@@ -759,13 +766,10 @@ impl Machine {
                 if full(&doomed) {
                     break;
                 }
-                let (key, _) = item?;
+                let (key, value) = item?;
                 // Orders are keyed by id alone: keep other tenants' orders.
-                if prefix == [keys::ORDER] {
-                    let order: Option<Order> = self.get(&key)?;
-                    if order.is_none_or(|o| &o.tenant != tenant) {
-                        continue;
-                    }
+                if prefix == [keys::ORDER] && order_tenant(payload(&value)?)? != tenant.as_str() {
+                    continue;
                 }
                 doomed.push(key.to_vec());
             }
