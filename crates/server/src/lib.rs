@@ -129,6 +129,9 @@ pub async fn serve(
     if let Err(e) = node.registry().shutdown().await {
         tracing::warn!(error = %e, "registry shutdown");
     }
+    if let Err(e) = node.store().shutdown().await {
+        tracing::warn!(error = %e, "region store shutdown");
+    }
     let _ = raft_server.await;
     tracing::info!("keyhold node stopped");
     Ok(())

@@ -12,6 +12,7 @@ use keyhold_registry::{
     NodeCredentials, NodeId, NodeInfo, Registry, RegistryConfig, Request, Response, TenantRecord,
     TenantState,
 };
+use keyhold_store::raft::Member;
 use keyhold_store::{Applied, Command, GuardOutcome, Store};
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -91,7 +92,19 @@ impl Node {
             },
         };
         std::fs::create_dir_all(&config.data_dir)?;
-        let store = Store::open(&config.data_dir.join("region"))?;
+        let info = NodeInfo::new(
+            config.region.clone(),
+            api_addr.to_string(),
+            raft_addr.to_string(),
+        );
+        // The region's store is its own Raft group, of which this node is the
+        // only voter so far, under the same id and addresses as in the registry.
+        let member = Member {
+            group: format!("region-{}", config.region),
+            node: config.node_id,
+            info: info.clone(),
+        };
+        let store = Store::open(&config.data_dir.join("region"), member).await?;
         let http = reqwest::Client::builder()
             .no_proxy()
             .tcp_nodelay(true)
@@ -99,11 +112,6 @@ impl Node {
             .local_address(config.outbound_ip)
             .build()
             .map_err(|e| Error::Config(format!("cannot build the HTTP client: {e}")))?;
-        let info = NodeInfo::new(
-            config.region.clone(),
-            api_addr.to_string(),
-            raft_addr.to_string(),
-        );
         let registry_config = RegistryConfig::new(
             config.node_id,
             info,

@@ -1,21 +1,18 @@
-//! The region store's two write paths side by side, below HTTP: today's apply thread
-//! with its write-ahead log (`Store::execute`) and the region group's writer over
-//! openraft with the sled Raft log (`RegionGroup::execute`, one voter). Each run has
-//! `clients` tasks each creating new orders back to back for a fixed number of
-//! commands, and prints commands per second and commands per log fsync (entries or
-//! WAL batches, from `CommitStats`) with an fsync probe of the same disk beside it.
+//! The region store's write path below HTTP: `Store::execute`, the region group's
+//! writer over openraft with the sled Raft log (one voter). Each run has `clients`
+//! tasks each creating new orders back to back for a fixed number of commands, and
+//! prints commands per second and commands per log fsync (entries, from
+//! `CommitStats`) with an fsync probe of the same disk beside it. (Until the store
+//! moved onto its region group it also ran the apply thread with its write-ahead
+//! log; docs/benchmarks.md keeps that run's figures for comparison.)
 //!
 //! `cargo bench -p keyhold-store --bench write_path` (release build). Results go in
 //! docs/benchmarks.md.
 
-use std::io::Write;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use keyhold_core::UnixMillis;
-use keyhold_raftlog::NodeInfo;
-use keyhold_store::raft::RegionGroup;
 use keyhold_store::{Applied, Command, CommitStats, Error, Store};
 
 #[path = "../tests/common/mod.rs"]
@@ -42,14 +39,7 @@ fn new_order(n: u64) -> Command {
 
 /// 4 KiB write + fsync, repeated: the disk's fsync rate right now.
 fn fsync_probe(dir: &Path) -> f64 {
-    let mut file = std::fs::File::create(dir.join("probe")).expect("probe file");
-    let block = [7u8; 4096];
-    let started = Instant::now();
-    for _ in 0..PROBE_FSYNCS {
-        file.write_all(&block).expect("probe write");
-        file.sync_data().expect("probe fsync");
-    }
-    f64::from(PROBE_FSYNCS) / started.elapsed().as_secs_f64()
+    keyhold_raftlog::probe::fsyncs_per_second(dir, PROBE_FSYNCS).expect("fsync probe")
 }
 
 /// Runs `clients` tasks that together execute `COMMANDS_PER_RUN` new orders.
@@ -100,7 +90,9 @@ fn main() {
     runtime.block_on(async {
         for clients in CLIENTS {
             let dir = tempfile::tempdir().expect("tempdir");
-            let store = Arc::new(Store::open(&dir.path().join("wal")).expect("open store"));
+            let store = Store::open(&dir.path().join("store"), common::member())
+                .await
+                .expect("open store");
             let probe = fsync_probe(dir.path());
             let handle = store.clone();
             let took = drive(clients, commands, move |c| {
@@ -108,26 +100,8 @@ fn main() {
                 async move { store.execute(c).await }
             })
             .await;
-            report("WAL (apply thread)", clients, took, store.stats(), probe);
-            drop(store);
-
-            let group = RegionGroup::start_single_voter(
-                &dir.path().join("raft"),
-                "region-bench",
-                1,
-                NodeInfo::new("bench", "-", "-"),
-            )
-            .await
-            .expect("start group");
-            let probe = fsync_probe(dir.path());
-            let handle = group.clone();
-            let took = drive(clients, commands, move |c| {
-                let group = handle.clone();
-                async move { group.execute(c).await }
-            })
-            .await;
-            report("Raft (region group)", clients, took, group.stats(), probe);
-            group.shutdown().await.expect("shutdown");
+            report("Store (region group)", clients, took, store.stats(), probe);
+            store.shutdown().await.expect("shutdown");
         }
     });
 }

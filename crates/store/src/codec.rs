@@ -1,9 +1,11 @@
-//! The on-disk value format: a format version byte, the number of the commit batch
-//! that wrote the value, then the bincode-2 (serde, standard config) payload.
+//! The on-disk value format: a format version byte, the number of the batch that
+//! wrote the value (in a region group, the index of the log entry whose command
+//! wrote it), then the bincode-2 (serde, standard config) payload.
 //!
-//! The batch number lets readers outside the apply thread tell whether what they
-//! read is durable yet (see `Store::wait_durable`). The version byte lets a later
-//! release read values written by this one.
+//! The stamp once told readers whether a value was durable yet; since the region
+//! is a Raft state machine, every applied value is committed and nobody waits on
+//! it, but it stays in the format: it says which entry last wrote a value. The
+//! version byte lets a later release read values written by this one.
 
 use crate::Error;
 use serde::{de::DeserializeOwned, Serialize};
@@ -40,14 +42,6 @@ pub fn payload(bytes: &[u8]) -> Result<&[u8], Error> {
         return Err(Error::Corrupt("value without a valid header".into()));
     }
     Ok(&bytes[HEADER_BYTES..])
-}
-
-/// The number of the batch that wrote a stored value.
-pub fn batch(bytes: &[u8]) -> Result<u64, Error> {
-    payload(bytes)?;
-    Ok(u64::from_be_bytes(
-        bytes[1..HEADER_BYTES].try_into().expect("8 bytes"),
-    ))
 }
 
 /// Returns the value and the batch that wrote it.

@@ -21,9 +21,8 @@ pub const RESERVATION: u8 = b'v';
 /// `tenant ++ 0 ++ changed key -> ()`, one entry per key written or deleted
 /// since the move's first pass began (see `Command::TrackChanges`).
 pub const CHANGE: u8 = b'k';
-/// Meta entries (batch stamp, outbox sequence, cursors, fences) live under `s`.
+/// Meta entries (outbox sequence, cursors, fences) live under `s`.
 pub const META_PREFIX: u8 = b's';
-pub const META_BATCH: &[u8] = b"sbatch";
 pub const META_OUTBOX_SEQ: &[u8] = b"soutbox_seq";
 
 fn prefixed(prefix: u8, parts: &[&[u8]]) -> Vec<u8> {

@@ -1,42 +1,44 @@
-//! The region store: keyhold's durable state for one region, on sled.
+//! The region store: keyhold's durable state for one region, on sled, as the
+//! state machine of the region's openraft group.
 //!
-//! Every mutation is a [`Command`] sent to one apply thread. The thread drains
-//! whatever commands are waiting, applies them in order (each atomically), makes
-//! the whole batch durable with a single flush, and only then answers every
-//! waiter: group commit. The single writer gives a serial order, so
-//! check-then-write races cannot happen, and it has the shape of a Raft state
-//! machine's apply loop, so replication can replace the queue later.
+//! Every mutation is a [`Command`] sent to the group's writer (`raft::RegionGroup`),
+//! which gathers whatever commands are waiting into one log entry: one append and
+//! one flush of the Raft log make the whole entry durable (group commit), and each
+//! waiter is answered once the entry is applied. Applying is serial, so
+//! check-then-write races cannot happen.
 //!
-//! Reads run concurrently on the caller's thread. Every stored value carries the
-//! number of the batch that wrote it; a reader that finds a value from a batch not
-//! yet flushed waits for that flush, so no answer ever reveals state that a crash
-//! could still take back.
+//! Reads run concurrently on the caller's thread, straight from the region tree.
+//! They wait for nothing: the state machine applies an entry only after it is
+//! committed, which in a single-voter group means flushed in the local log (in a
+//! larger one, in the logs of a majority), so no value in the tree is one a crash
+//! could take back. A crash may lose applied values sled had not flushed yet, but
+//! the group applies them again from the log before `Store::open` returns.
 //!
 //! **Architecture Invariant:** the store knows nothing of HTTP or routing; it
 //! speaks in commands and outcomes from `keyhold-core`.
 
 mod codec;
 pub mod command;
-mod commit;
+mod format;
 mod keys;
 pub mod limits;
 mod machine;
 pub mod raft;
-mod wal;
+mod stats;
 
 pub use command::{
     Applied, ChangePage, ClaimOutcome, Command, CompleteOutcome, ConsumeOutcome, Cursor,
     CursorOutcome, ExportEntry, GuardOutcome, HeartbeatOutcome, OrderOutcome, OutboxEvent,
     Processed, Rejection, Reservation, SweepOutcome, TenantGuard, Tracking,
 };
-pub use commit::CommitStats;
+pub use format::STORAGE_FORMAT;
+pub use stats::CommitStats;
 
 use keyhold_core::{Order, Record, Scope, TenantId, UnixMillis};
 use serde::de::DeserializeOwned;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -50,8 +52,6 @@ pub enum Error {
     Overloaded,
     #[error("store I/O: {0}")]
     Io(std::io::Error),
-    #[error("timed out waiting for durability")]
-    DurableTimeout,
     /// The state machine refused the command; it wrote nothing.
     #[error("command refused: {0}")]
     Rejected(Rejection),
@@ -64,6 +64,9 @@ pub enum Error {
     /// Building, reading or installing a region snapshot failed.
     #[error("snapshot: {0}")]
     Snapshot(String),
+    /// The directory does not hold a region store this release can open.
+    #[error("region store in {}: {reason}", dir.display())]
+    DataDir { dir: PathBuf, reason: String },
 }
 
 struct Job {
@@ -71,9 +74,8 @@ struct Job {
     reply: oneshot::Sender<Result<Applied, Error>>,
 }
 
-/// Queues `command` for a writer (the apply thread, or a region group's writer) and
-/// waits for its answer: a full queue is `Overloaded` at once, a refusal
-/// `Error::Rejected`.
+/// Queues `command` for a region group's writer and waits for its answer: a full
+/// queue is `Overloaded` at once, a refusal `Error::Rejected`.
 async fn submit(jobs: &mpsc::Sender<Job>, command: Command) -> Result<Applied, Error> {
     let (reply, rx) = oneshot::channel();
     jobs.try_send(Job { command, reply }).map_err(|e| match e {
@@ -93,12 +95,9 @@ pub struct Store {
 }
 
 struct Inner {
-    db: sled::Db,
+    dir: PathBuf,
+    group: raft::RegionGroup,
     machine: machine::Machine,
-    jobs: mpsc::Sender<Job>,
-    /// The number of the last batch known durable.
-    flushed: watch::Receiver<u64>,
-    stats: Arc<CommitStats>,
 }
 
 impl std::fmt::Debug for Store {
@@ -108,110 +107,54 @@ impl std::fmt::Debug for Store {
 }
 
 impl Store {
-    /// Opens (or creates) the store in `dir` and starts its apply thread. The
-    /// thread stops when the last `Store` handle is dropped, after flushing.
-    pub fn open(dir: &Path) -> Result<Store, Error> {
-        std::fs::create_dir_all(dir).map_err(Error::Io)?;
-        let db = sled::Config::new()
-            .path(dir.join("db"))
-            .flush_every_ms(Some(limits::SLED_FLUSH_EVERY_MS))
-            .open()?;
-        let tree = db.open_tree("region")?;
-        let machine = machine::Machine::new(tree.clone());
-        let (wal, logged) = wal::Wal::open(dir)?;
-        // Replay what the log holds beyond the last batch sled kept whole.
-        let mut last_batch: u64 = machine.get(keys::META_BATCH)?.unwrap_or(0);
-        let mut replayed = 0usize;
-        for record in logged {
-            if record.batch <= last_batch {
-                continue;
-            }
-            for command in &record.commands {
-                machine.apply(command, record.batch)?;
-                replayed += 1;
-            }
-            last_batch = record.batch;
-            machine
-                .tree()
-                .insert(keys::META_BATCH, codec::encode(last_batch, &last_batch))?;
-        }
-        if replayed > 0 {
-            tracing::info!(
-                replayed,
-                last_batch,
-                "store recovered commands from its log"
-            );
-        }
-        // Everything on disk now survived a restart, so it is durable; that
-        // includes values of a batch sled kept in part (stamped last_batch + 1).
-        let durable = last_batch + 1;
-        let (flushed_tx, flushed) = watch::channel(durable);
-        let (jobs, rx) = mpsc::channel(limits::QUEUE_COMMANDS_MAX);
-        let stats = Arc::new(CommitStats::default());
-        let mut wal = wal;
-        db.flush()?;
-        wal.reset()?;
-        commit::spawn(
-            db.clone(),
-            machine::Machine::new(tree),
-            wal,
-            rx,
-            flushed_tx,
-            durable,
-            stats.clone(),
-        )?;
+    /// Opens (or creates) the store in `dir` as the only voter of its region group,
+    /// `member`: checks the directory's storage format (`format.rs`), starts the
+    /// group, and returns once this node leads it and has applied every committed
+    /// entry. The group stops with `shutdown`, or when the last handle is dropped.
+    pub async fn open(dir: &Path, member: raft::Member) -> Result<Store, Error> {
+        let owned = dir.to_path_buf();
+        tokio::task::spawn_blocking(move || format::check_or_create(&owned))
+            .await
+            .map_err(|e| Error::Raft(format!("format check task: {e}")))??;
+        let group =
+            raft::RegionGroup::start_single_voter(dir, &member.group, member.node, member.info)
+                .await?;
+        let machine = machine::Machine::new(group.state_machine().tree().clone());
         Ok(Store {
             inner: Arc::new(Inner {
-                db,
+                dir: dir.to_path_buf(),
+                group,
                 machine,
-                jobs,
-                flushed,
-                stats,
             }),
         })
     }
 
-    /// Applies one command; answers after the batch holding it is durable. A
-    /// command the state machine refused (`Applied::Rejected`, a value in the
-    /// log) reaches the caller as `Error::Rejected`.
+    /// Applies one command; answers once the log entry holding it is committed and
+    /// applied. A command the state machine refused (`Applied::Rejected`, a value
+    /// in the log) reaches the caller as `Error::Rejected`.
     pub async fn execute(&self, command: Command) -> Result<Applied, Error> {
-        submit(&self.inner.jobs, command).await
+        self.inner.group.execute(command).await
     }
 
     pub fn stats(&self) -> &CommitStats {
-        &self.inner.stats
+        self.inner.group.stats()
     }
 
-    /// True while the apply thread runs and its last flush succeeded.
+    /// True while the region group takes commands and its last write succeeded.
     pub fn is_healthy(&self) -> bool {
-        !self.inner.jobs.is_closed() && !self.inner.stats.failed()
+        self.inner.group.is_healthy()
     }
 
-    /// Reads a value and waits until the batch that wrote it is durable.
+    /// Stops the region group and flushes the region tree. Commands after it are
+    /// answered `Unavailable`.
+    pub async fn shutdown(&self) -> Result<(), Error> {
+        self.inner.group.shutdown().await
+    }
+
+    /// Reads a value of the applied state. Async so that a replica that is not
+    /// its group's leader can later wait here for what a read must see.
     async fn read<T: DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>, Error> {
-        let Some(bytes) = self.inner.machine_tree_get(key)? else {
-            return Ok(None);
-        };
-        let (value, batch) = codec::decode::<T>(&bytes)?;
-        self.wait_durable(batch).await?;
-        Ok(Some(value))
-    }
-
-    async fn wait_durable(&self, batch: u64) -> Result<(), Error> {
-        let mut flushed = self.inner.flushed.clone();
-        if *flushed.borrow() >= batch {
-            return Ok(());
-        }
-        let result = tokio::time::timeout(
-            Duration::from_millis(limits::READ_DURABLE_WAIT_MS),
-            flushed.wait_for(|&done| done >= batch),
-        )
-        .await;
-        match result {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(_)) => Err(Error::Unavailable),
-            Err(_) => Err(Error::DurableTimeout),
-        }
+        self.inner.machine.get(key)
     }
 
     pub async fn record(&self, scope: &Scope) -> Result<Option<Record>, Error> {
@@ -236,27 +179,23 @@ impl Store {
         self.order(&order_id).await
     }
 
-    /// Durable events in the outbox, oldest first, starting after `after_seq`.
-    /// Waits for the flush of the newest one it returns, so nothing downstream
-    /// ever acts on an order a crash could still take back.
+    /// Events in the outbox, oldest first, starting after `after_seq`. Every one
+    /// is committed (see the crate's doc), so nothing downstream ever acts on an
+    /// order a crash could still take back.
     pub async fn outbox_after(
         &self,
         after_seq: u64,
         max: usize,
     ) -> Result<Vec<OutboxEvent>, Error> {
         let mut events = Vec::new();
-        let mut newest_batch = 0;
         for item in self
             .inner
             .machine_tree()
             .range(keys::outbox(after_seq + 1)..keys::outbox(u64::MAX))
             .take(max)
         {
-            let (event, batch) = codec::decode::<OutboxEvent>(&item?.1)?;
-            newest_batch = newest_batch.max(batch);
-            events.push(event);
+            events.push(codec::decode::<OutboxEvent>(&item?.1)?.0);
         }
-        self.wait_durable(newest_batch).await?;
         Ok(events)
     }
 
@@ -313,18 +252,11 @@ impl Store {
 
     /// The inventory consumer's reservations for one order, by line.
     pub async fn reservations(&self, order_id: &str) -> Result<Vec<Reservation>, Error> {
-        let list = self.inner.machine.reservations(order_id)?;
-        // Reservations are written with their processed entry; waiting for that
-        // entry's batch covers them all.
-        if let Some(first) = list.first() {
-            self.read::<Processed>(&keys::processed("inventory", &first.event_id))
-                .await?;
-        }
-        Ok(list)
+        self.inner.machine.reservations(order_id)
     }
 
     /// The tenant's guard: where this store stands with it by epoch (`None`:
-    /// never moved, executes). A read of the applied state; the apply thread
+    /// never moved, executes). A read of the applied state; the state machine
     /// decides with the same value.
     pub fn guard(&self, tenant: &TenantId) -> Result<Option<TenantGuard>, Error> {
         self.inner.machine.guard(tenant)
@@ -347,10 +279,10 @@ impl Store {
     /// markers, the order index and orders, in key order after `after`, adding
     /// entries while their keys and payloads fit in `bytes_max` (always at least
     /// one, so any entry travels). Returns the page and the cursor of the next
-    /// page (`None` when done), once every entry on it is durable. While the
-    /// store executes for the tenant, a page is a consistent cut only together
-    /// with the tenant's change index (`Command::TrackChanges`): whatever
-    /// changed after the page was read is in the index.
+    /// page (`None` when done). While the store executes for the tenant, a page
+    /// is a consistent cut only together with the tenant's change index
+    /// (`Command::TrackChanges`): whatever changed after the page was read is in
+    /// the index.
     pub async fn export_tenant(
         &self,
         tenant: &TenantId,
@@ -359,7 +291,6 @@ impl Store {
     ) -> Result<(Vec<ExportEntry>, Option<Vec<u8>>), Error> {
         let mut page = PageBuilder::new(bytes_max);
         let next = self.visit_tenant(tenant, after, |key, value| page.add(key, value))?;
-        self.wait_durable(page.newest_batch).await?;
         // `visit_tenant` stopped at an entry that did not fit: the page ends at the
         // one before it, and the next page starts after that one.
         Ok((page.entries, next.and(page.last)))
@@ -368,7 +299,7 @@ impl Store {
     /// One page of the tenant's change index after `after` (a changed key), for
     /// a move's final pass: each changed entry as it is now, or its key among
     /// the removed ones when it is gone; sized like `export_tenant`. Returns
-    /// the page and the next page's cursor (`None` when done), once durable.
+    /// the page and the next page's cursor (`None` when done).
     pub async fn export_changes(
         &self,
         tenant: &TenantId,
@@ -389,7 +320,7 @@ impl Store {
         let mut page = PageBuilder::new(bytes_max);
         let mut next = None;
         for item in tree.range(start..) {
-            let (index_key, index_value) = item?;
+            let (index_key, _) = item?;
             let Some(changed) = index_key.strip_prefix(prefix.as_slice()) else {
                 break;
             };
@@ -401,10 +332,7 @@ impl Store {
                 next = page.last.clone();
                 break;
             }
-            // A deletion is durable once the batch that noted it is.
-            page.newest_batch = page.newest_batch.max(codec::batch(&index_value)?);
         }
-        self.wait_durable(page.newest_batch).await?;
         Ok((
             ChangePage {
                 entries: page.entries,
@@ -508,9 +436,10 @@ impl Store {
             .count()
     }
 
-    /// Bytes the database occupies on disk.
+    /// Bytes the store's directory occupies on disk: the Raft log, the region
+    /// tree and the last snapshot.
     pub fn size_on_disk(&self) -> u64 {
-        self.inner.db.size_on_disk().unwrap_or(0)
+        dir_bytes(&self.inner.dir)
     }
 }
 
@@ -552,8 +481,6 @@ struct PageBuilder {
     count: usize,
     /// The key of the last entry or removal added: the next page's cursor.
     last: Option<Vec<u8>>,
-    /// The newest batch that wrote an entry on the page.
-    newest_batch: u64,
 }
 
 impl PageBuilder {
@@ -565,7 +492,6 @@ impl PageBuilder {
             removed: Vec::new(),
             count: 0,
             last: None,
-            newest_batch: 0,
         }
     }
 
@@ -585,7 +511,6 @@ impl PageBuilder {
         if !self.fits(key.len() + payload.len()) {
             return Ok(false);
         }
-        self.newest_batch = self.newest_batch.max(codec::batch(value)?);
         self.entries.push(ExportEntry {
             key: key.to_vec(),
             payload: payload.to_vec(),
@@ -609,7 +534,20 @@ impl Inner {
     fn machine_tree(&self) -> &sled::Tree {
         self.machine.tree()
     }
-    fn machine_tree_get(&self, key: &[u8]) -> Result<Option<sled::IVec>, Error> {
-        Ok(self.machine.tree().get(key)?)
-    }
+}
+
+/// The sizes of the files under `dir`, recursively; entries that vanish while it
+/// walks (a snapshot being replaced) count as nothing.
+fn dir_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .filter_map(Result::ok)
+        .map(|entry| match entry.metadata() {
+            Ok(meta) if meta.is_dir() => dir_bytes(&entry.path()),
+            Ok(meta) => meta.len(),
+            Err(_) => 0,
+        })
+        .sum()
 }

@@ -1,13 +1,14 @@
 //! Limits of the region store, units last, in one place.
 
-/// Commands waiting for the apply thread. A full queue answers 503
+/// Commands waiting for the region group's writer. A full queue answers 503
 /// `store-unavailable` at once instead of letting latency grow without bound.
 pub const QUEUE_COMMANDS_MAX: usize = 8192;
-/// Commands applied under one fsync. Large enough that 64 concurrent clients
-/// always share a flush; small enough that one batch's apply stays short.
+/// Commands in one log entry, made durable by one fsync. Large enough that 64
+/// concurrent clients always share a flush; small enough that one entry's apply
+/// stays short.
 pub const BATCH_COMMANDS_MAX: usize = 1024;
-/// Expired entries one sweep command deletes, so a sweep never holds the apply
-/// thread long enough to delay writers noticeably.
+/// Expired entries one sweep command deletes, so a sweep never holds up the
+/// apply long enough to delay writers noticeably.
 pub const SWEEP_ENTRIES_MAX: usize = 256;
 /// Entries one `EraseTenant` command deletes (a deleted tenant's data goes in
 /// pages, like a sweep, so writers of other tenants wait little).
@@ -15,12 +16,10 @@ pub const ERASE_ENTRIES_MAX: usize = 256;
 /// An outbox event past its expiry that some consumer has not had yet is looked
 /// at again this much later.
 pub const SWEEP_DEFER_MS: u64 = 3_600_000;
-/// How often sled persists its tree in the background. Durability does not
-/// depend on it (the write-ahead log does that); it bounds the log's replay.
+/// How often sled persists the region tree in the background. Durability does not
+/// depend on it (the region group's Raft log does that); it bounds how many
+/// entries a restart applies again.
 pub const SLED_FLUSH_EVERY_MS: u64 = 5_000;
-/// How long a reader waits for the batch that wrote what it read to become
-/// durable before reporting the store unavailable.
-pub const READ_DURABLE_WAIT_MS: u64 = 5_000;
 
 /// The largest command (or imported payload) the store decodes; a length prefix
 /// claiming more is refused before anything is allocated for it. Above the

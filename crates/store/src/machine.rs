@@ -1,6 +1,6 @@
 //! The region state machine: applies one command to the sled tree atomically.
 //!
-//! Only the apply thread calls `apply`, one command at a time, so a decision read
+//! Only the region state machine calls `stage`, one command at a time, so a decision read
 //! and the writes that follow from it can never interleave with another command's.
 //! Each command's writes go into one `sled::Batch`, which sled applies atomically:
 //! an order is never visible without its record, marker and outbox event.
@@ -89,21 +89,13 @@ impl Machine {
         }
     }
 
-    /// Applies one command atomically. A command the state refuses is answered
-    /// with `Applied::Rejected` and writes nothing; `Err` is kept for failures of
-    /// the store itself, so the same log always replays to the same state.
-    pub fn apply(&self, command: &Command, batch_number: u64) -> Result<Applied, Error> {
-        let (applied, writes) = self.stage(command, batch_number)?;
-        if let Some(batch) = writes {
-            self.tree.apply_batch(batch)?;
-        }
-        Ok(applied)
-    }
-
     /// Decides one command and returns its answer with its writes, not yet applied
-    /// (`None` when it writes nothing: fenced or refused). The Raft state machine
-    /// adds its last applied log id to the same batch, so that an entry's effect and
-    /// the record of having applied it reach the tree together.
+    /// (`None` when it writes nothing: fenced or refused). A command the state
+    /// refuses is answered with `Applied::Rejected`; `Err` is kept for failures of
+    /// the store itself, so the same log always replays to the same state. The
+    /// Raft state machine adds its last applied log id to the same batch, so that
+    /// an entry's effect and the record of having applied it reach the tree
+    /// together.
     pub fn stage(
         &self,
         command: &Command,

@@ -226,7 +226,7 @@ async fn move_online(
 #[tokio::test]
 async fn writes_and_deletions_of_a_tracked_tenant_only_enter_its_change_index() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path()).unwrap();
+    let store = common::open(dir.path()).await;
     apply(&store, &Step::Order(1)).await;
     assert_eq!(store.change_count(&t1()), 0, "untracked: no index");
 
@@ -286,7 +286,7 @@ async fn writes_and_deletions_of_a_tracked_tenant_only_enter_its_change_index() 
 #[tokio::test]
 async fn tracking_is_refused_once_the_store_moved_past_the_move() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path()).unwrap();
+    let store = common::open(dir.path()).await;
     let own = Command::Own {
         tenant: t1(),
         epoch: EPOCH + 1,
@@ -307,7 +307,7 @@ async fn tracking_is_refused_once_the_store_moved_past_the_move() {
 #[tokio::test]
 async fn a_successor_driver_tracks_again_under_the_moves_own_fence() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path()).unwrap();
+    let store = common::open(dir.path()).await;
     assert!(accepted(store.execute(track()).await.unwrap()));
     apply(&store, &Step::Order(1)).await;
     let fence = Command::Fence {
@@ -324,10 +324,7 @@ async fn a_successor_driver_tracks_again_under_the_moves_own_fence() {
 #[tokio::test]
 async fn cut_plus_changes_equals_the_old_home() {
     let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let (old, new) = (
-        Store::open(a.path()).unwrap(),
-        Store::open(b.path()).unwrap(),
-    );
+    let (old, new) = (common::open(a.path()).await, common::open(b.path()).await);
     for n in 0..30 {
         apply(&old, &Step::Order(n)).await;
     }
@@ -384,7 +381,7 @@ proptest! {
             .unwrap();
         runtime.block_on(async {
             let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-            let (old, new) = (Store::open(a.path()).unwrap(), Store::open(b.path()).unwrap());
+            let (old, new) = (common::open(a.path()).await, common::open(b.path()).await);
             for s in &before {
                 apply(&old, s).await;
             }

@@ -1,27 +1,33 @@
-//! Crash recovery with refused commands in the write-ahead log: a child process
-//! (this test binary re-invoked with `CRASH_CHILD_DIR` set) has the store refuse
-//! an import of another tenant's entries, a payment for a missing order and an
-//! order whose marker names a missing order, then creates an order, prints `ACK`
-//! once it is acknowledged and aborts before any checkpoint. The parent reopens
-//! the store: refusals are values that replay to the same refusal, so the store
-//! opens and the acknowledged order is there.
+//! Crash recovery of the store over its region group: a child process (this test
+//! binary re-invoked with `CRASH_CHILD_DIR` set) has the store refuse an import of
+//! another tenant's entries, a payment for a missing order and an order whose marker
+//! names a missing order, then runs `WRITERS` concurrent writers of new orders and
+//! prints `ACK n` for each acknowledged one; the parent SIGKILLs it mid-load. sled
+//! persists the region tree only in the background, so the kill takes applied
+//! entries out of the tree, and the Raft log must bring them back.
 //!
-//! An abort leaves sled's unsynced writes in the page cache, so the live
-//! directory may need no replay at all. The child therefore also keeps a copy
-//! of the directory as it was at open (sled at its checkpoint) and puts the
-//! final log into it: the state after a power loss, which must replay every
-//! logged command, the refused ones included.
+//! The parent reopens the store: refusals are values that replay to the same
+//! refusal, so the store opens; every acknowledged order is there; and no command
+//! was applied twice: each order has exactly one outbox event, and the outbox's
+//! sequence numbers run from 1 without a gap or a repeat.
 
 mod common;
 
 use common::{create, HOUR_MS, T0};
-use keyhold_core::TenantId;
-use keyhold_store::{Applied, Command, Error, OrderOutcome, Rejection, Store};
+use keyhold_core::{TenantId, UnixMillis};
+use keyhold_store::{Applied, Command, EntryKind, Error, OrderOutcome, Rejection, Store};
+use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
 use std::time::{Duration, Instant};
 
 const CHILD_DIR_ENV: &str = "CRASH_CHILD_DIR";
 const CHILD_DEADLINE: Duration = Duration::from_secs(60);
+/// Concurrent writers in the child: enough that entries carry several commands.
+const WRITERS: u64 = 32;
+/// Orders each writer creates at most (the parent kills the child long before).
+const ORDERS_PER_WRITER_MAX: u64 = 100_000;
+/// The parent kills the child after reading this many acknowledgements.
+const KILL_AFTER_ACKS: usize = 600;
 
 fn tenant(name: &str) -> TenantId {
     TenantId::parse(name).unwrap()
@@ -34,8 +40,18 @@ async fn created(store: &Store, command: Command) -> bool {
     )
 }
 
+fn loaded_order(n: u64) -> Command {
+    create(
+        &format!("load-{n}"),
+        &format!("load-{n}"),
+        "fp",
+        &format!("ord_load_{n}"),
+        UnixMillis(T0.0 + n),
+    )
+}
+
 /// Child side; returns at once in a normal test run.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_child_entry_point() {
     let Ok(dir) = std::env::var(CHILD_DIR_ENV) else {
         return;
@@ -43,7 +59,7 @@ async fn crash_child_entry_point() {
     let dir = std::path::PathBuf::from(dir);
     // Entries of tenant t1 with one order, exported from a scratch store.
     let scratch = tempfile::tempdir().unwrap();
-    let source = Store::open(scratch.path()).unwrap();
+    let source = common::open(scratch.path()).await;
     assert!(created(&source, create("k0", "c0", "fp", "ord_src", T0)).await);
     let (entries, _) = source
         .export_tenant(&tenant("t1"), None, 100)
@@ -56,11 +72,7 @@ async fn crash_child_entry_point() {
         .collect();
     assert_eq!(marker.len(), 1);
 
-    let live = dir.join("live");
-    let cold = dir.join("cold");
-    let store = Store::open(&live).unwrap();
-    // Opening flushed sled and emptied the log: this copy is sled at its checkpoint.
-    copy_dir(&live, &cold);
+    let store = common::open(&dir).await;
     // Another tenant's entries: refused.
     let foreign = Command::Import {
         tenant: tenant("t2"),
@@ -97,67 +109,84 @@ async fn crash_child_entry_point() {
         .execute(create("k1", "c0", "fp", "ord_x", T0))
         .await
         .is_err());
-    // The acknowledged order the parent must find.
-    assert!(created(&store, create("k2", "c2", "fp", "ord_acked", T0)).await);
-    // No checkpoint: the log holds every command above.
-    std::fs::copy(live.join("commands.wal"), cold.join("commands.wal")).unwrap();
-    println!("ACK");
-    std::process::abort();
-}
-
-fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
+    // The load the parent kills.
+    let mut writers = tokio::task::JoinSet::new();
+    for writer in 0..WRITERS {
+        let store = store.clone();
+        writers.spawn(async move {
+            for i in 0..ORDERS_PER_WRITER_MAX {
+                let n = 1 + writer * ORDERS_PER_WRITER_MAX + i;
+                assert!(created(&store, loaded_order(n)).await, "order {n}");
+                println!("ACK {n}");
+            }
+        });
+    }
+    while let Some(done) = writers.join_next().await {
+        done.unwrap();
     }
 }
 
 #[test]
-fn refused_commands_in_the_log_do_not_stop_a_restart() {
+fn a_kill_mid_load_loses_no_acknowledged_order_and_applies_none_twice() {
     let dir = tempfile::tempdir().unwrap();
     let mut child = common::spawn_child("crash_child_entry_point", CHILD_DIR_ENV, dir.path());
     let stdout = child.stdout.take().unwrap();
     let started = Instant::now();
-    let mut acked = false;
+    let mut acked = BTreeSet::new();
     for line in BufReader::new(stdout).lines() {
-        if line.unwrap().ends_with("ACK") {
-            acked = true;
-            break;
+        // libtest may print "test <name> ... " before the child's first line.
+        if let Some((_, n)) = line.unwrap().split_once("ACK ") {
+            acked.insert(n.parse::<u64>().unwrap());
+            if acked.len() >= KILL_AFTER_ACKS {
+                break;
+            }
         }
         assert!(started.elapsed() < CHILD_DEADLINE, "child took too long");
     }
+    // SIGKILL: no destructor, no flush of the region tree.
+    child.kill().unwrap();
     let status = child.wait().unwrap();
-    assert!(acked, "the child never acknowledged its order");
-    assert!(!status.success(), "the child must have aborted: {status}");
+    assert!(
+        !status.success(),
+        "the child must have been killed: {status}"
+    );
+    assert_eq!(acked.len(), KILL_AFTER_ACKS, "the child stopped early");
 
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    for kept in ["live", "cold"] {
-        runtime.block_on(async {
-            let store = Store::open(&dir.path().join(kept))
-                .unwrap_or_else(|e| panic!("the {kept} store does not reopen: {e}"));
-            let order = store.order("ord_acked").await.unwrap();
-            assert!(order.is_some(), "the acknowledged order survived ({kept})");
-            assert!(store.order("ord_x").await.unwrap().is_none());
-            // The refusals replayed as refusals: nothing of them was written.
-            assert!(store.order("ord_src").await.unwrap().is_none());
-            assert!(!store.is_processed("payments", "evt_nowhere").await.unwrap());
-        });
-    }
+    runtime.block_on(async {
+        let store = Store::open(dir.path(), common::member())
+            .await
+            .unwrap_or_else(|e| panic!("the store does not reopen: {e}"));
+        for n in &acked {
+            let order = store.order(&format!("ord_load_{n}")).await.unwrap();
+            assert!(order.is_some(), "acknowledged order {n} is lost");
+        }
+        assert!(store.order("ord_x").await.unwrap().is_none());
+        // The refusals replayed as refusals: nothing of them was written.
+        assert!(store.order("ord_src").await.unwrap().is_none());
+        assert!(!store.is_processed("payments", "evt_nowhere").await.unwrap());
+        // Exactly once: one outbox event per order, numbered 1, 2, 3, ...
+        let orders = store.count_prefix(EntryKind::Order);
+        let events = store.outbox_after(0, usize::MAX).await.unwrap();
+        assert_eq!(events.len(), orders, "outbox events vs orders");
+        let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, (1..=orders as u64).collect::<Vec<_>>());
+        let ordered: BTreeSet<&str> = events.iter().map(|e| e.order_id.as_str()).collect();
+        assert_eq!(ordered.len(), orders, "an order with two events");
+        eprintln!(
+            "{} acknowledged, {orders} orders after the restart",
+            acked.len()
+        );
+    });
 }
 
 #[tokio::test]
 async fn refusals_are_typed_and_write_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path()).unwrap();
+    let store = common::open(dir.path()).await;
     let before = store.state_for_tests();
     let payment = Command::ConsumePayment {
         event_id: "evt_1".into(),

@@ -1,5 +1,6 @@
 //! Store tests through the public handle: the order outcome table applied by the
-//! real state machine on sled, group commit, restart, and the expiry sweep.
+//! real state machine on sled, group commit, restart, the storage format marker,
+//! and the expiry sweep.
 
 use keyhold_core::scope::Namespace;
 use keyhold_core::{
@@ -23,7 +24,7 @@ async fn order(store: &Store, command: Command) -> OrderOutcome {
 #[tokio::test]
 async fn order_outcomes_on_sled() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path()).unwrap();
+    let store = common::open(dir.path()).await;
     let OrderOutcome::Created { response } =
         order(&store, create("k1", "c1", "fp1", "ord_1", T0)).await
     else {
@@ -70,7 +71,7 @@ async fn order_outcomes_on_sled() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_commands_share_flushes_and_create_once() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path()).unwrap();
+    let store = common::open(dir.path()).await;
     let tasks: Vec<_> = (0..64)
         .map(|i| {
             let store = store.clone();
@@ -112,17 +113,11 @@ async fn concurrent_commands_share_flushes_and_create_once() {
 async fn reopen_keeps_state_and_reads_do_not_wait() {
     let dir = tempfile::tempdir().unwrap();
     {
-        let store = Store::open(dir.path()).unwrap();
+        let store = common::open(dir.path()).await;
         order(&store, create("k1", "c1", "fp1", "ord_1", T0)).await;
+        store.shutdown().await.unwrap();
     }
-    // The apply thread stops once the last handle is gone; give it a moment to
-    // release the database before reopening.
-    let store = loop {
-        match Store::open(dir.path()) {
-            Ok(s) => break s,
-            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
-        }
-    };
+    let store = common::open(dir.path()).await;
     let record = store
         .record(&scope(Namespace::Orders, "k1"))
         .await
@@ -130,16 +125,38 @@ async fn reopen_keeps_state_and_reads_do_not_wait() {
         .unwrap();
     assert_eq!(record.state, RecordState::Succeeded);
     assert!(store.order("ord_1").await.unwrap().is_some());
-    // New batches after a restart continue the numbering, so fresh writes are
-    // readable at once.
+    // Fresh writes after a restart are readable at once.
     order(&store, create("k2", "c2", "fp2", "ord_2", T0)).await;
     assert!(store.order("ord_2").await.unwrap().is_some());
+}
+
+/// A directory of the write-ahead-log layout (storage format 1) is refused with an
+/// error naming it, never opened as an empty region; a new one gets the format
+/// marker.
+#[tokio::test]
+async fn a_format_1_directory_is_refused_and_a_new_one_is_marked() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("db")).unwrap();
+    std::fs::write(dir.path().join("commands.wal"), b"").unwrap();
+    match Store::open(dir.path(), common::member()).await {
+        Err(keyhold_store::Error::DataDir { dir: named, reason }) => {
+            assert_eq!(named, dir.path());
+            assert!(reason.contains("format 1"), "{reason}");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    let fresh = tempfile::tempdir().unwrap();
+    let store = common::open(fresh.path()).await;
+    let marker = std::fs::read_to_string(fresh.path().join("FORMAT")).unwrap();
+    assert_eq!(marker.trim(), keyhold_store::STORAGE_FORMAT.to_string());
+    assert_eq!(keyhold_store::STORAGE_FORMAT, 2);
+    store.shutdown().await.unwrap();
 }
 
 #[tokio::test]
 async fn claims_fencing_and_sweep() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path()).unwrap();
+    let store = common::open(dir.path()).await;
     let s = scope(Namespace::Claims, "job");
     let claim = |now: UnixMillis, nonce: u64| Command::Claim {
         scope: s.clone(),
@@ -281,7 +298,7 @@ async fn consumers_apply_once_and_replay_rewinds_cursors() {
     use keyhold_core::Item;
     use keyhold_store::ConsumeOutcome;
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path()).unwrap();
+    let store = common::open(dir.path()).await;
     order(&store, create("k1", "c1", "fp1", "ord_1", T0)).await;
     let events = store.outbox_after(0, 10).await.unwrap();
     assert_eq!(events.len(), 1);
@@ -391,8 +408,8 @@ async fn consumers_apply_once_and_replay_rewinds_cursors() {
 async fn a_fenced_tenant_exports_and_imports_elsewhere() {
     let from_dir = tempfile::tempdir().unwrap();
     let to_dir = tempfile::tempdir().unwrap();
-    let from = Store::open(from_dir.path()).unwrap();
-    let to = Store::open(to_dir.path()).unwrap();
+    let from = common::open(from_dir.path()).await;
+    let to = common::open(to_dir.path()).await;
     for i in 0..5 {
         order(
             &from,
@@ -502,7 +519,7 @@ async fn a_fenced_tenant_exports_and_imports_elsewhere() {
 async fn every_command_is_a_no_op_on_its_own_result() {
     use keyhold_core::Item;
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path()).unwrap();
+    let store = common::open(dir.path()).await;
     let claims = scope(Namespace::Claims, "job");
     let token = OwnerToken {
         generation: T0.0,
@@ -609,7 +626,7 @@ async fn every_command_is_a_no_op_on_its_own_result() {
 async fn a_relay_round_in_flight_cannot_undo_an_outbox_replay() {
     use keyhold_store::CursorOutcome;
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path()).unwrap();
+    let store = common::open(dir.path()).await;
     for i in 0..3 {
         order(
             &store,
@@ -678,7 +695,7 @@ fn for_tenant(tenant: &str, mut command: Command) -> Command {
 #[tokio::test]
 async fn erasing_a_tenant_keeps_other_tenants_and_delivered_events() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path()).unwrap();
+    let store = common::open(dir.path()).await;
     // t1: ord_1 (its event delivered to every consumer), then ord_2 and ord_3
     // (pending); t2: ord_9, pending.
     order(&store, create("k1", "c1", "fp1", "ord_1", T0)).await;

@@ -3,6 +3,8 @@
 //! and changes nothing; ownership at a later epoch lifts a fence, also after a
 //! restart), and export pages sized by bytes (any tenant can travel).
 
+mod common;
+
 use keyhold_core::scope::Namespace;
 use keyhold_core::{
     IdempotencyKey, Operation, Outcome, OwnerToken, Scope, StoredResponse, TenantId, UnixMillis,
@@ -124,8 +126,8 @@ async fn export_all(store: &Store, bytes_max: usize) -> Vec<Vec<keyhold_store::E
 #[tokio::test]
 async fn an_old_page_replayed_after_the_move_is_refused_and_changes_nothing() {
     let (old_dir, new_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let old = Store::open(old_dir.path()).unwrap();
-    let new = Store::open(new_dir.path()).unwrap();
+    let old = common::open(old_dir.path()).await;
+    let new = common::open(new_dir.path()).await;
     let token = match old.execute(claim("job")).await.unwrap() {
         Applied::Claim(ClaimOutcome::Acquired { token, .. }) => token,
         other => panic!("{other:?}"),
@@ -175,7 +177,7 @@ async fn an_old_page_replayed_after_the_move_is_refused_and_changes_nothing() {
 async fn a_fence_is_lifted_only_by_ownership_at_a_later_epoch_and_stays_lifted() {
     let dir = tempfile::tempdir().unwrap();
     {
-        let store = Store::open(dir.path()).unwrap();
+        let store = common::open(dir.path()).await;
         assert_eq!(store.guard(&tenant()).unwrap(), None);
         completed_claim(&store, "before", 10).await;
         assert!(accepted(&guard(&store, fence("op1", 1)).await));
@@ -189,16 +191,11 @@ async fn a_fence_is_lifted_only_by_ownership_at_a_later_epoch_and_stays_lifted()
         assert!(!accepted(&guard(&store, own(1)).await));
         // Nor can another operation fence at the same epoch.
         assert!(!accepted(&guard(&store, fence("op9", 1)).await));
+        store.shutdown().await.unwrap();
     }
     // Restarted while fenced: still fenced; the registry then shows the move
-    // aborted (epoch 2, home here), and ownership lifts the fence. (The apply
-    // thread releases the database a moment after the last handle is gone.)
-    let store = loop {
-        match Store::open(dir.path()) {
-            Ok(s) => break s,
-            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
-        }
-    };
+    // aborted (epoch 2, home here), and ownership lifts the fence.
+    let store = common::open(dir.path()).await;
     assert_eq!(
         store.guard(&tenant()).unwrap(),
         Some(TenantGuard::Fenced {
@@ -232,8 +229,8 @@ async fn a_fence_is_lifted_only_by_ownership_at_a_later_epoch_and_stays_lifted()
 #[tokio::test]
 async fn pages_are_sized_by_bytes_so_large_responses_travel() {
     let (old_dir, new_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let old = Store::open(old_dir.path()).unwrap();
-    let new = Store::open(new_dir.path()).unwrap();
+    let old = common::open(old_dir.path()).await;
+    let new = common::open(new_dir.path()).await;
     const BODY_BYTES: usize = 60 * 1024;
     const BYTES_MAX: usize = 1024 * 1024;
     const CLAIMS: usize = 120;

@@ -30,12 +30,12 @@ use tokio::sync::{mpsc, watch};
 
 use super::{CommandBatch, EntryOutcome, RegionConfig, RegionRaft, RegionStateMachine};
 use crate::command::{Applied, Command};
-use crate::commit::CommitStats;
 use crate::limits::{
     BATCH_COMMANDS_MAX, QUEUE_COMMANDS_MAX, REGION_ELECTION_TIMEOUT_MAX_MS,
     REGION_ELECTION_TIMEOUT_MIN_MS, REGION_HEARTBEAT_INTERVAL_MS, REGION_LEADER_WAIT_MS,
     REGION_SNAPSHOT_LOGS_SINCE_LAST,
 };
+use crate::stats::CommitStats;
 use crate::{Error, Job};
 
 /// A running region group on this node. Cheap to clone.
@@ -144,10 +144,20 @@ impl RegionGroup {
             Ok(()) | Err(RaftError::APIError(openraft::error::InitializeError::NotAllowed(_))) => {}
             Err(e) => return Err(Error::Raft(format!("initialize: {e}"))),
         }
-        raft.wait(Some(Duration::from_millis(REGION_LEADER_WAIT_MS)))
+        let leader_wait = Duration::from_millis(REGION_LEADER_WAIT_MS);
+        raft.wait(Some(leader_wait))
             .state(ServerState::Leader, "single voter leads its region group")
             .await
             .map_err(|e| Error::Raft(format!("no leadership: {e}")))?;
+        // Leading is not yet having applied: entries a crash took out of the
+        // region tree are applied again once this term's first entry commits.
+        // Readers read the tree directly, so they must not start before that.
+        tokio::time::timeout(leader_wait, raft.ensure_linearizable())
+            .await
+            .map_err(|_| {
+                Error::Raft("the log's committed entries were not applied in time".into())
+            })?
+            .map_err(|e| Error::Raft(format!("applying the log's committed entries: {e}")))?;
         let (jobs, rx) = mpsc::channel(QUEUE_COMMANDS_MAX);
         let stats = Arc::new(CommitStats::default());
         tokio::spawn(write_loop(raft.clone(), rx, stats.clone()));
@@ -177,6 +187,14 @@ impl RegionGroup {
     /// The group's state machine (reads of the applied state).
     pub fn state_machine(&self) -> &RegionStateMachine {
         &self.inner.state_machine
+    }
+
+    /// True while the writer takes commands, its last entry was written and the Raft
+    /// instance runs.
+    pub fn is_healthy(&self) -> bool {
+        !self.inner.jobs.is_closed()
+            && !self.inner.stats.failed()
+            && self.inner.raft.metrics().borrow().running_state.is_ok()
     }
 
     /// A receiver of the last applied log index.

@@ -83,6 +83,15 @@ pub type SnapshotMeta = openraft::SnapshotMeta<NodeId, NodeInfo>;
 /// Error type of every storage method.
 pub type StorageError = openraft::StorageError<NodeId>;
 
+/// Who a replica is: the Raft group it belongs to (for example `region-eu`) and
+/// its identity there, the node's id and addresses in every group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    pub group: String,
+    pub node: NodeId,
+    pub info: NodeInfo,
+}
+
 /// The name of the region tree in the region's `Db`.
 pub const REGION_TREE: &str = "region";
 

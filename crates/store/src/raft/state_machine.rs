@@ -152,6 +152,12 @@ impl RegionStateMachine {
         self.shared.applied_index.subscribe()
     }
 
+    /// The region tree as applied so far: every value in it belongs to a committed
+    /// entry (applying follows committing), so reads need not wait for anything.
+    pub(crate) fn tree(&self) -> &sled::Tree {
+        self.shared.machine.tree()
+    }
+
     /// Makes everything applied so far durable (at shutdown).
     pub async fn flush(&self) -> Result<(), Error> {
         self.shared.db.flush_async().await?;

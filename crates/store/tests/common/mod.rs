@@ -67,3 +67,19 @@ pub fn spawn_child(test: &str, env: &str, dir: &std::path::Path) -> std::process
         .spawn()
         .expect("spawn child")
 }
+
+/// The identity test stores take in their single-voter region group.
+pub fn member() -> keyhold_store::raft::Member {
+    keyhold_store::raft::Member {
+        group: "region-eu".into(),
+        node: 1,
+        info: keyhold_raftlog::NodeInfo::new("eu", "-", "-"),
+    }
+}
+
+/// Opens (or creates) a store in `dir` as the only voter of its region group.
+pub async fn open(dir: &std::path::Path) -> keyhold_store::Store {
+    keyhold_store::Store::open(dir, member())
+        .await
+        .expect("open the store")
+}
