@@ -6,10 +6,9 @@
 //! how many orders per second 16 clients of another tenant get from the
 //! destination store alone and while the import runs back to back.
 //!
-//! Per page size it prints: entries imported per second, the time spent
-//! decoding pages (the server does that before the command is queued), the
-//! time in the apply thread's write-ahead log appends and syncs
-//! (`CommitStats::sync_micros`), and the other tenant's orders per second.
+//! Per page size it prints: the export's and the import's wall time and CPU
+//! time per entry, the time spent decoding pages (the server does that
+//! before the command is queued), and the other tenant's orders per second.
 //!
 //! `cargo bench -p keyhold-store --bench import_path` (release build). Results go
 //! in docs/benchmarks.md.
@@ -174,7 +173,9 @@ fn main() {
         .expect("runtime");
     runtime.block_on(async {
         let dir = tempfile::tempdir().expect("tempdir");
-        let source = Store::open(&dir.path().join("source")).expect("open source");
+        let source = Store::open(&dir.path().join("source"), common::member())
+            .await
+            .expect("open source");
         let cpu = cpu_seconds();
         let took = fill(&source, "t1", orders).await;
         let fill_cpu = cpu_seconds() - cpu;
@@ -188,27 +189,28 @@ fn main() {
         println!();
         println!("Alone (nothing else runs on the stores):");
         println!();
-        println!("| page | pages | export s | export CPU us/entry | import s | import CPU us/entry | decode s | WAL append+sync s |");
-        println!("|---|---|---|---|---|---|---|---|");
+        println!("| page | pages | export s | export CPU us/entry | import s | import CPU us/entry | decode s |");
+        println!("|---|---|---|---|---|---|---|");
         let mut exported = Vec::new();
         for bytes_max in PAGE_BYTES {
             let (cpu, started) = (cpu_seconds(), Instant::now());
             let pages = export(&source, &tenant, bytes_max).await;
             let (export_s, export_cpu) = (started.elapsed().as_secs_f64(), cpu_seconds() - cpu);
-            let dest = Store::open(&dir.path().join(format!("alone-{bytes_max}"))).expect("open");
+            let dest = Store::open(&dir.path().join(format!("alone-{bytes_max}")), common::member())
+                .await
+                .expect("open");
             let (cpu, started) = (cpu_seconds(), Instant::now());
             let (imported, decode) = import(&dest, &tenant, &pages).await;
             let (import_s, import_cpu) = (started.elapsed().as_secs_f64(), cpu_seconds() - cpu);
             assert_eq!(imported, entries, "every entry imported");
             let per_entry = |cpu: f64| cpu * 1e6 / entries as f64;
             println!(
-                "| {} KiB | {} | {export_s:.2} | {:.1} | {import_s:.2} | {:.1} | {:.2} | {:.2} |",
+                "| {} KiB | {} | {export_s:.2} | {:.1} | {import_s:.2} | {:.1} | {:.2} |",
                 bytes_max / 1024,
                 pages.len(),
                 per_entry(export_cpu),
                 per_entry(import_cpu),
                 decode.as_secs_f64(),
-                dest.stats().sync_micros() as f64 / 1e6,
             );
             exported.push((bytes_max, pages));
         }
@@ -218,7 +220,9 @@ fn main() {
         println!("| page | import s | other tenant alone /s | during import /s |");
         println!("|---|---|---|---|");
         for (run, (bytes_max, pages)) in exported.into_iter().enumerate() {
-            let dest = Store::open(&dir.path().join(format!("shared-{bytes_max}"))).expect("open");
+            let dest = Store::open(&dir.path().join(format!("shared-{bytes_max}")), common::member())
+                .await
+                .expect("open");
             let base = run as u64 * 100_000_000;
             let stop = Arc::new(AtomicBool::new(false));
             let alone = tokio::spawn(other_tenant(dest.clone(), stop.clone(), base));
