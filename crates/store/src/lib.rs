@@ -140,6 +140,11 @@ impl Store {
         self.inner.group.stats()
     }
 
+    /// openraft's metrics of the region group this store is a member of.
+    pub fn raft_metrics(&self) -> raft::RegionRaftMetrics {
+        self.inner.group.metrics()
+    }
+
     /// True while the region group takes commands and its last write succeeded.
     pub fn is_healthy(&self) -> bool {
         self.inner.group.is_healthy()

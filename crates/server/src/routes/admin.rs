@@ -337,9 +337,7 @@ pub async fn get_tenant(
 /// `GET /admin/v1/tenants`: the tenants this node's replica knows, deleted ones
 /// included, in id order; at most `ADMIN_LIST_ITEMS_MAX` (`truncated` says
 /// when more exist). The live cluster page polls it.
-pub async fn list_tenants(
-    State(node): State<Arc<Node>>,
-) -> Result<Response, ApiError> {
+pub async fn list_tenants(State(node): State<Arc<Node>>) -> Result<Response, ApiError> {
     let tenants = node.registry().tenants();
     let max = crate::limits::ADMIN_LIST_ITEMS_MAX;
     let data: Vec<serde_json::Value> = tenants
@@ -351,9 +349,7 @@ pub async fn list_tenants(
     Ok(json_response(200, serde_json::to_vec(&body).expect("json")))
 }
 
-pub async fn cluster(
-    State(node): State<Arc<Node>>,
-) -> Result<Response, ApiError> {
+pub async fn cluster(State(node): State<Arc<Node>>) -> Result<Response, ApiError> {
     let registry = node.registry();
     let metrics = registry.metrics();
     let voters: Vec<u64> = metrics.membership_config.membership().voter_ids().collect();

@@ -137,9 +137,7 @@ pub async fn get_operation(
 /// `GET /admin/v1/operations`: every operation the registry knows, the most
 /// recently updated first; at most `ADMIN_LIST_ITEMS_MAX` (`truncated` says
 /// when more exist). The live cluster page polls it.
-pub async fn list_operations(
-    State(node): State<Arc<Node>>,
-) -> Result<Response, ApiError> {
+pub async fn list_operations(State(node): State<Arc<Node>>) -> Result<Response, ApiError> {
     let mut ops: Vec<Operation> = node
         .registry()
         .read(|s| s.operations.values().cloned().collect());

@@ -28,7 +28,9 @@ use openraft::raft::{
 use openraft::{AnyError, ServerState};
 use tokio::sync::{mpsc, watch};
 
-use super::{CommandBatch, EntryOutcome, RegionConfig, RegionRaft, RegionStateMachine};
+use super::{
+    CommandBatch, EntryOutcome, RegionConfig, RegionRaft, RegionRaftMetrics, RegionStateMachine,
+};
 use crate::command::{Applied, Command};
 use crate::limits::{
     BATCH_COMMANDS_MAX, QUEUE_COMMANDS_MAX, REGION_ELECTION_TIMEOUT_MAX_MS,
@@ -195,6 +197,12 @@ impl RegionGroup {
         !self.inner.jobs.is_closed()
             && !self.inner.stats.failed()
             && self.inner.raft.metrics().borrow().running_state.is_ok()
+    }
+
+    /// A snapshot of openraft's metrics of this group (role, term, log, applied and
+    /// purged indexes, what each follower matched when this node leads).
+    pub fn metrics(&self) -> RegionRaftMetrics {
+        self.inner.raft.metrics().borrow().clone()
     }
 
     /// A receiver of the last applied log index.
