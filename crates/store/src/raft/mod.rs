@@ -92,6 +92,12 @@ pub struct Member {
     pub info: NodeInfo,
 }
 
+/// The name of the Raft group of region `region`: `region-<region>`, also the
+/// segment of its Raft routes (`/raft/region-<region>/...`).
+pub fn group_name(region: &str) -> String {
+    format!("region-{region}")
+}
+
 /// The name of the region tree in the region's `Db`.
 pub const REGION_TREE: &str = "region";
 
