@@ -16,6 +16,7 @@ pub mod codec;
 pub mod limits;
 mod log;
 mod node;
+pub mod probe;
 
 use std::time::{Duration, Instant};
 

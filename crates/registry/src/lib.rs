@@ -84,6 +84,16 @@ struct Inner {
     state_machine: StateMachineStore,
     /// The one HTTP client of this replica (Raft RPCs and forwarded writes).
     client: reqwest::Client,
+    /// The task sending the leader's heartbeats: stopped by `shutdown`, or when the
+    /// last handle goes, since its clone of `raft` would otherwise keep the replica's
+    /// Raft core running after nobody can reach it.
+    heartbeats: tokio::task::AbortHandle,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.heartbeats.abort();
+    }
 }
 
 impl std::fmt::Debug for Registry {
@@ -141,7 +151,8 @@ impl Registry {
         )
         .await
         .map_err(|e| Error::Fatal(e.to_string()))?;
-        tokio::spawn(heartbeats(raft.clone(), config.heartbeat_interval()));
+        let heartbeats =
+            tokio::spawn(heartbeats(raft.clone(), config.heartbeat_interval())).abort_handle();
         tracing::debug!(node_id = config.node_id, node = %config.node, "registry replica started");
         Ok(Self {
             inner: Arc::new(Inner {
@@ -149,6 +160,7 @@ impl Registry {
                 raft,
                 state_machine,
                 client,
+                heartbeats,
             }),
         })
     }
@@ -396,6 +408,7 @@ impl Registry {
     /// serving `raft_router` belongs to the caller: stop it too (its handlers answer
     /// "stopped" after this).
     pub async fn shutdown(&self) -> Result<(), Error> {
+        self.inner.heartbeats.abort();
         self.inner
             .raft
             .shutdown()

@@ -72,8 +72,10 @@ pub const NAME_BYTES_MAX: usize = 128;
 pub const NODE_CREDENTIAL_BYTES_MIN: usize = 32;
 
 /// On-disk format version of everything this crate writes to sled (bincode 2,
-/// `config::standard()`); bumped on any incompatible change to a stored type.
-pub const STORAGE_FORMAT_VERSION: u32 = 1;
+/// `config::standard()`); bumped on any incompatible change to a stored type or layout.
+/// 2: the Raft log and the applied state in separate sled `Db`s (1: one `Db`, which
+/// `store::open` migrates).
+pub const STORAGE_FORMAT_VERSION: u32 = 2;
 
 const _: () = assert!(HEARTBEAT_INTERVAL_MS_DEFAULT * 3 <= ELECTION_TIMEOUT_MIN_MS_DEFAULT);
 // Several heartbeats are sent while one RPC may still be outstanding, so a single

@@ -9,7 +9,6 @@
 //! `cargo bench -p keyhold-store --bench write_path` (release build). Results go in
 //! docs/benchmarks.md.
 
-use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -29,14 +28,7 @@ const PROBE_FSYNCS: u32 = 200;
 
 /// 4 KiB write + fsync, repeated: the disk's fsync rate right now.
 fn fsync_probe(dir: &Path) -> f64 {
-    let mut file = std::fs::File::create(dir.join("probe")).expect("probe file");
-    let block = [7u8; 4096];
-    let started = Instant::now();
-    for _ in 0..PROBE_FSYNCS {
-        file.write_all(&block).expect("probe write");
-        file.sync_data().expect("probe fsync");
-    }
-    f64::from(PROBE_FSYNCS) / started.elapsed().as_secs_f64()
+    keyhold_raftlog::probe::fsyncs_per_second(dir, PROBE_FSYNCS).expect("fsync probe")
 }
 
 /// Runs `clients` tasks that together execute `COMMANDS_PER_RUN` new orders.

@@ -5,8 +5,11 @@
 //! so that readers can wait for their replica to catch up.
 //!
 //! Applied state is not flushed per batch: it is always rebuildable from the durable log
-//! (openraft re-applies from `last_applied` on start), and sled persists writes in order,
-//! so the applied state on disk never runs ahead of the durable log.
+//! (openraft re-applies from `last_applied` on start), and it never runs ahead of the
+//! durable log because only committed entries, already flushed in the log's `Db`, are
+//! applied. It lives in its own `Db` (see `store`), so it must be flushed before the log
+//! behind it may go: a built snapshot and an installed one are flushed before openraft
+//! hears of them, because openraft purges the log up to a snapshot after that.
 
 use std::fmt::Debug;
 use std::io::Cursor;
@@ -295,6 +298,11 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
             data,
         };
         self.save_snapshot(&stored)?;
+        // Durable before openraft learns of it: it purges the log behind this snapshot
+        // next, and the log's `Db` is not the one holding this state.
+        self.flush()
+            .await
+            .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
         Ok(Snapshot {
             meta,
             snapshot: Box::new(Cursor::new(stored.data)),

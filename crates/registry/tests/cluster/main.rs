@@ -530,3 +530,27 @@ async fn forged_raft_calls_are_refused_and_rotation_keeps_replicating() {
         node.kill().await;
     }
 }
+
+/// A replica dropped without `shutdown` (a node's start-up failing half way, a test
+/// ending) must release its Raft core and with it the sled databases, so the same data
+/// dir can be opened again in the process. The heartbeat task used to hold a handle of
+/// the Raft instance forever and keep both alive.
+#[tokio::test]
+async fn a_dropped_replica_releases_its_data_dir() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let credentials = NodeCredentials::parse(CREDENTIAL).expect("valid credentials");
+    let info = NodeInfo::new("eu", "127.0.0.1:8001", "127.0.0.1:9");
+    let registry = Registry::start(RegistryConfig::new(1, info, dir.path(), credentials))
+        .await
+        .expect("start registry");
+    drop(registry);
+    let path = dir.path().to_path_buf();
+    let reopened = tokio::task::spawn_blocking(move || keyhold_registry::store::open(&path))
+        .await
+        .expect("open task");
+    assert!(
+        reopened.is_ok(),
+        "the data dir is still held by the dropped replica: {:?}",
+        reopened.err()
+    );
+}
