@@ -5,14 +5,16 @@
 //! majority holds them; the routes refuse a caller without the node credential
 //! (401 `unauthenticated`); after the leader's Raft and listener stop (its task
 //! killed), the other two elect a new leader that holds every acknowledged command
-//! (each replays) and takes new ones.
+//! (each replays) and takes new ones. And a node with an empty directory, added as
+//! a learner after the leader purged its log behind a snapshot, catches up by
+//! that snapshot sent in chunks over the same transport.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use keyhold_registry::{group_router, HttpNetwork, NodeCredentials, NodeId, NodeInfo};
-use keyhold_store::raft::{Member, RegionConfig, RegionGroup};
+use keyhold_store::raft::{Bootstrap, Member, RegionConfig, RegionGroup};
 use keyhold_store::{Applied, Error, OrderOutcome};
 use tokio::sync::oneshot;
 
@@ -40,18 +42,19 @@ impl Voter {
     async fn start(
         id: NodeId,
         listener: tokio::net::TcpListener,
-        voters: BTreeMap<NodeId, NodeInfo>,
+        info: NodeInfo,
+        bootstrap: Bootstrap,
     ) -> Voter {
         let dir = tempfile::tempdir().unwrap();
         let credentials = NodeCredentials::parse(CREDENTIAL).unwrap();
         let member = Member {
             group: GROUP.into(),
             node: id,
-            info: voters[&id].clone(),
+            info,
         };
         let client = reqwest::Client::builder().no_proxy().build().unwrap();
         let network = HttpNetwork::<RegionConfig>::new(client, GROUP, id, credentials.clone());
-        let group = RegionGroup::start(dir.path(), &member, network, voters)
+        let group = RegionGroup::start(dir.path(), &member, network, bootstrap)
             .await
             .expect("start the region group");
         let router = group_router(GROUP, group.raft().clone(), credentials);
@@ -125,7 +128,8 @@ async fn three_voters_replicate_over_http_and_survive_the_leaders_loss() {
         .collect();
     let mut voters = Vec::new();
     for (id, listener) in VOTERS.into_iter().zip(listeners) {
-        voters.push(Voter::start(id, listener, infos.clone()).await);
+        let bootstrap = Bootstrap::Voters(infos.clone());
+        voters.push(Voter::start(id, listener, infos[&id].clone(), bootstrap).await);
     }
 
     // Without the node credential the group's routes answer 401, before decoding.
@@ -199,4 +203,70 @@ async fn three_voters_replicate_over_http_and_survive_the_leaders_loss() {
     for voter in voters {
         voter.kill().await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_empty_learner_catches_up_by_snapshot_over_http() {
+    let mut listeners = Vec::new();
+    let mut infos = Vec::new();
+    for _ in 0..2 {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        infos.push(NodeInfo::new("eu", "-", addr));
+        listeners.push(listener);
+    }
+    let mut listeners = listeners.into_iter();
+    let voters = Bootstrap::Voters(BTreeMap::from([(1, infos[0].clone())]));
+    let leader = Voter::start(1, listeners.next().unwrap(), infos[0].clone(), voters).await;
+    let raft = leader.group.raft().clone();
+    raft.wait(Some(WAIT))
+        .current_leader(1, "the only voter leads")
+        .await
+        .unwrap();
+    for n in 1..=ORDERS {
+        let answer = leader.group.execute(common::new_order(n)).await.unwrap();
+        assert!(matches!(
+            answer,
+            Applied::Order(OrderOutcome::Created { .. })
+        ));
+    }
+    // A snapshot, and the log purged behind it: a new member can only get the
+    // region from the snapshot.
+    let last = raft.metrics().borrow().last_applied.unwrap();
+    raft.trigger().snapshot().await.unwrap();
+    raft.wait(Some(WAIT))
+        .snapshot(last, "snapshot of every order")
+        .await
+        .unwrap();
+    raft.trigger().purge_log(last.index).await.unwrap();
+    raft.wait(Some(WAIT))
+        .purged(Some(last), "log purged up to the snapshot")
+        .await
+        .unwrap();
+
+    let learner = Voter::start(
+        2,
+        listeners.next().unwrap(),
+        infos[1].clone(),
+        Bootstrap::Joiner,
+    )
+    .await;
+    raft.add_learner(2, infos[1].clone(), true)
+        .await
+        .expect("add the learner");
+    learner
+        .group
+        .raft()
+        .wait(Some(WAIT))
+        .applied_index_at_least(Some(last.index), "the learner has the snapshot")
+        .await
+        .unwrap();
+    let snapshot = learner.group.raft().metrics().borrow().snapshot;
+    assert_eq!(snapshot, Some(last), "installed from the leader's snapshot");
+    assert_eq!(
+        learner.group.state_machine().entries_for_tests(),
+        leader.group.state_machine().entries_for_tests()
+    );
+    learner.kill().await;
+    leader.kill().await;
 }

@@ -11,7 +11,7 @@
 //!
 //! A node's store starts its group as the only voter (`start_single_voter`), whose
 //! Raft network answers every RPC with `Unreachable`, as a group without peers never
-//! sends one. `start` takes any network and set of voters: the registry crate's HTTP
+//! sends one. `start` takes any network and `Bootstrap`: the registry crate's HTTP
 //! transport (`HttpNetwork`, `/raft/region-<name>/...`) replicates a group across
 //! the nodes of a region. A writer on a member that does not lead answers
 //! `Error::NotLeader`; it appends nothing.
@@ -40,6 +40,18 @@ use crate::limits::{
 };
 use crate::stats::CommitStats;
 use crate::{Error, Job};
+
+/// How a replica that starts with an empty log enters its group.
+#[derive(Debug, Clone)]
+pub enum Bootstrap {
+    /// It initializes the group with these voters (on a replica that holds a log
+    /// already, nothing happens). Every voter may do so with the same set:
+    /// openraft writes the same first entry on each.
+    Voters(BTreeMap<NodeId, NodeInfo>),
+    /// It waits to be added by the leader (as a learner, then perhaps a voter),
+    /// receiving the log or a snapshot from it.
+    Joiner,
+}
 
 /// A running region group on this node. Cheap to clone.
 #[derive(Clone)]
@@ -139,7 +151,8 @@ impl RegionGroup {
             node,
             info: info.clone(),
         };
-        let started = Self::start(dir, &member, NoPeers, BTreeMap::from([(node, info)])).await?;
+        let voters = Bootstrap::Voters(BTreeMap::from([(node, info)]));
+        let started = Self::start(dir, &member, NoPeers, voters).await?;
         let raft = &started.inner.raft;
         let leader_wait = Duration::from_millis(REGION_LEADER_WAIT_MS);
         raft.wait(Some(leader_wait))
@@ -159,14 +172,13 @@ impl RegionGroup {
     }
 
     /// Opens `member`'s replica of its group in `dir` with `network` to reach the
-    /// other members, initializes the group with `voters` on first start (every
-    /// voter may do so with the same set: openraft writes the same first entry on
-    /// each), and starts the writer. Returns without waiting for a leader.
+    /// other members, initializes the group as `bootstrap` says, and starts the
+    /// writer. Returns without waiting for a leader.
     pub async fn start<N: RaftNetworkFactory<RegionConfig>>(
         dir: &Path,
         member: &Member,
         network: N,
-        voters: BTreeMap<NodeId, NodeInfo>,
+        bootstrap: Bootstrap,
     ) -> Result<RegionGroup, Error> {
         let owned_dir = dir.to_path_buf();
         let owned_group = member.group.clone();
@@ -178,9 +190,12 @@ impl RegionGroup {
         let raft = RegionRaft::new(member.node, config, network, log, state_machine.clone())
             .await
             .map_err(|e| Error::Raft(e.to_string()))?;
-        match raft.initialize(voters).await {
-            Ok(()) | Err(RaftError::APIError(openraft::error::InitializeError::NotAllowed(_))) => {}
-            Err(e) => return Err(Error::Raft(format!("initialize: {e}"))),
+        if let Bootstrap::Voters(voters) = bootstrap {
+            match raft.initialize(voters).await {
+                Ok(())
+                | Err(RaftError::APIError(openraft::error::InitializeError::NotAllowed(_))) => {}
+                Err(e) => return Err(Error::Raft(format!("initialize: {e}"))),
+            }
         }
         let (jobs, rx) = mpsc::channel(QUEUE_COMMANDS_MAX);
         let stats = Arc::new(CommitStats::default());
