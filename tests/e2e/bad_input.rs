@@ -849,6 +849,15 @@ fn admin_cases(c: &mut Catalogue) {
         let raw = request("POST", "/admin/v1/tenants", &headers, body.as_bytes());
         c.raw(name, UNAUTH, raw);
     }
+    // The admin token is checked before the query is: a caller without it learns
+    // nothing from validation (this one answered 400 when handlers checked it).
+    let raw = request(
+        "GET",
+        "/admin/v1/inventory/reservations?order_id=a&order_id=b",
+        &[],
+        b"",
+    );
+    c.raw("bad reservations query without a token", UNAUTH, raw);
     for (name, body) in [
         (
             "tenant id with a slash",

@@ -46,12 +46,8 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/claims/complete", post(claims::complete))
         .route("/v1/claims/heartbeat", post(claims::heartbeat))
         .route_layer(middleware::from_fn_with_state(node.clone(), forward::route));
-    Router::new()
-        .merge(tenant_routes)
-        .merge(internal::router(node.clone()))
-        .merge(admin_page::router())
-        .route("/v1/idempotency-policy", get(meta::policy))
-        .route("/v1/fingerprint-specs", get(meta::specs))
+    // Every admin API route opens with the admin token, checked once here.
+    let admin_routes = Router::new()
         .route(
             "/admin/v1/tenants",
             post(admin::create_tenant).get(admin::list_tenants),
@@ -80,6 +76,14 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/admin/v1/cluster", get(admin::cluster))
         .route("/admin/v1/outbox/replay", post(admin::replay_outbox))
         .route("/admin/v1/inventory/reservations", get(admin::reservations))
+        .route_layer(middleware::from_fn_with_state(node.clone(), require_admin));
+    Router::new()
+        .merge(tenant_routes)
+        .merge(admin_routes)
+        .merge(internal::router(node.clone()))
+        .merge(admin_page::router())
+        .route("/v1/idempotency-policy", get(meta::policy))
+        .route("/v1/fingerprint-specs", get(meta::specs))
         .route("/healthz", get(meta::healthz))
         .route("/readyz", get(meta::readyz))
         .route("/metrics", get(meta::metrics))
@@ -119,6 +123,21 @@ pub(crate) async fn require_node_credential(
     ApiError::new(Problem::Unauthenticated)
         .detail("inter-node endpoints accept only the cluster's node credential")
         .into_response()
+}
+
+/// The gate of the admin API: 401 `unauthenticated` (problem+json) unless the caller
+/// presents the admin token. Runs after routing (unknown paths and methods answer
+/// 404/405 as anywhere) and before any extractor, so a caller without the token learns
+/// nothing from the validation of its path, query or body.
+async fn require_admin(
+    axum::extract::State(node): axum::extract::State<Arc<Node>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    match crate::tenants::authenticate_admin(request.headers(), node.admin_token_sha256()) {
+        Ok(()) => next.run(request).await,
+        Err(refused) => refused.into_response(),
+    }
 }
 
 /// A panicking handler is a bug; the client still gets a problem document, and
