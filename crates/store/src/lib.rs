@@ -64,6 +64,11 @@ pub enum Error {
     /// Building, reading or installing a region snapshot failed.
     #[error("snapshot: {0}")]
     Snapshot(String),
+    /// This member of the region group does not lead it; `leader` does, if known.
+    #[error("not the region group's leader (leader: {leader:?})")]
+    NotLeader {
+        leader: Option<keyhold_raftlog::NodeId>,
+    },
     /// The directory does not hold a region store this release can open.
     #[error("region store in {}: {reason}", dir.display())]
     DataDir { dir: PathBuf, reason: String },
@@ -140,9 +145,10 @@ impl Store {
         self.inner.group.stats()
     }
 
-    /// openraft's metrics of the region group this store is a member of.
-    pub fn raft_metrics(&self) -> raft::RegionRaftMetrics {
-        self.inner.group.metrics()
+    /// The region group this store writes through (its Raft instance serves the
+    /// group's routes on the node's Raft listener).
+    pub fn group(&self) -> &raft::RegionGroup {
+        &self.inner.group
     }
 
     /// True while the region group takes commands and its last write succeeded.

@@ -55,6 +55,17 @@ pub fn create(
     }
 }
 
+/// A new order numbered `n`, with its own key, ids and instant.
+pub fn new_order(n: u64) -> Command {
+    create(
+        &format!("key-{n}"),
+        &format!("client-{n}"),
+        "fp",
+        &format!("ord_{n}"),
+        UnixMillis(T0.0 + n),
+    )
+}
+
 /// Re-runs this test binary as a child process that runs only the test `test`, with
 /// `env` set to `dir` (the child's cue to do its work) and its stdout piped to the
 /// caller, which reads the child's acknowledgements and then kills or reaps it.
