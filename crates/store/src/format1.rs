@@ -302,14 +302,7 @@ mod tests {
                 other => panic!("order {n}: expected a replay, got {other:?}"),
             }
         }
-        let seqs: Vec<u64> = store
-            .outbox_after(0, 100)
-            .await
-            .unwrap()
-            .iter()
-            .map(|e| e.seq)
-            .collect();
-        assert_eq!(seqs, (1..=last).collect::<Vec<_>>());
+        crate::test_common::assert_outbox_gapless(store, last).await;
     }
 
     #[tokio::test]

@@ -94,3 +94,15 @@ pub async fn open(dir: &std::path::Path) -> keyhold_store::Store {
         .await
         .expect("open the store")
 }
+
+/// Asserts that the outbox holds exactly the events numbered 1 to `last`.
+pub async fn assert_outbox_gapless(store: &keyhold_store::Store, last: u64) {
+    let seqs: Vec<u64> = store
+        .outbox_after(0, 1_000)
+        .await
+        .expect("read the outbox")
+        .iter()
+        .map(|e| e.seq)
+        .collect();
+    assert_eq!(seqs, (1..=last).collect::<Vec<_>>());
+}
