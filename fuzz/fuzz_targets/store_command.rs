@@ -1,5 +1,5 @@
-//! The bincode decoding of store commands (the write-ahead log's and the wire's
-//! form, move pages included as `Import` entries) on arbitrary bytes: no panic,
+//! The bincode decoding of store commands (the form they have in the region group's
+//! Raft log and on the wire, move pages included as `Import` entries) on arbitrary bytes: no panic,
 //! no unbounded allocation, and a command that decodes encodes to a command
 //! that decodes to itself.
 #![no_main]

@@ -84,10 +84,15 @@ fn inter_node_endpoints_need_the_node_credential() {
         );
         let api = cluster.region(region).api_url.clone();
         for (who, with) in &callers {
-            for rpc in ["append", "vote", "snapshot", "write"] {
-                let url = format!("{raft}/raft/registry/{rpc}");
+            let region_group = format!("region-{region}");
+            let rpcs = ["append", "vote", "snapshot", "write"]
+                .map(|rpc| ("registry", rpc))
+                .into_iter()
+                .chain(["append", "vote", "snapshot"].map(|rpc| (region_group.as_str(), rpc)));
+            for (group, rpc) in rpcs {
+                let url = format!("{raft}/raft/{group}/{rpc}");
                 let (status, content_type, body) = raw(with(http.post(url)).body(vec![0u8; 8]));
-                assert_eq!(status, 401, "{rpc} on {region} from {who}: {body}");
+                assert_eq!(status, 401, "{group} {rpc} on {region} from {who}: {body}");
                 assert_eq!(content_type, "application/problem+json");
                 assert!(body.contains("/problems/unauthenticated"), "{body}");
             }
@@ -136,6 +141,17 @@ fn inter_node_endpoints_need_the_node_credential() {
         ))
         .header("keyhold-node-credential", &credential));
     assert_eq!(status, 200);
+    // And the region group's Raft routes, mounted beside the registry's: an empty
+    // body does not decode (400), which only a matched, authorised route says.
+    let raft_a = format!(
+        "http://127.0.0.1:{}",
+        cluster.base_port + common::RAFT_PORT_OFFSET
+    );
+    let (status, _, body) = raw(http
+        .post(format!("{raft_a}/raft/region-a/vote"))
+        .header("keyhold-node-credential", &credential)
+        .body(Vec::<u8>::new()));
+    assert_eq!(status, 400, "{body}");
 
     // A client's Keyhold-Epoch changes nothing: sent to the home or to another
     // region, with any value, the order is placed and executed as usual.

@@ -52,6 +52,27 @@ fn orders_created_by(api: &Api) -> u64 {
         .sum::<f64>() as u64
 }
 
+/// The value of the series `name` whose labels include every one of `labels`, from one
+/// node's `/metrics`; `None` when it has no such series.
+fn metric(api: &Api, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let r = api.get("/metrics", None);
+    r.assert_status(200);
+    let text = r.text();
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+        .find(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .map(|l| {
+            l.rsplit(' ')
+                .next()
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or_else(|| panic!("metric line {l:?}"))
+        })
+}
+
 /// `GET /admin/v1/tenants/{id}` on one node, `None` unless 200.
 fn admin_tenant(api: &Api, admin: &str, tenant_id: &str) -> Option<Value> {
     let r = api.get(&format!("/admin/v1/tenants/{tenant_id}"), Some(admin));
@@ -937,6 +958,24 @@ fn registry_leader_killed_a_new_one_takes_over_and_the_node_rejoins() {
     let dead = sc.index_of_id(leader);
     let dead_region = sc.members[dead].region.clone();
     let survivors: Vec<usize> = (0..3).filter(|&i| i != dead).collect();
+    // Per-group Raft metrics before the kill: every node leads its own region's
+    // group, the registry leader's node says so, and this scrape is the baseline
+    // the elections counter counts from.
+    for i in 0..3 {
+        let region_group = format!("region-{}", sc.members[i].region);
+        let region_leader = [("group", region_group.as_str()), ("role", "leader")];
+        assert_eq!(
+            metric(&sc.api(i), "keyhold_raft_role", &region_leader),
+            Some(1.0)
+        );
+        let registry_leader = [("group", "registry"), ("role", "leader")];
+        let leads = if i == dead { 1.0 } else { 0.0 };
+        assert_eq!(
+            metric(&sc.api(i), "keyhold_raft_role", &registry_leader),
+            Some(leads)
+        );
+    }
+    let registry = [("group", "registry")];
     sc.kill9(dead);
     let killed_at = Instant::now();
     let bound = Duration::from_secs(15);
@@ -948,6 +987,23 @@ fn registry_leader_killed_a_new_one_takes_over_and_the_node_rejoins() {
     });
     let elected_after = killed_at.elapsed();
     assert!(survivors.contains(&sc.index_of_id(new_leader)));
+    for &i in &survivors {
+        let elections = metric(&sc.api(i), "keyhold_raft_elections_total", &registry);
+        assert!(
+            elections.is_some_and(|n| n >= 1.0),
+            "node {i} saw the registry's election: {elections:?}"
+        );
+        let registry_leader = [("group", "registry"), ("role", "leader")];
+        let leads = if sc.index_of_id(new_leader) == i {
+            1.0
+        } else {
+            0.0
+        };
+        assert_eq!(
+            metric(&sc.api(i), "keyhold_raft_role", &registry_leader),
+            Some(leads)
+        );
+    }
 
     // Routing for tenants homed in surviving regions, through either survivor.
     for t in tenants.iter().filter(|t| t.home_region != dead_region) {

@@ -47,7 +47,7 @@ use tokio::sync::watch;
 pub use crate::config::{RegistryConfig, GROUP};
 pub use crate::credential::{NodeCredentials, NODE_CREDENTIAL_HEADER};
 pub use crate::error::Error;
-pub use crate::network::raft_router;
+pub use crate::network::{group_router, raft_router, HttpNetwork, NodeGroup};
 pub use crate::state::{
     DriverLease, Operation, OperationKind, OperationState, RegionRecord, RegistryState, Rejection,
     Request, Response, RetiredToken, TenantRecord, TenantState,
@@ -55,7 +55,7 @@ pub use crate::state::{
 pub use crate::types::{NodeId, NodeInfo, RaftMetrics};
 
 use crate::limits::{WRITE_ATTEMPTS_MAX, WRITE_NO_LEADER_WAIT_MS};
-use crate::network::{exchange, rpc_url, Exchange, HttpNetwork};
+use crate::network::{exchange, rpc_url, Exchange};
 use crate::store::StateMachineStore;
 use crate::types::{ClientWriteError, Raft, RaftError};
 
@@ -136,7 +136,12 @@ impl Registry {
             tokio::task::spawn_blocking(move || store::open(&data_dir))
                 .await
                 .map_err(|e| Error::Storage(format!("open task: {e}")))??;
-        let network = HttpNetwork::new(client.clone(), config.node_id, config.credentials.clone());
+        let network = HttpNetwork::new(
+            client.clone(),
+            config::GROUP,
+            config.node_id,
+            config.credentials.clone(),
+        );
         let raft = Raft::new(
             config.node_id,
             raft_config,
@@ -277,7 +282,7 @@ impl Registry {
         node: &NodeInfo,
         request: &Request,
     ) -> Result<Option<Written>, Retry> {
-        let url = rpc_url(&node.raft_addr, "write");
+        let url = rpc_url(&node.raft_addr, config::GROUP, "write");
         let timeout = self.inner.config.write_forward_timeout();
         let credentials = &self.inner.config.credentials;
         let reply: WriteReply =

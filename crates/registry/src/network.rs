@@ -1,17 +1,22 @@
-//! Raft RPC over HTTP. The client side is openraft's `RaftNetworkFactory`: one shared
-//! `reqwest::Client` POSTs bincode bodies to `/raft/{group}/append|vote|snapshot` on the
-//! target's `raft_addr`, bounded by openraft's `RPCOption::hard_ttl()`. The server side
-//! is `raft_router`, an axum router to mount on the Raft listener; it also serves
-//! `/raft/{group}/write`, where followers forward client writes to the leader.
+//! Raft RPC over HTTP for every Raft group of a node (the registry and the region
+//! groups), generic over the group's type configuration. The client side is
+//! openraft's `RaftNetworkFactory` (`HttpNetwork`): one shared `reqwest::Client`
+//! POSTs bincode bodies to `/raft/{group}/append|vote|snapshot` on the target's
+//! `raft_addr`, bounded by openraft's `RPCOption::hard_ttl()`. The server side is
+//! `group_router`, an axum router to merge into the node's Raft listener;
+//! `raft_router` is the registry's, which also serves `/raft/registry/write`, where
+//! followers forward client writes to the leader.
 //!
 //! Every request carries the cluster's node credential (`credential.rs`); the router
 //! answers anything else with 401 `unauthenticated` (problem+json) before decoding it,
 //! so a forged vote, append or write changes nothing.
 //!
-//! Routes are registered with the literal group name (`/raft/registry/...`) instead of a
-//! `{group}` parameter, so that a second Raft group in the same process can merge its own
-//! router into the same listener without conflicting paths.
+//! Routes are registered with the literal group name (`/raft/registry/...`,
+//! `/raft/region-eu/...`) instead of a `{group}` parameter, so that each group of a
+//! node merges its own router into the same listener without conflicting paths.
 
+use std::marker::PhantomData;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
@@ -29,9 +34,10 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
-use openraft::{AnyError, RPCTypes};
+use openraft::{AnyError, RPCTypes, RaftTypeConfig};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use tokio::io::{AsyncRead, AsyncSeek, AsyncWrite};
 
 use crate::codec;
 use crate::config::GROUP;
@@ -43,28 +49,61 @@ use crate::Registry;
 
 const CONTENT_TYPE_BINCODE: &str = "application/octet-stream";
 
-/// Path of an RPC of the registry group, relative to a Raft listener.
-pub(crate) fn rpc_path(rpc: &str) -> String {
-    format!("/raft/{GROUP}/{rpc}")
+/// A group whose members are keyhold nodes (their ids and `NodeInfo`, with the Raft
+/// listener's address, are the ones every group shares) and whose snapshots arrive
+/// in chunks written into their `SnapshotData`.
+pub trait NodeGroup:
+    RaftTypeConfig<NodeId = NodeId, Node = NodeInfo, SnapshotData: SnapshotChunks>
+{
+}
+impl<C> NodeGroup for C where
+    C: RaftTypeConfig<NodeId = NodeId, Node = NodeInfo, SnapshotData: SnapshotChunks>
+{
 }
 
-/// URL of an RPC on the node whose Raft listener is `raft_addr`.
-pub(crate) fn rpc_url(raft_addr: &str, rpc: &str) -> String {
-    format!("http://{raft_addr}{}", rpc_path(rpc))
+/// What openraft needs of `SnapshotData` to install a snapshot sent in chunks.
+pub trait SnapshotChunks: AsyncRead + AsyncWrite + AsyncSeek + Unpin {}
+impl<T: AsyncRead + AsyncWrite + AsyncSeek + Unpin> SnapshotChunks for T {}
+
+/// Path of an RPC of group `group`, relative to a Raft listener.
+pub(crate) fn rpc_path(group: &str, rpc: &str) -> String {
+    format!("/raft/{group}/{rpc}")
 }
 
-/// The `RaftNetworkFactory` of the registry: hands out connections that share one
-/// `reqwest::Client` (and so its connection pool).
-#[derive(Debug, Clone)]
-pub struct HttpNetwork {
+/// URL of an RPC of group `group` on the node whose Raft listener is `raft_addr`.
+pub(crate) fn rpc_url(raft_addr: &str, group: &str, rpc: &str) -> String {
+    format!("http://{raft_addr}{}", rpc_path(group, rpc))
+}
+
+/// The `RaftNetworkFactory` of one group: hands out connections that share one
+/// `reqwest::Client` (and so its connection pool) and name the group in every path.
+#[derive(Debug)]
+pub struct HttpNetwork<C = TypeConfig> {
     client: reqwest::Client,
     local_id: NodeId,
     credentials: NodeCredentials,
+    group: Arc<str>,
+    config: PhantomData<fn() -> C>,
 }
 
-impl HttpNetwork {
-    pub(crate) fn new(
+impl<C> Clone for HttpNetwork<C> {
+    fn clone(&self) -> Self {
+        Self {
+            client: self.client.clone(),
+            local_id: self.local_id,
+            credentials: self.credentials.clone(),
+            group: self.group.clone(),
+            config: PhantomData,
+        }
+    }
+}
+
+impl<C> HttpNetwork<C> {
+    /// The network of group `group` (for example `region-eu`) as seen from node
+    /// `local_id`, sending `credentials`' current credential with every RPC.
+    pub fn new(
         client: reqwest::Client,
+        group: &str,
         local_id: NodeId,
         credentials: NodeCredentials,
     ) -> Self {
@@ -72,32 +111,38 @@ impl HttpNetwork {
             client,
             local_id,
             credentials,
+            group: group.into(),
+            config: PhantomData,
         }
     }
 }
 
-impl RaftNetworkFactory<TypeConfig> for HttpNetwork {
-    type Network = HttpConnection;
+impl<C: NodeGroup> RaftNetworkFactory<C> for HttpNetwork<C> {
+    type Network = HttpConnection<C>;
 
     async fn new_client(&mut self, target: NodeId, node: &NodeInfo) -> Self::Network {
         HttpConnection {
             client: self.client.clone(),
             local_id: self.local_id,
             credentials: self.credentials.clone(),
+            group: self.group.clone(),
             target,
             raft_addr: node.raft_addr.clone(),
+            config: PhantomData,
         }
     }
 }
 
 /// A connection to one member; openraft keeps one per replication stream.
 #[derive(Debug)]
-pub struct HttpConnection {
+pub struct HttpConnection<C = TypeConfig> {
     client: reqwest::Client,
     local_id: NodeId,
     credentials: NodeCredentials,
+    group: Arc<str>,
     target: NodeId,
     raft_addr: String,
+    config: PhantomData<fn() -> C>,
 }
 
 /// The outcome of one HTTP exchange, before the remote's own result is interpreted.
@@ -148,7 +193,7 @@ pub(crate) async fn exchange<Req: Serialize, Resp: DeserializeOwned>(
     codec::decode(&bytes).map_err(|e| Exchange::Failed(AnyError::new(&e)))
 }
 
-impl HttpConnection {
+impl<C> HttpConnection<C> {
     async fn call<Req, Resp, E>(
         &self,
         action: RPCTypes,
@@ -161,7 +206,7 @@ impl HttpConnection {
         Resp: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,
     {
-        let url = rpc_url(&self.raft_addr, rpc);
+        let url = rpc_url(&self.raft_addr, &self.group, rpc);
         let ttl = option.hard_ttl();
         let reply: Result<Resp, RaftError<E>> =
             match exchange(&self.client, &self.credentials, &url, request, ttl).await {
@@ -183,10 +228,10 @@ impl HttpConnection {
     }
 }
 
-impl RaftNetwork<TypeConfig> for HttpConnection {
+impl<C: NodeGroup> RaftNetwork<C> for HttpConnection<C> {
     async fn append_entries(
         &mut self,
-        rpc: AppendEntriesRequest<TypeConfig>,
+        rpc: AppendEntriesRequest<C>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RpcError> {
         self.call(RPCTypes::AppendEntries, "append", &rpc, &option)
@@ -195,7 +240,7 @@ impl RaftNetwork<TypeConfig> for HttpConnection {
 
     async fn install_snapshot(
         &mut self,
-        rpc: InstallSnapshotRequest<TypeConfig>,
+        rpc: InstallSnapshotRequest<C>,
         option: RPCOption,
     ) -> Result<InstallSnapshotResponse<NodeId>, RpcError<InstallSnapshotError>> {
         self.call(RPCTypes::InstallSnapshot, "snapshot", &rpc, &option)
@@ -211,39 +256,58 @@ impl RaftNetwork<TypeConfig> for HttpConnection {
     }
 }
 
-/// The axum router serving the registry group's Raft RPCs and forwarded writes, to be
-/// mounted (or merged) at the root of the node's Raft listener:
-///
-/// - `POST /raft/registry/append`, `/vote`, `/snapshot`: openraft RPCs.
-/// - `POST /raft/registry/write`: a client write executed on this node (forwarded here
-///   by a follower's `Registry::write`); answers `ForwardToLeader` if this node is no
-///   longer the leader, and never forwards again itself.
+/// The axum router serving one group's Raft RPCs, to be merged at the root of the
+/// node's Raft listener: `POST /raft/{group}/append`, `/vote`, `/snapshot`.
 ///
 /// Bodies are bincode (`codec`); the reply is always HTTP 200 with the encoded
 /// `Result`, except for undecodable requests (400) and requests without the node
 /// credential (401 `unauthenticated`, checked before the body is read).
-pub fn raft_router(registry: Registry) -> Router {
+pub fn group_router<C: NodeGroup>(
+    group: &str,
+    raft: openraft::Raft<C>,
+    credentials: NodeCredentials,
+) -> Router {
     Router::new()
-        .route(&rpc_path("append"), post(append))
-        .route(&rpc_path("vote"), post(vote))
-        .route(&rpc_path("snapshot"), post(snapshot))
-        .route(&rpc_path("write"), post(write))
+        .route(&rpc_path(group, "append"), post(append::<C>))
+        .route(&rpc_path(group, "vote"), post(vote::<C>))
+        .route(&rpc_path(group, "snapshot"), post(snapshot::<C>))
         .layer(DefaultBodyLimit::max(RPC_BODY_BYTES_MAX))
         .route_layer(middleware::from_fn_with_state(
-            registry.clone(),
+            credentials,
             require_credential,
         ))
-        .with_state(registry)
+        .with_state(raft)
+}
+
+/// The registry's router: its group's RPCs (`group_router`) and
+/// `POST /raft/registry/write`, a client write executed on this node (forwarded here
+/// by a follower's `Registry::write`), which answers `ForwardToLeader` if this node
+/// is no longer the leader and never forwards again itself.
+pub fn raft_router(registry: Registry) -> Router {
+    let write = Router::new()
+        .route(&rpc_path(GROUP, "write"), post(write))
+        .layer(DefaultBodyLimit::max(RPC_BODY_BYTES_MAX))
+        .route_layer(middleware::from_fn_with_state(
+            registry.credentials().clone(),
+            require_credential,
+        ))
+        .with_state(registry.clone());
+    group_router(
+        GROUP,
+        registry.raft().clone(),
+        registry.credentials().clone(),
+    )
+    .merge(write)
 }
 
 /// 401 `unauthenticated` (problem+json, the contract's slug) unless the caller
 /// presents the node credential.
 async fn require_credential(
-    State(registry): State<Registry>,
+    State(credentials): State<NodeCredentials>,
     request: HttpRequest,
     next: Next,
 ) -> HttpResponse {
-    if registry.credentials().check(request.headers()) {
+    if credentials.check(request.headers()) {
         return next.run(request).await;
     }
     tracing::warn!(path = %request.uri().path(), "raft request without the node credential refused");
@@ -272,28 +336,31 @@ fn bad_request(e: bincode::error::DecodeError) -> HttpResponse {
     (StatusCode::BAD_REQUEST, format!("undecodable body: {e}")).into_response()
 }
 
-async fn append(State(registry): State<Registry>, body: Bytes) -> HttpResponse {
-    let request: AppendEntriesRequest<TypeConfig> = match codec::decode(&body) {
+async fn append<C: NodeGroup>(State(raft): State<openraft::Raft<C>>, body: Bytes) -> HttpResponse {
+    let request: AppendEntriesRequest<C> = match codec::decode(&body) {
         Ok(request) => request,
         Err(e) => return bad_request(e),
     };
-    reply(&registry.raft().append_entries(request).await)
+    reply(&raft.append_entries(request).await)
 }
 
-async fn vote(State(registry): State<Registry>, body: Bytes) -> HttpResponse {
+async fn vote<C: NodeGroup>(State(raft): State<openraft::Raft<C>>, body: Bytes) -> HttpResponse {
     let request: VoteRequest<NodeId> = match codec::decode(&body) {
         Ok(request) => request,
         Err(e) => return bad_request(e),
     };
-    reply(&registry.raft().vote(request).await)
+    reply(&raft.vote(request).await)
 }
 
-async fn snapshot(State(registry): State<Registry>, body: Bytes) -> HttpResponse {
-    let request: InstallSnapshotRequest<TypeConfig> = match codec::decode(&body) {
+async fn snapshot<C: NodeGroup>(
+    State(raft): State<openraft::Raft<C>>,
+    body: Bytes,
+) -> HttpResponse {
+    let request: InstallSnapshotRequest<C> = match codec::decode(&body) {
         Ok(request) => request,
         Err(e) => return bad_request(e),
     };
-    reply(&registry.raft().install_snapshot(request).await)
+    reply(&raft.install_snapshot(request).await)
 }
 
 async fn write(State(registry): State<Registry>, body: Bytes) -> HttpResponse {

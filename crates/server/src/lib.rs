@@ -82,7 +82,15 @@ pub async fn serve(
 ) -> Result<(), Error> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let raft_addr = raft_listener.local_addr()?;
-    let raft_app = keyhold_registry::raft_router(node.registry().clone());
+    // The registry's routes and the region group's, each under its group's name.
+    let region_group = keyhold_store::raft::group_name(node.region());
+    let raft_app = keyhold_registry::raft_router(node.registry().clone()).merge(
+        keyhold_registry::group_router(
+            &region_group,
+            node.store().group().raft().clone(),
+            node.credentials().clone(),
+        ),
+    );
     let mut raft_stop = stop_rx.clone();
     let raft_server = tokio::spawn(async move {
         axum::serve(raft_listener, raft_app)

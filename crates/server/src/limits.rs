@@ -52,7 +52,7 @@ pub const TENANT_NEW_KEYS_PER_SECOND_DEFAULT: u32 = 500;
 /// Demo tenants of `keyhold up` must sustain load tests (contract: >= 20,000/s).
 pub const DEMO_TENANT_REQUESTS_PER_SECOND: u32 = 50_000;
 /// How often the sweeper looks for expired entries, and how many it deletes per
-/// command (each command is one short turn of the apply thread).
+/// command (each command is one short apply in the region state machine).
 pub const SWEEP_INTERVAL_MS_DEFAULT: u64 = 1_000;
 pub const SWEEP_COMMANDS_PER_ROUND_MAX: usize = 64;
 /// Whole-request timeout: longer than the in-flight wait plus a slow fsync.

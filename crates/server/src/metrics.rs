@@ -2,8 +2,12 @@
 //! every node in the process (tests start several) shares it; series carry no
 //! tenant ids, only routes and outcomes.
 
+use keyhold_registry::types::RaftMetrics;
+use keyhold_registry::NodeId;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use std::sync::OnceLock;
+use openraft::ServerState;
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
@@ -32,4 +36,70 @@ pub fn handle() -> &'static PrometheusHandle {
         }
         handle
     })
+}
+
+/// The roles a Raft member can have, as `keyhold_raft_role{role}` labels.
+const RAFT_ROLES: [(ServerState, &str); 4] = [
+    (ServerState::Leader, "leader"),
+    (ServerState::Follower, "follower"),
+    (ServerState::Candidate, "candidate"),
+    (ServerState::Learner, "learner"),
+];
+
+/// The term each group had at the previous scrape, per node (tests run several
+/// nodes in one process), so that elections can be counted from term increases.
+static TERMS_SEEN: Mutex<Option<HashMap<(NodeId, String), u64>>> = Mutex::new(None);
+
+/// Gauges of one Raft group this node is a member of (the registry, its region's
+/// store), sampled when scraped; every series carries `group`:
+/// `keyhold_raft_role{role}` (1 for this member's role, 0 for the others),
+/// `keyhold_raft_term`, `keyhold_raft_last_log_index`, `keyhold_raft_applied_index`,
+/// `keyhold_raft_purged_index`, `keyhold_raft_has_leader`,
+/// `keyhold_raft_replication_lag_entries{follower}` (on the leader: entries each
+/// other member has not matched; 0 elsewhere, so a former leader leaves no stale
+/// value), and the counter `keyhold_raft_elections_total` (term increases seen
+/// between scrapes: every election raises the term at least once).
+pub fn record_raft_group(group: &str, raft: &RaftMetrics, members: impl Iterator<Item = NodeId>) {
+    let group = group.to_owned();
+    for (state, role) in RAFT_ROLES {
+        let on = if raft.state == state { 1.0 } else { 0.0 };
+        metrics::gauge!("keyhold_raft_role", "group" => group.clone(), "role" => role).set(on);
+    }
+    metrics::gauge!("keyhold_raft_term", "group" => group.clone()).set(raft.current_term as f64);
+    let last = raft.last_log_index.unwrap_or(0);
+    metrics::gauge!("keyhold_raft_last_log_index", "group" => group.clone()).set(last as f64);
+    let applied = raft.last_applied.map_or(0, |id| id.index);
+    metrics::gauge!("keyhold_raft_applied_index", "group" => group.clone()).set(applied as f64);
+    let purged = raft.purged.map_or(0, |id| id.index);
+    metrics::gauge!("keyhold_raft_purged_index", "group" => group.clone()).set(purged as f64);
+    let has_leader = if raft.current_leader.is_some() {
+        1.0
+    } else {
+        0.0
+    };
+    metrics::gauge!("keyhold_raft_has_leader", "group" => group.clone()).set(has_leader);
+    let matched = raft.replication.clone().unwrap_or_default();
+    for member in members.filter(|id| *id != raft.id) {
+        let lag = match matched.get(&member) {
+            Some(m) => last.saturating_sub(m.map_or(0, |l| l.index)),
+            None => 0,
+        };
+        metrics::gauge!(
+            "keyhold_raft_replication_lag_entries",
+            "group" => group.clone(),
+            "follower" => member.to_string()
+        )
+        .set(lag as f64);
+    }
+    let elections = {
+        let mut seen = TERMS_SEEN
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let previous = seen
+            .get_or_insert_with(HashMap::new)
+            .insert((raft.id, group.clone()), raft.current_term);
+        // The first scrape after start-up has nothing to compare with.
+        previous.map_or(0, |term| raft.current_term.saturating_sub(term))
+    };
+    metrics::counter!("keyhold_raft_elections_total", "group" => group).increment(elections);
 }

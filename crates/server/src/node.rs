@@ -100,7 +100,7 @@ impl Node {
         // The region's store is its own Raft group, of which this node is the
         // only voter so far, under the same id and addresses as in the registry.
         let member = Member {
-            group: format!("region-{}", config.region),
+            group: keyhold_store::raft::group_name(&config.region),
             node: config.node_id,
             info: info.clone(),
         };

@@ -2,8 +2,8 @@
 //! batches, walking the store's expiry index.
 //!
 //! Reads already treat expired entries as absent, so the sweeper only reclaims
-//! space; each sweep command is one short turn of the apply thread, so writers
-//! are never blocked for long.
+//! space; each sweep command is one short apply in the region state machine, so
+//! writers are never blocked for long.
 
 use crate::limits::SWEEP_COMMANDS_PER_ROUND_MAX;
 use crate::node::{now, Node};

@@ -109,6 +109,8 @@ fn the_source_scan_finds_the_metrics_the_alerts_rest_on() {
         "keyhold_store_healthy",
         "keyhold_outbox_lag_seconds",
         "keyhold_operation_stalled_seconds",
+        "keyhold_raft_replication_lag_entries",
+        "keyhold_raft_elections_total",
     ] {
         assert!(names.contains(name), "{name} not found in {names:?}");
     }

@@ -12,7 +12,6 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use keyhold_core::UnixMillis;
 use keyhold_store::{Applied, Command, CommitStats, Error, Store};
 
 #[path = "../tests/common/mod.rs"]
@@ -26,16 +25,6 @@ const COMMANDS_PER_SMOKE_RUN: u64 = 320;
 const CLIENTS: [u64; 3] = [1, 16, 64];
 /// Writes of the fsync probe.
 const PROBE_FSYNCS: u32 = 200;
-
-fn new_order(n: u64) -> Command {
-    common::create(
-        &format!("key-{n}"),
-        &format!("client-{n}"),
-        "fp",
-        &format!("ord_{n}"),
-        UnixMillis(common::T0.0 + n),
-    )
-}
 
 /// 4 KiB write + fsync, repeated: the disk's fsync rate right now.
 fn fsync_probe(dir: &Path) -> f64 {
@@ -55,7 +44,7 @@ where
         let execute = execute.clone();
         tasks.spawn(async move {
             for i in 0..per_client {
-                let answer = execute(new_order(1 + client * per_client + i)).await;
+                let answer = execute(common::new_order(1 + client * per_client + i)).await;
                 assert!(answer.is_ok(), "{answer:?}");
             }
         });

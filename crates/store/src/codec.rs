@@ -4,7 +4,9 @@
 //!
 //! The stamp once told readers whether a value was durable yet; since the region
 //! is a Raft state machine, every applied value is committed and nobody waits on
-//! it, but it stays in the format: it says which entry last wrote a value. The
+//! it, but it stays in the format: it says which entry last wrote a value (a
+//! value migrated from storage format 1 keeps its old batch number, which may be
+//! above the region log's indexes: nothing compares stamps for order). The
 //! version byte lets a later release read values written by this one.
 
 use crate::Error;

@@ -382,8 +382,8 @@ pub struct SweepOutcome {
 
 /// Why the state machine refused a command. A refused command writes nothing and
 /// is an answer like any other: the same log replays to the same refusal, so a
-/// refusal in the write-ahead log (or, later, in a Raft log, where an apply error
-/// is fatal on every replica) never stops a restart. Errors of the store itself
+/// refusal in the region's Raft log (where an apply error is fatal on every
+/// replica) never stops a restart. Errors of the store itself
 /// (I/O, a stored value that does not decode) stay `Error`s.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
 pub enum Rejection {

@@ -4,23 +4,25 @@
 //!
 //! Format 1 (no marker) was a sled tree with a write-ahead log beside it
 //! (`db/`, `commands.wal`); format 2 keeps the region in its Raft group's log
-//! and state machine (`log/`, `db/`, `snapshots/`, see `raft`). A directory of
-//! another format is refused with an error naming it and what to do, never
-//! opened as if it were empty: a format-1 directory's `db/` would otherwise be
-//! taken for the state machine without the commands only its log held.
+//! and state machine (`log/`, `db/`, `snapshots/`, see `raft`). A format-1
+//! directory is migrated in place (`format1.rs`: the log's missing batches are
+//! applied to the tree in `db/`, which format 2's state machine keeps, and the
+//! log is removed), and the marker is written last: it is the migration's
+//! commit point, and a crash before it migrates again on the next open. Never is
+//! a format-1 `db/` taken for the state machine without the commands only its log
+//! held. A directory of another format, or a non-empty one without any format, is
+//! refused with an error naming it and what to do.
 
 use std::fs::File;
 use std::io::Write;
 use std::path::Path;
 
-use crate::Error;
+use crate::{format1, Error};
 
 /// The format this build reads and writes.
 pub const STORAGE_FORMAT: u32 = 2;
 const MARKER: &str = "FORMAT";
 const MARKER_TEMPORARY: &str = "FORMAT.tmp";
-/// Entries of a format-1 directory.
-const FORMAT_1_ENTRIES: [&str; 2] = ["commands.wal", "db"];
 
 fn refuse(dir: &Path, reason: impl Into<String>) -> Error {
     Error::DataDir {
@@ -29,8 +31,9 @@ fn refuse(dir: &Path, reason: impl Into<String>) -> Error {
     }
 }
 
-/// Checks that `dir` holds a region store of `STORAGE_FORMAT`, or makes an empty
-/// (or missing) `dir` one by writing the marker. Blocking.
+/// Checks that `dir` holds a region store of `STORAGE_FORMAT`, migrates one of
+/// format 1 to it, or makes an empty (or missing) `dir` one by writing the
+/// marker. Blocking.
 pub(crate) fn check_or_create(dir: &Path) -> Result<(), Error> {
     std::fs::create_dir_all(dir).map_err(Error::Io)?;
     match std::fs::read_to_string(dir.join(MARKER)) {
@@ -38,18 +41,9 @@ pub(crate) fn check_or_create(dir: &Path) -> Result<(), Error> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(Error::Io(e)),
     }
-    if FORMAT_1_ENTRIES.iter().any(|name| dir.join(name).exists()) {
-        return Err(refuse(
-            dir,
-            format!(
-                "it holds storage format 1 (a sled tree with a write-ahead log, \
-                 commands.wal), which this release no longer reads; this release keeps \
-                 the region in a Raft log (format {STORAGE_FORMAT}). To keep the data, run \
-                 the previous release on it and move its tenants to another region \
-                 (planned moves), then start this node with an empty directory here; to \
-                 discard the data, remove the directory"
-            ),
-        ));
+    if format1::ENTRIES.iter().any(|name| dir.join(name).exists()) {
+        format1::migrate(dir, &[MARKER_TEMPORARY])?;
+        return write_marker(dir);
     }
     for entry in std::fs::read_dir(dir).map_err(Error::Io)? {
         let name = entry.map_err(Error::Io)?.file_name();
@@ -115,15 +109,20 @@ mod tests {
     }
 
     #[test]
-    fn a_format_1_dir_is_refused_with_what_to_do() {
-        for entry in FORMAT_1_ENTRIES {
+    fn a_format_1_dir_with_an_empty_log_or_without_one_is_migrated() {
+        for entry in format1::ENTRIES {
             let dir = tempfile::tempdir().unwrap();
-            std::fs::create_dir(dir.path().join(entry)).unwrap();
-            let error = check_or_create(dir.path()).unwrap_err().to_string();
-            assert!(error.contains("format 1"), "{error}");
-            assert!(error.contains(&dir.path().display().to_string()), "{error}");
-            assert!(error.contains("move its tenants"), "{error}");
-            assert!(!dir.path().join(MARKER).exists());
+            let path = dir.path().join(entry);
+            if entry == "db" {
+                std::fs::create_dir(&path).unwrap();
+            } else {
+                std::fs::write(&path, b"").unwrap();
+            }
+            check_or_create(dir.path()).unwrap();
+            assert!(dir.path().join(MARKER).exists());
+            assert!(dir.path().join("db").exists());
+            assert!(!dir.path().join("commands.wal").exists());
+            check_or_create(dir.path()).unwrap();
         }
     }
 

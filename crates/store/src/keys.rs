@@ -166,10 +166,13 @@ pub fn cursor(consumer: &str) -> Vec<u8> {
     key
 }
 
+/// Prefix of the consumers' cursor generations.
+pub const CURSOR_GENERATION_PREFIX: &[u8] = b"scursor_gen:";
+
 /// The generation of a consumer's cursor (the batch number of the last outbox
 /// replay): a cursor move read before a replay carries an older one and is dropped.
 pub fn cursor_generation(consumer: &str) -> Vec<u8> {
-    let mut key = b"scursor_gen:".to_vec();
+    let mut key = CURSOR_GENERATION_PREFIX.to_vec();
     key.extend_from_slice(consumer.as_bytes());
     key
 }

@@ -17,9 +17,18 @@
 //! **Architecture Invariant:** the store knows nothing of HTTP or routing; it
 //! speaks in commands and outcomes from `keyhold-core`.
 
+// Unit tests share the integration tests' commands (`tests/common`), which name
+// this crate as its users do.
+#[cfg(test)]
+extern crate self as keyhold_store;
+#[cfg(test)]
+#[path = "../tests/common/mod.rs"]
+mod test_common;
+
 mod codec;
 pub mod command;
 mod format;
+mod format1;
 mod keys;
 pub mod limits;
 mod machine;
@@ -64,6 +73,11 @@ pub enum Error {
     /// Building, reading or installing a region snapshot failed.
     #[error("snapshot: {0}")]
     Snapshot(String),
+    /// This member of the region group does not lead it; `leader` does, if known.
+    #[error("not the region group's leader (leader: {leader:?})")]
+    NotLeader {
+        leader: Option<keyhold_raftlog::NodeId>,
+    },
     /// The directory does not hold a region store this release can open.
     #[error("region store in {}: {reason}", dir.display())]
     DataDir { dir: PathBuf, reason: String },
@@ -108,9 +122,10 @@ impl std::fmt::Debug for Store {
 
 impl Store {
     /// Opens (or creates) the store in `dir` as the only voter of its region group,
-    /// `member`: checks the directory's storage format (`format.rs`), starts the
-    /// group, and returns once this node leads it and has applied every committed
-    /// entry. The group stops with `shutdown`, or when the last handle is dropped.
+    /// `member`: checks the directory's storage format (`format.rs`; a directory
+    /// of format 1 is migrated first, `format1.rs`), starts the group, and
+    /// returns once this node leads it and has applied every committed entry. The
+    /// group stops with `shutdown`, or when the last handle is dropped.
     pub async fn open(dir: &Path, member: raft::Member) -> Result<Store, Error> {
         let owned = dir.to_path_buf();
         tokio::task::spawn_blocking(move || format::check_or_create(&owned))
@@ -138,6 +153,12 @@ impl Store {
 
     pub fn stats(&self) -> &CommitStats {
         self.inner.group.stats()
+    }
+
+    /// The region group this store writes through (its Raft instance serves the
+    /// group's routes on the node's Raft listener).
+    pub fn group(&self) -> &raft::RegionGroup {
+        &self.inner.group
     }
 
     /// True while the region group takes commands and its last write succeeded.

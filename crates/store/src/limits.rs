@@ -26,6 +26,11 @@ pub const SLED_FLUSH_EVERY_MS: u64 = 5_000;
 /// largest command the server builds: a move's import page (64 MiB body).
 pub const COMMAND_BYTES_MAX: usize = 128 * 1024 * 1024;
 
+/// A record of a storage-format-1 write-ahead log claiming more than this is
+/// corrupt (a record is one commit batch, bounded by its command count); read
+/// only when migrating such a directory.
+pub const FORMAT_1_RECORD_BYTES_MAX: usize = 512 * 1024 * 1024;
+
 /// Largest key or value a region snapshot file may hold; a length above it means a
 /// corrupt file and is refused before anything is allocated. Values are at most an
 /// imported payload, itself at most a command.
@@ -53,6 +58,7 @@ pub const REGION_SNAPSHOT_LOGS_SINCE_LAST: u64 = 10_000;
 const _: () = assert!(BATCH_COMMANDS_MAX <= QUEUE_COMMANDS_MAX);
 const _: () = assert!(SWEEP_ENTRIES_MAX <= BATCH_COMMANDS_MAX);
 const _: () = assert!(ERASE_ENTRIES_MAX <= BATCH_COMMANDS_MAX);
+const _: () = assert!(COMMAND_BYTES_MAX <= FORMAT_1_RECORD_BYTES_MAX);
 const _: () = assert!(SNAPSHOT_IO_BUFFER_BYTES <= SNAPSHOT_INSTALL_BATCH_BYTES_MAX);
 const _: () = assert!(REGION_HEARTBEAT_INTERVAL_MS < REGION_ELECTION_TIMEOUT_MIN_MS);
 const _: () = assert!(REGION_ELECTION_TIMEOUT_MIN_MS < REGION_ELECTION_TIMEOUT_MAX_MS);

@@ -130,27 +130,79 @@ async fn reopen_keeps_state_and_reads_do_not_wait() {
     assert!(store.order("ord_2").await.unwrap().is_some());
 }
 
-/// A directory of the write-ahead-log layout (storage format 1) is refused with an
-/// error naming it, never opened as an empty region; a new one gets the format
-/// marker.
+/// A directory of the write-ahead-log layout (storage format 1) is migrated, not
+/// opened as if its tree were the whole region (the migration's own tests, with
+/// orders in the tree and the log, are in `format1.rs`); a new one gets the
+/// format marker, and so does the migrated one, last.
 #[tokio::test]
-async fn a_format_1_directory_is_refused_and_a_new_one_is_marked() {
+async fn a_format_1_directory_is_migrated_and_a_new_one_is_marked() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir(dir.path().join("db")).unwrap();
     std::fs::write(dir.path().join("commands.wal"), b"").unwrap();
-    match Store::open(dir.path(), common::member()).await {
-        Err(keyhold_store::Error::DataDir { dir: named, reason }) => {
-            assert_eq!(named, dir.path());
-            assert!(reason.contains("format 1"), "{reason}");
-        }
-        other => panic!("expected a refusal, got {other:?}"),
-    }
+    let migrated = common::open(dir.path()).await;
+    assert!(!dir.path().join("commands.wal").exists());
+    order(&migrated, create("k1", "c1", "fp", "ord_1", T0)).await;
+    migrated.shutdown().await.unwrap();
     let fresh = tempfile::tempdir().unwrap();
     let store = common::open(fresh.path()).await;
-    let marker = std::fs::read_to_string(fresh.path().join("FORMAT")).unwrap();
-    assert_eq!(marker.trim(), keyhold_store::STORAGE_FORMAT.to_string());
+    for marked in [dir.path(), fresh.path()] {
+        let marker = std::fs::read_to_string(marked.join("FORMAT")).unwrap();
+        assert_eq!(marker.trim(), keyhold_store::STORAGE_FORMAT.to_string());
+    }
     assert_eq!(keyhold_store::STORAGE_FORMAT, 2);
     store.shutdown().await.unwrap();
+}
+
+/// Copies a directory tree (a fixture into a scratch directory).
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+/// A directory the previous release wrote (`tests/fixtures/format1-region`: orders
+/// 1-4 flushed, orders 5-8 in its write-ahead log after a crash) opens with every
+/// order, each retry replaying the stored answer, and the outbox gapless; the
+/// store takes new orders and opens again.
+#[tokio::test]
+async fn a_directory_the_previous_release_wrote_is_migrated() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/format1-region");
+    copy_dir(&fixture, dir.path());
+    std::fs::remove_file(dir.path().join("README.md")).unwrap();
+    let orders = |last: u64| (1..=last).map(common::new_order).collect::<Vec<_>>();
+    for reopen in [false, true] {
+        let store = common::open(dir.path()).await;
+        let last = if reopen { 9 } else { 8 };
+        for (n, command) in (1..=last).zip(orders(last)) {
+            let OrderOutcome::Replayed { response } = order(&store, command).await else {
+                panic!("order {n} did not replay");
+            };
+            assert_eq!(response.status, 201);
+            let location = ("location".to_string(), format!("/v1/orders/ord_{n}"));
+            assert!(response.headers.contains(&location), "order {n}");
+        }
+        common::assert_outbox_gapless(&store, last).await;
+        // The old batch number of the replay is gone (see `format1.rs`).
+        assert_eq!(store.cursor_at("payments").await.unwrap().generation, 0);
+        if !reopen {
+            let created = order(&store, common::new_order(9)).await;
+            assert!(
+                matches!(created, OrderOutcome::Created { .. }),
+                "{created:?}"
+            );
+        }
+        store.shutdown().await.unwrap();
+    }
+    assert!(!dir.path().join("commands.wal").exists());
 }
 
 #[tokio::test]

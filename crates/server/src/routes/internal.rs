@@ -12,7 +12,7 @@
 //! running (the tenant `moving` under that operation, at that epoch, from or to
 //! this region): a late or replayed call for a move that ended is 409
 //! `conflict` and changes nothing. The store checks the same scope again in its
-//! apply thread (`Command::Fence` / `Command::Import` are refused once it owns
+//! state machine (`Command::Fence` / `Command::Import` are refused once it owns
 //! the tenant at a later epoch), so a call that passed this check just before
 //! the registry moved on still cannot overwrite the new home.
 

@@ -58,27 +58,26 @@ pub async fn metrics(State(node): State<Arc<Node>>) -> Response {
 }
 
 /// The gauges the alert rules in deploy/prometheus watch, sampled when scraped:
-/// whether the store and the registry can serve, how far each registry
-/// follower trails the leader, and how long running operations have gone
-/// without progress.
+/// whether the store and the registry can serve, the state of every Raft group
+/// this node is a member of (role, term, indexes, follower lag, elections), and
+/// how long running operations have gone without progress.
 fn health_gauges(node: &Node) {
     let flag = |b: bool| if b { 1.0 } else { 0.0 };
     metrics::gauge!("keyhold_store_healthy").set(flag(node.store().is_healthy()));
     let registry = node.registry();
     metrics::gauge!("keyhold_registry_has_leader").set(flag(registry.leader().is_some()));
-    // Only the leader knows what its followers have matched; elsewhere every
-    // follower's lag reads 0 so a former leader leaves no stale value behind.
-    let raft = registry.metrics();
-    let last = raft.last_log_index.unwrap_or(0);
-    let matched = raft.replication.unwrap_or_default();
-    for id in registry.nodes().keys().filter(|id| **id != registry.id()) {
-        let lag = match matched.get(id) {
-            Some(m) => last.saturating_sub(m.map_or(0, |l| l.index)),
-            None => 0,
-        };
-        metrics::gauge!("keyhold_registry_replication_lag_entries", "follower" => id.to_string())
-            .set(lag as f64);
-    }
+    crate::metrics::record_raft_group(
+        "registry",
+        &registry.metrics(),
+        registry.nodes().into_keys(),
+    );
+    // The region group: this node is its only member until regions have several.
+    let region_group = format!("region-{}", node.region());
+    crate::metrics::record_raft_group(
+        &region_group,
+        &node.store().group().metrics(),
+        std::iter::empty(),
+    );
     let now_ms = crate::node::now().0;
     let mut running = 0u64;
     let mut stalled_ms = 0u64;

@@ -9,9 +9,12 @@
 //! queue up and form the next, so one log fsync carries many commands under load,
 //! although openraft 0.9 flushes once per `client_write` (see `CommandBatch`).
 //!
-//! Only single-voter groups start here so far (`start_single_voter`): their Raft
-//! network answers every RPC with `Unreachable`, as a group without peers never
-//! sends one. Multi-node regions need the HTTP transport with the group in the path.
+//! A node's store starts its group as the only voter (`start_single_voter`), whose
+//! Raft network answers every RPC with `Unreachable`, as a group without peers never
+//! sends one. `start` takes any network and `Bootstrap`: the registry crate's HTTP
+//! transport (`HttpNetwork`, `/raft/region-<name>/...`) replicates a group across
+//! the nodes of a region. A writer on a member that does not lead answers
+//! `Error::NotLeader`; it appends nothing.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -19,7 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use keyhold_raftlog::{NodeId, NodeInfo};
-use openraft::error::{InstallSnapshotError, RPCError, RaftError, Unreachable};
+use openraft::error::{ClientWriteError, InstallSnapshotError, RPCError, RaftError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
@@ -28,7 +31,10 @@ use openraft::raft::{
 use openraft::{AnyError, ServerState};
 use tokio::sync::{mpsc, watch};
 
-use super::{CommandBatch, EntryOutcome, RegionConfig, RegionRaft, RegionStateMachine};
+use super::{
+    CommandBatch, EntryOutcome, Member, RegionConfig, RegionRaft, RegionRaftMetrics,
+    RegionStateMachine,
+};
 use crate::command::{Applied, Command};
 use crate::limits::{
     BATCH_COMMANDS_MAX, QUEUE_COMMANDS_MAX, REGION_ELECTION_TIMEOUT_MAX_MS,
@@ -37,6 +43,18 @@ use crate::limits::{
 };
 use crate::stats::CommitStats;
 use crate::{Error, Job};
+
+/// How a replica that starts with an empty log enters its group.
+#[derive(Debug, Clone)]
+pub enum Bootstrap {
+    /// It initializes the group with these voters (on a replica that holds a log
+    /// already, nothing happens). Every voter may do so with the same set:
+    /// openraft writes the same first entry on each.
+    Voters(BTreeMap<NodeId, NodeInfo>),
+    /// It waits to be added by the leader (as a learner, then perhaps a voter),
+    /// receiving the log or a snapshot from it.
+    Joiner,
+}
 
 /// A running region group on this node. Cheap to clone.
 #[derive(Clone)]
@@ -123,27 +141,22 @@ fn raft_config(group: &str) -> Result<openraft::Config, Error> {
 
 impl RegionGroup {
     /// Opens the group `group` in `dir` as its only voter, `node` (initializing it on
-    /// first start), waits until this node leads it, and starts the writer.
+    /// first start), waits until this node leads it and has applied every committed
+    /// entry, and starts the writer.
     pub async fn start_single_voter(
         dir: &Path,
         group: &str,
         node: NodeId,
         info: NodeInfo,
     ) -> Result<RegionGroup, Error> {
-        let owned_dir = dir.to_path_buf();
-        let owned_group = group.to_string();
-        let (log, state_machine) =
-            tokio::task::spawn_blocking(move || super::open(&owned_dir, &owned_group))
-                .await
-                .map_err(|e| Error::Raft(format!("open task: {e}")))??;
-        let config = Arc::new(raft_config(group)?);
-        let raft = RegionRaft::new(node, config, NoPeers, log, state_machine.clone())
-            .await
-            .map_err(|e| Error::Raft(e.to_string()))?;
-        match raft.initialize(BTreeMap::from([(node, info)])).await {
-            Ok(()) | Err(RaftError::APIError(openraft::error::InitializeError::NotAllowed(_))) => {}
-            Err(e) => return Err(Error::Raft(format!("initialize: {e}"))),
-        }
+        let member = Member {
+            group: group.to_string(),
+            node,
+            info: info.clone(),
+        };
+        let voters = Bootstrap::Voters(BTreeMap::from([(node, info)]));
+        let started = Self::start(dir, &member, NoPeers, voters).await?;
+        let raft = &started.inner.raft;
         let leader_wait = Duration::from_millis(REGION_LEADER_WAIT_MS);
         raft.wait(Some(leader_wait))
             .state(ServerState::Leader, "single voter leads its region group")
@@ -158,6 +171,35 @@ impl RegionGroup {
                 Error::Raft("the log's committed entries were not applied in time".into())
             })?
             .map_err(|e| Error::Raft(format!("applying the log's committed entries: {e}")))?;
+        Ok(started)
+    }
+
+    /// Opens `member`'s replica of its group in `dir` with `network` to reach the
+    /// other members, initializes the group as `bootstrap` says, and starts the
+    /// writer. Returns without waiting for a leader.
+    pub async fn start<N: RaftNetworkFactory<RegionConfig>>(
+        dir: &Path,
+        member: &Member,
+        network: N,
+        bootstrap: Bootstrap,
+    ) -> Result<RegionGroup, Error> {
+        let owned_dir = dir.to_path_buf();
+        let owned_group = member.group.clone();
+        let (log, state_machine) =
+            tokio::task::spawn_blocking(move || super::open(&owned_dir, &owned_group))
+                .await
+                .map_err(|e| Error::Raft(format!("open task: {e}")))??;
+        let config = Arc::new(raft_config(&member.group)?);
+        let raft = RegionRaft::new(member.node, config, network, log, state_machine.clone())
+            .await
+            .map_err(|e| Error::Raft(e.to_string()))?;
+        if let Bootstrap::Voters(voters) = bootstrap {
+            match raft.initialize(voters).await {
+                Ok(())
+                | Err(RaftError::APIError(openraft::error::InitializeError::NotAllowed(_))) => {}
+                Err(e) => return Err(Error::Raft(format!("initialize: {e}"))),
+            }
+        }
         let (jobs, rx) = mpsc::channel(QUEUE_COMMANDS_MAX);
         let stats = Arc::new(CommitStats::default());
         tokio::spawn(write_loop(raft.clone(), rx, stats.clone()));
@@ -169,6 +211,11 @@ impl RegionGroup {
                 stats,
             }),
         })
+    }
+
+    /// The group's Raft instance: for its RPC router and for metrics.
+    pub fn raft(&self) -> &RegionRaft {
+        &self.inner.raft
     }
 
     /// Executes one command; answers once the entry holding it is applied. A command
@@ -195,6 +242,12 @@ impl RegionGroup {
         !self.inner.jobs.is_closed()
             && !self.inner.stats.failed()
             && self.inner.raft.metrics().borrow().running_state.is_ok()
+    }
+
+    /// A snapshot of openraft's metrics of this group (role, term, log, applied and
+    /// purged indexes, what each follower matched when this node leads).
+    pub fn metrics(&self) -> RegionRaftMetrics {
+        self.inner.raft.metrics().borrow().clone()
     }
 
     /// A receiver of the last applied log index.
@@ -240,9 +293,19 @@ async fn write_loop(raft: RegionRaft, mut jobs: mpsc::Receiver<Job>, stats: Arc<
                     return;
                 }
             },
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
+                // Another member leads (or nobody yet): nothing of this entry was
+                // appended here; the callers may go to the leader.
+                for job in pending.drain(..) {
+                    let _ = job.reply.send(Err(Error::NotLeader {
+                        leader: forward.leader_id,
+                    }));
+                }
+                continue;
+            }
             Err(e) => {
-                // Not the leader any more, or Raft stopped: a caller's retry with the
-                // same key replays whatever of this entry was committed.
+                // Raft stopped or failed: a caller's retry with the same key replays
+                // whatever of this entry was committed.
                 tracing::error!(error = %e, "region group write failed; refusing further commands");
                 fail(&stats, &mut pending);
                 return;

@@ -28,7 +28,7 @@ use std::path::Path;
 use keyhold_raftlog::{LogTrees, NodeId, NodeInfo};
 use serde::{Deserialize, Serialize};
 
-pub use self::group::RegionGroup;
+pub use self::group::{Bootstrap, RegionGroup};
 pub use self::state_machine::RegionStateMachine;
 use crate::command::{Applied, Command};
 use crate::limits::SLED_FLUSH_EVERY_MS;
@@ -70,6 +70,8 @@ openraft::declare_raft_types!(
 
 /// A region group's Raft instance.
 pub type RegionRaft = openraft::Raft<RegionConfig>;
+/// openraft's metrics of a region group.
+pub type RegionRaftMetrics = openraft::RaftMetrics<NodeId, NodeInfo>;
 /// A region group's log.
 pub type RegionLogStore = keyhold_raftlog::LogStore<RegionConfig>;
 /// One entry of a region log.
@@ -90,6 +92,12 @@ pub struct Member {
     pub group: String,
     pub node: NodeId,
     pub info: NodeInfo,
+}
+
+/// The name of the Raft group of region `region`: `region-<region>`, also the
+/// segment of its Raft routes (`/raft/region-<region>/...`).
+pub fn group_name(region: &str) -> String {
+    format!("region-{region}")
 }
 
 /// The name of the region tree in the region's `Db`.

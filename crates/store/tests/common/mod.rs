@@ -55,6 +55,17 @@ pub fn create(
     }
 }
 
+/// A new order numbered `n`, with its own key, ids and instant.
+pub fn new_order(n: u64) -> Command {
+    create(
+        &format!("key-{n}"),
+        &format!("client-{n}"),
+        "fp",
+        &format!("ord_{n}"),
+        UnixMillis(T0.0 + n),
+    )
+}
+
 /// Re-runs this test binary as a child process that runs only the test `test`, with
 /// `env` set to `dir` (the child's cue to do its work) and its stdout piped to the
 /// caller, which reads the child's acknowledgements and then kills or reaps it.
@@ -82,4 +93,16 @@ pub async fn open(dir: &std::path::Path) -> keyhold_store::Store {
     keyhold_store::Store::open(dir, member())
         .await
         .expect("open the store")
+}
+
+/// Asserts that the outbox holds exactly the events numbered 1 to `last`.
+pub async fn assert_outbox_gapless(store: &keyhold_store::Store, last: u64) {
+    let seqs: Vec<u64> = store
+        .outbox_after(0, 1_000)
+        .await
+        .expect("read the outbox")
+        .iter()
+        .map(|e| e.seq)
+        .collect();
+    assert_eq!(seqs, (1..=last).collect::<Vec<_>>());
 }

@@ -4,12 +4,9 @@
 
 use std::collections::BTreeSet;
 
-use keyhold_core::UnixMillis;
 use keyhold_store::raft::{CommandBatch, Entry, EntryOutcome, LogId};
 use keyhold_store::{Applied, Command, OrderOutcome};
 use openraft::{CommittedLeaderId, EntryPayload, Membership};
-
-use crate::common::create;
 
 pub fn log_id(term: u64, index: u64) -> LogId {
     LogId::new(CommittedLeaderId::new(term, 1), index)
@@ -30,16 +27,7 @@ pub fn membership_entry(index: u64) -> Entry {
     }
 }
 
-/// A new order numbered `n`, with its own key, ids and instant.
-pub fn new_order(n: u64) -> Command {
-    create(
-        &format!("key-{n}"),
-        &format!("client-{n}"),
-        "fp",
-        &format!("ord_{n}"),
-        UnixMillis(crate::common::T0.0 + n),
-    )
-}
+pub use crate::common::new_order;
 
 /// An entry at `index` carrying one new order, numbered `index`.
 pub fn order_entry(index: u64) -> Entry {

@@ -1,0 +1,272 @@
+//! A region group replicated over the nodes' Raft transport: three voters of
+//! `region-eu` in this process, each with its own data directory and its own Raft
+//! listener on 127.0.0.1 port 0 serving the group's router
+//! (`/raft/region-eu/...`). Commands written on the leader are answered once a
+//! majority holds them; the routes refuse a caller without the node credential
+//! (401 `unauthenticated`); after the leader's Raft and listener stop (its task
+//! killed), the other two elect a new leader that holds every acknowledged command
+//! (each replays) and takes new ones. And a node with an empty directory, added as
+//! a learner after the leader purged its log behind a snapshot, catches up by
+//! that snapshot sent in chunks over the same transport.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use keyhold_registry::{group_router, HttpNetwork, NodeCredentials, NodeId, NodeInfo};
+use keyhold_store::raft::{Bootstrap, Member, RegionConfig, RegionGroup};
+use keyhold_store::{Applied, Error, OrderOutcome};
+use tokio::sync::oneshot;
+
+// The store's own test commands.
+#[path = "../../store/tests/common/mod.rs"]
+mod common;
+
+const GROUP: &str = "region-eu";
+const CREDENTIAL: &str = "region-raft-test-credential-0123456789";
+const VOTERS: [NodeId; 3] = [1, 2, 3];
+const ORDERS: u64 = 40;
+/// Elections and replication on a loaded machine.
+const WAIT: Duration = Duration::from_secs(20);
+
+/// One voter: its group, its Raft listener's task and the way to stop both.
+struct Voter {
+    id: NodeId,
+    group: RegionGroup,
+    stop_http: Option<oneshot::Sender<()>>,
+    http: tokio::task::JoinHandle<()>,
+    _dir: tempfile::TempDir,
+}
+
+impl Voter {
+    async fn start(
+        id: NodeId,
+        listener: tokio::net::TcpListener,
+        info: NodeInfo,
+        bootstrap: Bootstrap,
+    ) -> Voter {
+        let dir = tempfile::tempdir().unwrap();
+        let credentials = NodeCredentials::parse(CREDENTIAL).unwrap();
+        let member = Member {
+            group: GROUP.into(),
+            node: id,
+            info,
+        };
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let network = HttpNetwork::<RegionConfig>::new(client, GROUP, id, credentials.clone());
+        let group = RegionGroup::start(dir.path(), &member, network, bootstrap)
+            .await
+            .expect("start the region group");
+        let router = group_router(GROUP, group.raft().clone(), credentials);
+        let (stop_http, stopped) = oneshot::channel::<()>();
+        let http = tokio::spawn(async move {
+            axum::serve(listener, router)
+                .with_graceful_shutdown(async {
+                    let _ = stopped.await;
+                })
+                .await
+                .expect("raft listener");
+        });
+        Voter {
+            id,
+            group,
+            stop_http: Some(stop_http),
+            http,
+            _dir: dir,
+        }
+    }
+
+    /// Stops the voter's Raft and closes its listener, as if its process died.
+    async fn kill(mut self) {
+        self.group.raft().shutdown().await.expect("raft shutdown");
+        if let Some(stop) = self.stop_http.take() {
+            let _ = stop.send(());
+        }
+        self.http.abort();
+        let _ = self.http.await;
+    }
+}
+
+fn at(voters: &[Voter], id: NodeId) -> usize {
+    voters.iter().position(|v| v.id == id).unwrap()
+}
+
+/// The leader the voters agree on, other than `not`.
+async fn leader(voters: &[Voter], not: Option<NodeId>) -> NodeId {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let seen: Vec<Option<NodeId>> = voters
+            .iter()
+            .map(|v| v.group.raft().metrics().borrow().current_leader)
+            .collect();
+        if let Some(Some(id)) = seen.first() {
+            if seen.iter().all(|s| *s == Some(*id)) && Some(*id) != not {
+                return *id;
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no agreed leader: {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_voters_replicate_over_http_and_survive_the_leaders_loss() {
+    let mut listeners = Vec::new();
+    let mut addresses: Vec<SocketAddr> = Vec::new();
+    for _ in VOTERS {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        addresses.push(listener.local_addr().unwrap());
+        listeners.push(listener);
+    }
+    let infos: BTreeMap<NodeId, NodeInfo> = VOTERS
+        .iter()
+        .zip(&addresses)
+        .map(|(id, addr)| (*id, NodeInfo::new("eu", "-", addr.to_string())))
+        .collect();
+    let mut voters = Vec::new();
+    for (id, listener) in VOTERS.into_iter().zip(listeners) {
+        let bootstrap = Bootstrap::Voters(infos.clone());
+        voters.push(Voter::start(id, listener, infos[&id].clone(), bootstrap).await);
+    }
+
+    // Without the node credential the group's routes answer 401, before decoding.
+    let refused = reqwest::Client::new()
+        .post(format!("http://{}/raft/{GROUP}/vote", addresses[0]))
+        .body(vec![0u8; 8])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 401);
+    let problem: serde_json::Value = refused.json().await.unwrap();
+    assert!(problem["type"]
+        .as_str()
+        .unwrap()
+        .ends_with("/unauthenticated"));
+
+    let first = leader(&voters, None).await;
+    let writes = (1..=ORDERS).map(|n| {
+        let group = voters[at(&voters, first)].group.clone();
+        tokio::spawn(async move { group.execute(common::new_order(n)).await })
+    });
+    for write in writes.collect::<Vec<_>>() {
+        let answer = write.await.unwrap().expect("write on the leader");
+        assert!(
+            matches!(answer, Applied::Order(OrderOutcome::Created { .. })),
+            "{answer:?}"
+        );
+    }
+    // A follower's writer appends nothing and names the leader.
+    let follower = voters.iter().find(|v| v.id != first).unwrap();
+    match follower.group.execute(common::new_order(ORDERS + 1)).await {
+        Err(Error::NotLeader { leader }) => assert_eq!(leader, Some(first)),
+        other => panic!("a follower took a write: {other:?}"),
+    }
+
+    let old = voters.remove(at(&voters, first));
+    old.kill().await;
+    let second = leader(&voters, Some(first)).await;
+    let group = voters[at(&voters, second)].group.clone();
+    // Every acknowledged command is on the new leader: each replays.
+    for n in 1..=ORDERS {
+        let answer = group.execute(common::new_order(n)).await.expect("replay");
+        assert!(
+            matches!(answer, Applied::Order(OrderOutcome::Replayed { .. })),
+            "order {n}: {answer:?}"
+        );
+    }
+    let answer = group
+        .execute(common::new_order(ORDERS + 2))
+        .await
+        .expect("new write");
+    assert!(
+        matches!(answer, Applied::Order(OrderOutcome::Created { .. })),
+        "{answer:?}"
+    );
+    // Both survivors hold the same region.
+    let applied = group.raft().metrics().borrow().last_applied;
+    for voter in &voters {
+        voter
+            .group
+            .raft()
+            .wait(Some(WAIT))
+            .applied_index_at_least(applied.map(|id| id.index), "caught up")
+            .await
+            .expect("caught up");
+    }
+    assert_eq!(
+        voters[0].group.state_machine().entries_for_tests(),
+        voters[1].group.state_machine().entries_for_tests()
+    );
+    for voter in voters {
+        voter.kill().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_empty_learner_catches_up_by_snapshot_over_http() {
+    let mut listeners = Vec::new();
+    let mut infos = Vec::new();
+    for _ in 0..2 {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        infos.push(NodeInfo::new("eu", "-", addr));
+        listeners.push(listener);
+    }
+    let mut listeners = listeners.into_iter();
+    let voters = Bootstrap::Voters(BTreeMap::from([(1, infos[0].clone())]));
+    let leader = Voter::start(1, listeners.next().unwrap(), infos[0].clone(), voters).await;
+    let raft = leader.group.raft().clone();
+    raft.wait(Some(WAIT))
+        .current_leader(1, "the only voter leads")
+        .await
+        .unwrap();
+    for n in 1..=ORDERS {
+        let answer = leader.group.execute(common::new_order(n)).await.unwrap();
+        assert!(matches!(
+            answer,
+            Applied::Order(OrderOutcome::Created { .. })
+        ));
+    }
+    // A snapshot, and the log purged behind it: a new member can only get the
+    // region from the snapshot.
+    let last = raft.metrics().borrow().last_applied.unwrap();
+    raft.trigger().snapshot().await.unwrap();
+    raft.wait(Some(WAIT))
+        .snapshot(last, "snapshot of every order")
+        .await
+        .unwrap();
+    raft.trigger().purge_log(last.index).await.unwrap();
+    raft.wait(Some(WAIT))
+        .purged(Some(last), "log purged up to the snapshot")
+        .await
+        .unwrap();
+
+    let learner = Voter::start(
+        2,
+        listeners.next().unwrap(),
+        infos[1].clone(),
+        Bootstrap::Joiner,
+    )
+    .await;
+    raft.add_learner(2, infos[1].clone(), true)
+        .await
+        .expect("add the learner");
+    learner
+        .group
+        .raft()
+        .wait(Some(WAIT))
+        .applied_index_at_least(Some(last.index), "the learner has the snapshot")
+        .await
+        .unwrap();
+    let snapshot = learner.group.raft().metrics().borrow().snapshot;
+    assert_eq!(snapshot, Some(last), "installed from the leader's snapshot");
+    assert_eq!(
+        learner.group.state_machine().entries_for_tests(),
+        leader.group.state_machine().entries_for_tests()
+    );
+    learner.kill().await;
+    leader.kill().await;
+}
