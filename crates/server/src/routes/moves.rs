@@ -48,9 +48,9 @@ pub async fn start_move(
     let (bytes, _) = super::json_body(&node, &headers, body).await?;
     let req: MoveRequest =
         serde_json::from_slice(&bytes).map_err(|e| ApiError::invalid("", e.to_string()))?;
-    let Some(tenant) = node.registry().tenant(&tenant_id) else {
-        return Err(ApiError::new(Problem::NotFound));
-    };
+    // No check against this node's registry replica first: right after a restart
+    // it may not have applied the tenant's creation yet, and the registry leader
+    // decides anyway (an unknown tenant is refused there, answered 404 below).
     let operation_id = format!("op_{}", uuid::Uuid::now_v7().simple());
     let request = Request::BeginMove {
         tenant_id: tenant_id.clone(),
@@ -62,10 +62,11 @@ pub async fn start_move(
         node.registry().write(request).await.map_err(|e| {
             ApiError::new(Problem::StoreUnavailable).detail(format!("registry: {e}"))
         })?;
-    match &written.response {
-        RegistryResponse::MoveUpdated { .. } => {}
+    let (epoch, from) = match written.response {
+        RegistryResponse::MoveUpdated { record, operation } => (record.epoch, operation.from),
         RegistryResponse::Rejected { reason } => {
             return Err(match reason {
+                Rejection::UnknownTenant { .. } => ApiError::new(Problem::NotFound),
                 Rejection::UnknownRegion { .. }
                 | Rejection::AlreadyHome { .. }
                 | Rejection::Invalid { .. } => ApiError::invalid("/to", reason.to_string()),
@@ -79,15 +80,11 @@ pub async fn start_move(
             return Err(ApiError::new(Problem::StoreUnavailable)
                 .detail(format!("registry answered {other:?}")))
         }
-    }
-    metrics::counter!("keyhold_moves_started_total").increment(1);
-    let epoch = match &written.response {
-        RegistryResponse::MoveUpdated { record, .. } => record.epoch,
-        _ => tenant.epoch,
     };
+    metrics::counter!("keyhold_moves_started_total").increment(1);
     let job = MoveJob {
         tenant_id,
-        from: tenant.home_region,
+        from,
         to: req.to,
         operation_id: operation_id.clone(),
         epoch,
