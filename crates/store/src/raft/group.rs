@@ -193,7 +193,13 @@ impl RegionGroup {
         let raft = RegionRaft::new(member.node, config, network, log, state_machine.clone())
             .await
             .map_err(|e| Error::Raft(e.to_string()))?;
-        if let Bootstrap::Voters(voters) = bootstrap {
+        // Only a pristine replica is initialized: openraft refuses the others anyway,
+        // but logs that refusal as an error on every restart.
+        let pristine = !raft
+            .is_initialized()
+            .await
+            .map_err(|e| Error::Raft(format!("initialized check: {e}")))?;
+        if let (Bootstrap::Voters(voters), true) = (bootstrap, pristine) {
             match raft.initialize(voters).await {
                 Ok(())
                 | Err(RaftError::APIError(openraft::error::InitializeError::NotAllowed(_))) => {}
