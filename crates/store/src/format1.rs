@@ -66,9 +66,11 @@ pub(crate) fn migrate(dir: &Path, others_allowed: &[&str]) -> Result<(), Error> 
         }
     }
     let logged = read_log(dir)?;
-    let applied = apply_log(dir, logged)?;
+    let (db, machine) = open_tree(dir)?;
+    let applied = apply_log(&db, &machine, logged)?;
     remove_log(dir)?;
-    forget_format_1(dir)?;
+    forget_format_1(&db, &machine)?;
+    drop((machine, db));
     tracing::info!(
         dir = %dir.display(),
         applied,
@@ -173,8 +175,7 @@ fn open_tree(dir: &Path) -> Result<(sled::Db, Machine), Error> {
 /// Applies the logged batches newer than the tree's last whole batch, as format
 /// 1's open did (each command stamped with its batch number), and flushes.
 /// Returns how many commands it applied.
-fn apply_log(dir: &Path, logged: Vec<Logged>) -> Result<usize, Error> {
-    let (db, machine) = open_tree(dir)?;
+fn apply_log(db: &sled::Db, machine: &Machine, logged: Vec<Logged>) -> Result<usize, Error> {
     // Batch numbers increase through the log (`read_log` checks), so the records
     // to apply are those after the last whole batch.
     let last_batch: u64 = machine.get(KEY_LAST_BATCH)?.unwrap_or(0);
@@ -218,8 +219,7 @@ fn remove_log(dir: &Path) -> Result<(), Error> {
 /// relay compares generations for equality), so an outbox replay after the
 /// migration could look like none; without one a cursor reads generation 0,
 /// which no log entry's index is, and no relay round outlives the restart.
-fn forget_format_1(dir: &Path) -> Result<(), Error> {
-    let (db, machine) = open_tree(dir)?;
+fn forget_format_1(db: &sled::Db, machine: &Machine) -> Result<(), Error> {
     let mut batch = sled::Batch::default();
     batch.remove(KEY_LAST_BATCH);
     for item in machine.tree().scan_prefix(keys::CURSOR_GENERATION_PREFIX) {
@@ -349,7 +349,10 @@ mod tests {
         for steps in [1, 2] {
             let dir = tempfile::tempdir().unwrap();
             write_format_1(dir.path());
-            apply_log(dir.path(), read_log(dir.path()).unwrap()).unwrap();
+            {
+                let (db, machine) = open_tree(dir.path()).unwrap();
+                apply_log(&db, &machine, read_log(dir.path()).unwrap()).unwrap();
+            }
             if steps == 2 {
                 remove_log(dir.path()).unwrap();
             }
