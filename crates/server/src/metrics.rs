@@ -6,7 +6,7 @@ use keyhold_registry::types::RaftMetrics;
 use keyhold_registry::NodeId;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use openraft::ServerState;
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::{Mutex, OnceLock};
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
@@ -48,7 +48,7 @@ const RAFT_ROLES: [(ServerState, &str); 4] = [
 
 /// The term each group had at the previous scrape, per node (tests run several
 /// nodes in one process), so that elections can be counted from term increases.
-static TERMS_SEEN: Mutex<Option<HashMap<(NodeId, String), u64>>> = Mutex::new(None);
+static TERMS_SEEN: Mutex<BTreeMap<(NodeId, String), u64>> = Mutex::new(BTreeMap::new());
 
 /// Gauges of one Raft group this node is a member of (the registry, its region's
 /// store), sampled when scraped; every series carries `group`:
@@ -78,9 +78,8 @@ pub fn record_raft_group(group: &str, raft: &RaftMetrics, members: impl Iterator
         0.0
     };
     metrics::gauge!("keyhold_raft_has_leader", "group" => group.clone()).set(has_leader);
-    let matched = raft.replication.clone().unwrap_or_default();
     for member in members.filter(|id| *id != raft.id) {
-        let lag = match matched.get(&member) {
+        let lag = match raft.replication.as_ref().and_then(|m| m.get(&member)) {
             Some(m) => last.saturating_sub(m.map_or(0, |l| l.index)),
             None => 0,
         };
@@ -95,9 +94,7 @@ pub fn record_raft_group(group: &str, raft: &RaftMetrics, members: impl Iterator
         let mut seen = TERMS_SEEN
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let previous = seen
-            .get_or_insert_with(HashMap::new)
-            .insert((raft.id, group.clone()), raft.current_term);
+        let previous = seen.insert((raft.id, group.clone()), raft.current_term);
         // The first scrape after start-up has nothing to compare with.
         previous.map_or(0, |term| raft.current_term.saturating_sub(term))
     };

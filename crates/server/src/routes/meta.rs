@@ -75,7 +75,7 @@ fn health_gauges(node: &Node) {
     let region_group = format!("region-{}", node.region());
     crate::metrics::record_raft_group(
         &region_group,
-        &node.store().group().metrics(),
+        &node.store().group().raft().metrics().borrow(),
         std::iter::empty(),
     );
     let now_ms = crate::node::now().0;

@@ -31,10 +31,7 @@ use openraft::raft::{
 use openraft::{AnyError, ServerState};
 use tokio::sync::{mpsc, watch};
 
-use super::{
-    CommandBatch, EntryOutcome, Member, RegionConfig, RegionRaft, RegionRaftMetrics,
-    RegionStateMachine,
-};
+use super::{CommandBatch, EntryOutcome, Member, RegionConfig, RegionRaft, RegionStateMachine};
 use crate::command::{Applied, Command};
 use crate::limits::{
     BATCH_COMMANDS_MAX, QUEUE_COMMANDS_MAX, REGION_ELECTION_TIMEOUT_MAX_MS,
@@ -200,11 +197,9 @@ impl RegionGroup {
             .await
             .map_err(|e| Error::Raft(format!("initialized check: {e}")))?;
         if let (Bootstrap::Voters(voters), true) = (bootstrap, pristine) {
-            match raft.initialize(voters).await {
-                Ok(())
-                | Err(RaftError::APIError(openraft::error::InitializeError::NotAllowed(_))) => {}
-                Err(e) => return Err(Error::Raft(format!("initialize: {e}"))),
-            }
+            raft.initialize(voters)
+                .await
+                .map_err(|e| Error::Raft(format!("initialize: {e}")))?;
         }
         let (jobs, rx) = mpsc::channel(QUEUE_COMMANDS_MAX);
         let stats = Arc::new(CommitStats::default());
@@ -248,12 +243,6 @@ impl RegionGroup {
         !self.inner.jobs.is_closed()
             && !self.inner.stats.failed()
             && self.inner.raft.metrics().borrow().running_state.is_ok()
-    }
-
-    /// A snapshot of openraft's metrics of this group (role, term, log, applied and
-    /// purged indexes, what each follower matched when this node leads).
-    pub fn metrics(&self) -> RegionRaftMetrics {
-        self.inner.raft.metrics().borrow().clone()
     }
 
     /// A receiver of the last applied log index.

@@ -70,8 +70,6 @@ openraft::declare_raft_types!(
 
 /// A region group's Raft instance.
 pub type RegionRaft = openraft::Raft<RegionConfig>;
-/// openraft's metrics of a region group.
-pub type RegionRaftMetrics = openraft::RaftMetrics<NodeId, NodeInfo>;
 /// A region group's log.
 pub type RegionLogStore = keyhold_raftlog::LogStore<RegionConfig>;
 /// One entry of a region log.
