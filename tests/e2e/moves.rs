@@ -455,6 +455,25 @@ fn orders_at(
         .collect()
 }
 
+/// Every order in `made` replays byte-identically through member `via`, executed
+/// by `region` (the tenant's home now).
+#[track_caller]
+fn assert_replayed(
+    sc: &ServeCluster,
+    via: usize,
+    region: &str,
+    tenant: &common::Tenant,
+    made: &[(String, String, common::Resp)],
+) {
+    for (key, body, first) in made {
+        let again = sc
+            .api(via)
+            .expecting(region)
+            .create_order(&tenant.token, key, body);
+        assert_eq!((again.status, &again.body), (201, &first.body));
+    }
+}
+
 /// Restarts member `i` with its move drivers stalling `pause_ms` after the fence.
 fn restart_with_driver_pause(sc: &mut ServeCluster, i: usize, pause_ms: u64) {
     sc.members[i]
@@ -489,13 +508,7 @@ fn a_move_never_leased_before_a_crash_is_driven_soon_after_the_restart() {
         took < Duration::from_secs(10),
         "the move took {took:?} after the restart: it waited for a lease nobody held"
     );
-    for (key, body, first) in &made {
-        let again = sc
-            .api(b)
-            .expecting("b")
-            .create_order(&tenant.token, key, body);
-        assert_eq!((again.status, &again.body), (201, &first.body));
-    }
+    assert_replayed(&sc, b, "b", &tenant, &made);
 }
 
 /// Starts a move of `tenant_id` to `to` through member `driver`, restarted so
@@ -616,13 +629,7 @@ fn two_drivers_race_one_wins_and_the_new_home_equals_the_old() {
         new, old,
         "the new home holds exactly the old home's content"
     );
-    for (key, body, first) in &made {
-        let again = sc
-            .api(leader)
-            .expecting("b")
-            .create_order(&tenant.token, key, body);
-        assert_eq!((again.status, &again.body), (201, &first.body));
-    }
+    assert_replayed(&sc, leader, "b", &tenant, &made);
 }
 
 /// Moves (5): the whole cluster is killed while a move runs (its driver is
@@ -660,13 +667,7 @@ fn a_move_cut_short_by_a_crash_resumes_as_soon_as_the_cluster_is_back() {
         });
         assert_order(&r, 201, &coid, 9);
     }
-    for (key, body, first) in &made {
-        let again = sc
-            .api(b)
-            .expecting("b")
-            .create_order(&tenant.token, key, body);
-        assert_eq!((again.status, &again.body), (201, &first.body));
-    }
+    assert_replayed(&sc, b, "b", &tenant, &made);
 }
 
 /// A client of the load below: sends through every region in turn, creating
