@@ -83,6 +83,15 @@ pub enum Error {
     DataDir { dir: PathBuf, reason: String },
 }
 
+/// Checks (or creates, or migrates) the directory's storage format, off the
+/// async threads.
+async fn check_format(dir: &Path) -> Result<(), Error> {
+    let owned = dir.to_path_buf();
+    tokio::task::spawn_blocking(move || format::check_or_create(&owned))
+        .await
+        .map_err(|e| Error::Raft(format!("format check task: {e}")))?
+}
+
 struct Job {
     command: Command,
     reply: oneshot::Sender<Result<Applied, Error>>,
@@ -127,21 +136,57 @@ impl Store {
     /// returns once this node leads it and has applied every committed entry. The
     /// group stops with `shutdown`, or when the last handle is dropped.
     pub async fn open(dir: &Path, member: raft::Member) -> Result<Store, Error> {
-        let owned = dir.to_path_buf();
-        tokio::task::spawn_blocking(move || format::check_or_create(&owned))
-            .await
-            .map_err(|e| Error::Raft(format!("format check task: {e}")))??;
+        check_format(dir).await?;
         let group =
             raft::RegionGroup::start_single_voter(dir, &member.group, member.node, member.info)
                 .await?;
+        Ok(Store::over(dir, group))
+    }
+
+    fn over(dir: &Path, group: raft::RegionGroup) -> Store {
         let machine = machine::Machine::new(group.state_machine().tree().clone());
-        Ok(Store {
+        Store {
             inner: Arc::new(Inner {
                 dir: dir.to_path_buf(),
                 group,
                 machine,
             }),
-        })
+        }
+    }
+
+    /// Opens (or creates) the store in `dir` as `member` of a region group of several
+    /// members, reached through `network`: checks the directory's storage format
+    /// as `open` does and starts the group as `bootstrap` says (`Voters`: a
+    /// pristine replica initializes the group with them, every voter with the
+    /// same set; `Joiner`: it waits to be added by the leader, as a replacement
+    /// node does). Returns at once: which member leads is known later
+    /// (`leadership`); only the leader's `execute` and reads are current.
+    pub async fn open_replica<N>(
+        dir: &Path,
+        member: raft::Member,
+        network: N,
+        bootstrap: raft::Bootstrap,
+        options: raft::GroupOptions,
+    ) -> Result<Store, Error>
+    where
+        N: openraft::network::RaftNetworkFactory<raft::RegionConfig>,
+    {
+        if let raft::Bootstrap::Voters(voters) = &bootstrap {
+            assert!(
+                voters.contains_key(&member.node),
+                "a bootstrapping replica is one of its group's voters"
+            );
+        }
+        check_format(dir).await?;
+        let group =
+            raft::RegionGroup::start_with(dir, &member, network, bootstrap, options).await?;
+        Ok(Store::over(dir, group))
+    }
+
+    /// This replica's part in its region group: only a `Ready` leader executes and
+    /// reads what every acknowledged command wrote.
+    pub fn leadership(&self) -> raft::Leadership {
+        self.inner.group.leadership()
     }
 
     /// Applies one command; answers once the log entry holding it is committed and

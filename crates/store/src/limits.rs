@@ -43,11 +43,19 @@ pub const SNAPSHOT_IO_BUFFER_BYTES: usize = 1024 * 1024;
 pub const SNAPSHOT_INSTALL_BATCH_BYTES_MAX: usize = 4 * 1024 * 1024;
 
 /// Leader heartbeat of a region group. Its members share a region, so the round
-/// trip is short; openraft's default.
-pub const REGION_HEARTBEAT_INTERVAL_MS: u64 = 50;
-/// Randomized election timeout of a region group, lower and upper bound.
-pub const REGION_ELECTION_TIMEOUT_MIN_MS: u64 = 150;
-pub const REGION_ELECTION_TIMEOUT_MAX_MS: u64 = 300;
+/// trip is short.
+pub const REGION_HEARTBEAT_INTERVAL_MS: u64 = 100;
+/// Randomized election timeout of a region group, lower and upper bound. Long
+/// enough that a busy node's late heartbeat does not start an election (a
+/// needless leader change costs every waiting request a retry), short enough
+/// that a region answers again within a few seconds of losing its leader.
+pub const REGION_ELECTION_TIMEOUT_MIN_MS: u64 = 700;
+pub const REGION_ELECTION_TIMEOUT_MAX_MS: u64 = 1_400;
+/// How long the writer waits for one entry to be committed and applied. A leader
+/// cut off from its peers neither commits nor learns that it was deposed; past
+/// this its waiters are answered `Unavailable` (outcome unknown) instead of
+/// holding every later command.
+pub const REGION_WRITE_WAIT_MS: u64 = 5_000;
 /// How long starting a single-voter region group waits for this node to lead it
 /// (one election timeout after a restart, plus the replay of unapplied entries).
 pub const REGION_LEADER_WAIT_MS: u64 = 30_000;
@@ -56,6 +64,9 @@ pub const REGION_LEADER_WAIT_MS: u64 = 30_000;
 pub const REGION_SNAPSHOT_LOGS_SINCE_LAST: u64 = 10_000;
 
 const _: () = assert!(BATCH_COMMANDS_MAX <= QUEUE_COMMANDS_MAX);
+const _: () = assert!(REGION_HEARTBEAT_INTERVAL_MS * 3 <= REGION_ELECTION_TIMEOUT_MIN_MS);
+const _: () = assert!(REGION_ELECTION_TIMEOUT_MIN_MS < REGION_ELECTION_TIMEOUT_MAX_MS);
+const _: () = assert!(REGION_ELECTION_TIMEOUT_MAX_MS < REGION_WRITE_WAIT_MS);
 const _: () = assert!(SWEEP_ENTRIES_MAX <= BATCH_COMMANDS_MAX);
 const _: () = assert!(ERASE_ENTRIES_MAX <= BATCH_COMMANDS_MAX);
 const _: () = assert!(COMMAND_BYTES_MAX <= FORMAT_1_RECORD_BYTES_MAX);

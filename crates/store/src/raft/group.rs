@@ -16,7 +16,7 @@
 //! the nodes of a region. A writer on a member that does not lead answers
 //! `Error::NotLeader`; it appends nothing.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,7 +28,7 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
-use openraft::{AnyError, ServerState};
+use openraft::{AnyError, ChangeMembers, ServerState};
 use tokio::sync::{mpsc, watch};
 
 use super::{CommandBatch, EntryOutcome, Member, RegionConfig, RegionRaft, RegionStateMachine};
@@ -36,7 +36,7 @@ use crate::command::{Applied, Command};
 use crate::limits::{
     BATCH_COMMANDS_MAX, QUEUE_COMMANDS_MAX, REGION_ELECTION_TIMEOUT_MAX_MS,
     REGION_ELECTION_TIMEOUT_MIN_MS, REGION_HEARTBEAT_INTERVAL_MS, REGION_LEADER_WAIT_MS,
-    REGION_SNAPSHOT_LOGS_SINCE_LAST,
+    REGION_SNAPSHOT_LOGS_SINCE_LAST, REGION_WRITE_WAIT_MS,
 };
 use crate::stats::CommitStats;
 use crate::{Error, Job};
@@ -51,6 +51,37 @@ pub enum Bootstrap {
     /// It waits to be added by the leader (as a learner, then perhaps a voter),
     /// receiving the log or a snapshot from it.
     Joiner,
+}
+
+/// This member's part in its group right now, from the Raft instance's metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Leadership {
+    /// It leads, and has applied an entry of its own term, so every entry committed
+    /// before its election is in the region tree: reads here see every
+    /// acknowledged command.
+    Ready,
+    /// It leads but has not yet applied an entry of its own term: reads could miss
+    /// a command its predecessor acknowledged.
+    Elected,
+    /// Another member leads (`Some`), or no leader is known yet (`None`).
+    Follower(Option<(NodeId, NodeInfo)>),
+}
+
+/// Settings of a group that an operator may tune.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupOptions {
+    /// A snapshot is built after this many applied entries, and the log keeps as
+    /// many entries behind it (a follower that lags less catches up from the
+    /// log; one that lags more, or a new member, by the snapshot).
+    pub snapshot_entries: u64,
+}
+
+impl Default for GroupOptions {
+    fn default() -> Self {
+        GroupOptions {
+            snapshot_entries: REGION_SNAPSHOT_LOGS_SINCE_LAST,
+        }
+    }
 }
 
 /// A running region group on this node. Cheap to clone.
@@ -123,13 +154,18 @@ impl RaftNetwork<RegionConfig> for NoPeersClient {
     }
 }
 
-fn raft_config(group: &str) -> Result<openraft::Config, Error> {
+fn raft_config(group: &str, options: GroupOptions) -> Result<openraft::Config, Error> {
+    assert!(
+        options.snapshot_entries > 0,
+        "snapshots need a positive interval"
+    );
     openraft::Config {
         cluster_name: group.to_string(),
         heartbeat_interval: REGION_HEARTBEAT_INTERVAL_MS,
         election_timeout_min: REGION_ELECTION_TIMEOUT_MIN_MS,
         election_timeout_max: REGION_ELECTION_TIMEOUT_MAX_MS,
-        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(REGION_SNAPSHOT_LOGS_SINCE_LAST),
+        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(options.snapshot_entries),
+        max_in_snapshot_log_to_keep: options.snapshot_entries,
         ..Default::default()
     }
     .validate()
@@ -180,13 +216,24 @@ impl RegionGroup {
         network: N,
         bootstrap: Bootstrap,
     ) -> Result<RegionGroup, Error> {
+        Self::start_with(dir, member, network, bootstrap, GroupOptions::default()).await
+    }
+
+    /// `start` with `options` instead of the defaults.
+    pub async fn start_with<N: RaftNetworkFactory<RegionConfig>>(
+        dir: &Path,
+        member: &Member,
+        network: N,
+        bootstrap: Bootstrap,
+        options: GroupOptions,
+    ) -> Result<RegionGroup, Error> {
         let owned_dir = dir.to_path_buf();
         let owned_group = member.group.clone();
         let (log, state_machine) =
             tokio::task::spawn_blocking(move || super::open(&owned_dir, &owned_group))
                 .await
                 .map_err(|e| Error::Raft(format!("open task: {e}")))??;
-        let config = Arc::new(raft_config(&member.group)?);
+        let config = Arc::new(raft_config(&member.group, options)?);
         let raft = RegionRaft::new(member.node, config, network, log, state_machine.clone())
             .await
             .map_err(|e| Error::Raft(e.to_string()))?;
@@ -212,6 +259,87 @@ impl RegionGroup {
                 stats,
             }),
         })
+    }
+
+    /// This member's part in the group now: whether it may execute and read, and
+    /// where the leader is when it is not this member.
+    pub fn leadership(&self) -> Leadership {
+        let metrics = self.inner.raft.metrics();
+        let m = metrics.borrow();
+        let Some(leader) = m.current_leader else {
+            return Leadership::Follower(None);
+        };
+        if leader != m.id {
+            let info = m.membership_config.membership().get_node(&leader).cloned();
+            return Leadership::Follower(info.map(|info| (leader, info)));
+        }
+        if m.state != ServerState::Leader {
+            // A leader that stepped down keeps reporting itself for a moment.
+            return Leadership::Follower(None);
+        }
+        let applied_term = m.last_applied.map(|id| id.leader_id.get_term());
+        if applied_term == Some(m.current_term) {
+            Leadership::Ready
+        } else {
+            Leadership::Elected
+        }
+    }
+
+    /// Adds `node` as a learner and waits, up to `wait`, until it has caught up
+    /// with the log (by replication, or by a snapshot where the log was purged).
+    /// `Ok(false)`: still catching up when `wait` ran out (it stays a learner;
+    /// calling again waits again). Only the leader can; elsewhere `NotLeader`.
+    pub async fn add_learner(
+        &self,
+        node: NodeId,
+        info: NodeInfo,
+        wait: Duration,
+    ) -> Result<bool, Error> {
+        let raft = self.inner.raft.clone();
+        match tokio::time::timeout(wait, raft.add_learner(node, info, true)).await {
+            Err(_) => Ok(false),
+            Ok(Ok(_)) => Ok(true),
+            Ok(Err(e)) => Err(membership_error(e)),
+        }
+    }
+
+    /// Makes `node`, a member already (a learner that caught up), a voter. Only
+    /// the leader can; elsewhere `NotLeader`.
+    pub async fn add_voter(&self, node: NodeId) -> Result<(), Error> {
+        let change = ChangeMembers::AddVoterIds(BTreeSet::from([node]));
+        match self.inner.raft.change_membership(change, false).await {
+            Ok(_) => Ok(()),
+            Err(e) => Err(membership_error(e)),
+        }
+    }
+
+    /// Takes `node` out of the group entirely (as a voter and as a learner). Only
+    /// the leader can; elsewhere `NotLeader`.
+    pub async fn remove_member(&self, node: NodeId) -> Result<(), Error> {
+        let (voters, _) = self.members();
+        let nodes = BTreeSet::from([node]);
+        let change = if voters.contains(&node) {
+            ChangeMembers::RemoveVoters(nodes)
+        } else {
+            ChangeMembers::RemoveNodes(nodes)
+        };
+        match self.inner.raft.change_membership(change, false).await {
+            Ok(_) => Ok(()),
+            Err(e) => Err(membership_error(e)),
+        }
+    }
+
+    /// The group's voters and learners as this member knows them.
+    pub fn members(&self) -> (BTreeSet<NodeId>, BTreeMap<NodeId, NodeInfo>) {
+        let metrics = self.inner.raft.metrics();
+        let m = metrics.borrow();
+        let membership = m.membership_config.membership();
+        let voters = membership.voter_ids().collect();
+        let nodes = membership
+            .nodes()
+            .map(|(id, info)| (*id, info.clone()))
+            .collect();
+        (voters, nodes)
     }
 
     /// The group's Raft instance: for its RPC router and for metrics.
@@ -278,7 +406,21 @@ async fn write_loop(raft: RegionRaft, mut jobs: mpsc::Receiver<Job>, stats: Arc<
             commands: pending.iter().map(|job| job.command.clone()).collect(),
         };
         let started = Instant::now();
-        let written = raft.client_write(batch).await;
+        let wait = Duration::from_millis(REGION_WRITE_WAIT_MS);
+        let Ok(written) = tokio::time::timeout(wait, raft.client_write(batch)).await else {
+            // A leader cut off from its peers neither commits nor learns it was
+            // deposed until it hears from them: answer rather than hold every
+            // later command behind this entry. Whether it commits later is
+            // unknown; a retry with the same key replays it if it did.
+            tracing::warn!(
+                commands = pending.len(),
+                "region entry not committed in time"
+            );
+            for job in pending.drain(..) {
+                let _ = job.reply.send(Err(Error::Unavailable));
+            }
+            continue;
+        };
         let answers = match written {
             Ok(response) => match response.data {
                 EntryOutcome::Commands(answers) if answers.len() == pending.len() => answers,
@@ -311,6 +453,16 @@ async fn write_loop(raft: RegionRaft, mut jobs: mpsc::Receiver<Job>, stats: Arc<
             // A waiter that gave up is fine to skip: its command is applied.
             let _ = job.reply.send(Ok(answer));
         }
+    }
+}
+
+fn membership_error(e: RaftError<NodeId, ClientWriteError<NodeId, NodeInfo>>) -> Error {
+    match e {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(forward)) => Error::NotLeader {
+            leader: forward.leader_id,
+        },
+        RaftError::APIError(e) => Error::Raft(format!("membership change: {e}")),
+        RaftError::Fatal(e) => Error::Raft(format!("membership change: {e}")),
     }
 }
 
