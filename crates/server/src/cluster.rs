@@ -34,7 +34,9 @@ pub fn members(node: &Node) -> BTreeMap<u64, NodeInfo> {
 pub async fn bootstrap(node: Arc<Node>) {
     let members = members(&node);
     let first = members.keys().next().copied();
-    if first != Some(node.config().node_id) {
+    // A joining node (a replacement, even of the first member) never creates
+    // the registry: it is added to the existing one.
+    if first != Some(node.config().node_id) || node.config().start == crate::config::Start::Join {
         return;
     }
     let deadline = Instant::now() + Duration::from_millis(REGISTRY_BOOTSTRAP_WAIT_MS);
@@ -77,8 +79,12 @@ pub async fn follow_registry(node: Arc<Node>, mut stop: watch::Receiver<bool>) {
     let mut applied = node.registry().subscribe();
     loop {
         node.refresh_tenants();
-        reconcile_guards(&node).await;
-        end_tracking(&node).await;
+        // The region store's leader keeps its guards and change indexes in step;
+        // `upkeep_on_leadership` does the same when a node becomes leader.
+        if node.leads_region() {
+            reconcile_guards(&node).await;
+            end_tracking(&node).await;
+        }
         tokio::select! {
             changed = applied.changed() => {
                 if changed.is_err() {
@@ -86,6 +92,24 @@ pub async fn follow_registry(node: Arc<Node>, mut stop: watch::Receiver<bool>) {
                 }
             }
             _ = stop.changed() => return,
+        }
+    }
+}
+
+/// Each time this node becomes its region store's leader, it brings the
+/// store's guards and change indexes in step with the registry once, as
+/// `follow_registry` does after every registry entry: a fence lifted or a
+/// change index pruned by nobody while the old leader went down is not left
+/// behind.
+pub async fn upkeep_on_leadership(node: Arc<Node>, mut stop: watch::Receiver<bool>) {
+    loop {
+        if !node.wait_to_lead_region(&mut stop).await {
+            return;
+        }
+        reconcile_guards(&node).await;
+        end_tracking(&node).await;
+        if !node.wait_to_leave_region(&mut stop).await {
+            return;
         }
     }
 }

@@ -95,6 +95,27 @@ pub struct Config {
     /// region its own loopback address so that its proxies can tell regions apart.
     #[serde(default)]
     pub outbound_ip: Option<IpAddr>,
+    /// How this node enters its groups when its data dir is empty: `create` (the
+    /// configured members form the registry and the region group) or `join` (a
+    /// replacement or new node: it waits to be added with `POST /admin/v1/nodes`
+    /// and catches up from the leaders; it never creates a group).
+    #[serde(default)]
+    pub start: Start,
+    /// The region group builds a snapshot after this many applied log entries and
+    /// keeps as many behind it; a node that lags more catches up by the snapshot.
+    #[serde(default = "d_region_snapshot_entries")]
+    pub region_snapshot_entries: u64,
+}
+
+/// How a node with an empty data dir enters its groups.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Start {
+    /// The configured members create the groups (a no-op once they exist).
+    #[default]
+    Create,
+    /// It waits to be added by the groups' leaders.
+    Join,
 }
 
 /// One registry voter of the cluster's first membership.
@@ -107,6 +128,9 @@ pub struct Member {
     pub raft_addr: String,
 }
 
+fn d_region_snapshot_entries() -> u64 {
+    keyhold_store::raft::GroupOptions::default().snapshot_entries
+}
 fn d_node_id() -> u64 {
     1
 }
@@ -221,6 +245,8 @@ impl Config {
             psp_url: None,
             demo_dir: None,
             outbound_ip: None,
+            start: Start::Create,
+            region_snapshot_entries: d_region_snapshot_entries(),
         }
     }
 
@@ -294,6 +320,11 @@ impl Config {
         if self.node_credential_file.is_some() && self.node_credential_env.is_some() {
             return Err(Error::Config(
                 "set node_credential_file or node_credential_env, not both".into(),
+            ));
+        }
+        if self.region_snapshot_entries == 0 {
+            return Err(Error::Config(
+                "region_snapshot_entries must be at least 1".into(),
             ));
         }
         let several_nodes = self.members.len() > 1;

@@ -68,7 +68,10 @@ pub async fn run(node: Arc<Node>, consumer: String, mut stop: watch::Receiver<bo
     // it that comes round again is a redelivery.
     let mut attempted: u64 = 0;
     loop {
-        if *stop.borrow() {
+        // One relay per consumer and region: on its store's leader. A new leader
+        // resumes from the durable cursor; what the old one delivered but had not
+        // yet moved the cursor past is delivered again and deduplicated.
+        if !node.wait_to_lead_region(&mut stop).await {
             return;
         }
         let round = relay_round(&node, &consumer, &mut attempted).await;

@@ -44,11 +44,11 @@ pub async fn run(node: Arc<Node>, mut stop: watch::Receiver<bool>) {
 /// left (false: try again later).
 async fn erase_pending(node: &Node) -> bool {
     let region = node.region().to_owned();
-    let owns_store = node
-        .store_node_of(&region)
-        .is_some_and(|(id, _)| id == node.registry().id());
-    if !owns_store {
-        return true;
+    // The region store's leader erases; a follower looks again later, so that
+    // after a change of leader the new one finishes what is left (erasure is
+    // idempotent).
+    if !node.leads_region() {
+        return false;
     }
     let pending: Vec<String> = node.registry().read(|state| {
         state

@@ -101,6 +101,7 @@ pub async fn serve(
     });
     let bootstrap = tokio::spawn(cluster::bootstrap(node.clone()));
     let directory = tokio::spawn(cluster::follow_registry(node.clone(), stop_rx.clone()));
+    let upkeep = tokio::spawn(cluster::upkeep_on_leadership(node.clone(), stop_rx.clone()));
     let move_watch = tokio::spawn(mover::resume_stalled(node.clone(), stop_rx.clone()));
     let sweeper = tokio::spawn(sweeper::run(node.clone(), stop_rx.clone()));
     let eraser = tokio::spawn(erase::run(node.clone(), stop_rx.clone()));
@@ -130,6 +131,7 @@ pub async fn serve(
     let _ = sweeper.await;
     let _ = eraser.await;
     let _ = directory.await;
+    let _ = upkeep.await;
     let _ = move_watch.await;
     for relay in relays {
         let _ = relay.await;

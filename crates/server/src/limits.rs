@@ -119,6 +119,23 @@ pub const REGISTRY_BOOTSTRAP_WAIT_MS: u64 = 30_000;
 pub const FORWARD_TIMEOUT_MS: u64 = 10_000;
 /// Forwarding tries the home once, and once more after a 421 and a registry refresh.
 pub const FORWARD_ATTEMPTS_MAX: u32 = 2;
+/// How long a follower of the home region waits for its region store's leader
+/// to be known and reachable before it answers 503 `store-unavailable`: a
+/// few election timeouts, within which a region that lost its leader elects
+/// another.
+pub const REGION_LEADER_WAIT_MS: u64 = 5_000;
+/// How long a membership call waits for a group's leader to be known.
+pub const MEMBERSHIP_CALL_WAIT_MS: u64 = 5_000;
+/// How long adding a node waits for it to catch up before answering 202 (it
+/// keeps catching up; the call is repeated to make it a voter).
+pub const MEMBERSHIP_CATCH_UP_WAIT_MS: u64 = 5_000;
+// An add waits for both groups, the registry's and the region's.
+const _: () =
+    assert!(2 * (MEMBERSHIP_CALL_WAIT_MS + MEMBERSHIP_CATCH_UP_WAIT_MS) < REQUEST_TIMEOUT_MS);
+/// Between two looks for the region's leader while it is unknown or unreachable.
+pub const REGION_LEADER_POLL_MS: u64 = 25;
+const _: () = assert!(REGION_LEADER_WAIT_MS + FORWARD_TIMEOUT_MS < REQUEST_TIMEOUT_MS);
+const _: () = assert!(REGION_LEADER_POLL_MS < REGION_LEADER_WAIT_MS);
 /// Bytes of keys and payloads per page when a tenant's data is copied to its
 /// new home (a page holds at least one entry, however large).
 pub const MOVE_PAGE_BYTES_MAX: usize = 4 * 1024 * 1024;

@@ -314,14 +314,21 @@ async fn drive(node: Arc<Node>, job: MoveJob) {
 /// One call to another node with the node credential; non-2xx is an error.
 async fn call(
     node: &Node,
-    builder: reqwest::RequestBuilder,
+    region: &str,
+    path: &str,
     timeout_ms: u64,
 ) -> Result<reqwest::Response, String> {
-    let response = builder
-        .header(NODE_CREDENTIAL_HEADER, node.credentials().current())
-        .timeout(Duration::from_millis(timeout_ms))
-        .send()
+    // Any node of the region: one that does not lead the region's store sends
+    // the call on to the leader.
+    let response = node
+        .send_to_region(region, |addr| {
+            node.http()
+                .post(format!("http://{addr}{path}"))
+                .header(NODE_CREDENTIAL_HEADER, node.credentials().current())
+                .timeout(Duration::from_millis(timeout_ms))
+        })
         .await
+        .ok_or(format!("no node of region {region} is known"))?
         .map_err(|e| e.to_string())?;
     if response.status().is_success() {
         return Ok(response);
@@ -359,14 +366,8 @@ impl Driver<'_> {
 
     async fn copy(&mut self) -> Result<(), String> {
         self.report(0.0).await?;
-        let node = self.node;
         let job = self.job.clone();
-        let (_, old) = node
-            .store_node_of(&job.from)
-            .ok_or(format!("no node of region {}", job.from))?;
-        let (_, new) = node
-            .store_node_of(&job.to)
-            .ok_or(format!("no node of region {}", job.to))?;
+        let (old, new) = (job.from.as_str(), job.to.as_str());
         let (t, op, epoch) = (&job.tenant_id, &job.operation_id, job.epoch);
         // The lease was granted after the move began: waiting for it covers both.
         let scope = format!(
@@ -375,27 +376,23 @@ impl Driver<'_> {
             self.lease_index.max(job.begin_index)
         );
         // 1. The old home starts the tenant's change index and keeps serving it.
-        let track_url = format!(
-            "http://{}/internal/v1/moves/{t}/track?{scope}",
-            old.api_addr
-        );
-        let tracked = self.post_json(track_url, MOVE_CALL_TIMEOUT_MS).await?;
+        let track_path = format!("/internal/v1/moves/{t}/track?{scope}");
+        let tracked = self
+            .post_json(old, track_path, MOVE_CALL_TIMEOUT_MS)
+            .await?;
         let estimate = tracked["entries"].as_u64().unwrap_or(0).max(1) as f64;
         // 2. The first pass, online: the new home pulls every entry.
-        let pull_url = format!("http://{}/internal/v1/moves/{t}/pull?{scope}", new.api_addr);
+        let pull_path = format!("/internal/v1/moves/{t}/pull?{scope}");
         let copied = self
-            .pull(&pull_url, Pass::Full, |copied| {
+            .pull(new, &pull_path, Pass::Full, |copied| {
                 FIRST_PASS_SHARE * copied as f64 / estimate
             })
             .await?;
         // 3. The fence, which includes letting the old home's relay deliver the
         // tenant's events. From here on the tenant answers 503 tenant-moving.
         self.fenced_at = Some(Instant::now());
-        let fence_url = format!(
-            "http://{}/internal/v1/moves/{t}/fence?{scope}",
-            old.api_addr
-        );
-        self.post_json(fence_url, MOVE_DRAIN_WAIT_MS + MOVE_CALL_TIMEOUT_MS)
+        let fence_path = format!("/internal/v1/moves/{t}/fence?{scope}");
+        self.post_json(old, fence_path, MOVE_DRAIN_WAIT_MS + MOVE_CALL_TIMEOUT_MS)
             .await?;
         if let Some(ms) = std::env::var(FAULT_DRIVER_PAUSE_MS)
             .ok()
@@ -406,7 +403,7 @@ impl Driver<'_> {
         }
         // 4. The final pass: only what changed since the first pass began.
         let changed = self
-            .pull(&pull_url, Pass::Changes, |_| FIRST_PASS_SHARE)
+            .pull(new, &pull_path, Pass::Changes, |_| FIRST_PASS_SHARE)
             .await?;
         tracing::info!(tenant = %t, copied, changed, "tenant data copied");
         Ok(())
@@ -417,19 +414,22 @@ impl Driver<'_> {
     /// it copied. `progress` maps entries copied so far to the fraction done.
     async fn pull(
         &mut self,
-        pull_url: &str,
+        region: &str,
+        pull_path: &str,
         pass: Pass,
         progress: impl Fn(u64) -> f64,
     ) -> Result<u64, String> {
         let mut after: Option<String> = None;
         let mut copied = 0u64;
         loop {
-            let mut url = format!("{pull_url}&pass={}", pass.as_str());
+            let mut path = format!("{pull_path}&pass={}", pass.as_str());
             if let Some(a) = &after {
-                url.push_str("&after=");
-                url.push_str(a);
+                path.push_str("&after=");
+                path.push_str(a);
             }
-            let answer = self.post_json(url, MOVE_PULL_CALL_TIMEOUT_MS).await?;
+            let answer = self
+                .post_json(region, path, MOVE_PULL_CALL_TIMEOUT_MS)
+                .await?;
             copied += answer["copied"].as_u64().unwrap_or(0);
             self.report(progress(copied)).await?;
             match answer["next"].as_str() {
@@ -439,14 +439,16 @@ impl Driver<'_> {
         }
     }
 
-    /// POSTs to another node (`call`) while renewing the lease; the JSON answer.
+    /// POSTs `path` to a node of `region` (`call`) while renewing the lease; the
+    /// JSON answer.
     async fn post_json(
         &mut self,
-        url: String,
+        region: &str,
+        path: String,
         timeout_ms: u64,
     ) -> Result<serde_json::Value, String> {
         let node = self.node;
-        let sent = call(node, node.http().post(url), timeout_ms);
+        let sent = call(node, region, &path, timeout_ms);
         self.alive_while(sent)
             .await?
             .json()

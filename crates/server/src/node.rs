@@ -2,6 +2,7 @@
 //! in-flight coalescing and fingerprint settings.
 
 use crate::config::Config;
+use crate::config::Start;
 use crate::inflight::Inflight;
 use crate::limits::REGISTRY_READ_WAIT_MS;
 use crate::tenants::{self, Tenants};
@@ -12,11 +13,12 @@ use keyhold_registry::{
     NodeCredentials, NodeId, NodeInfo, Registry, RegistryConfig, Request, Response, TenantRecord,
     TenantState,
 };
-use keyhold_store::raft::Member;
+use keyhold_store::raft::{Bootstrap, GroupOptions, Leadership, Member};
 use keyhold_store::{Applied, Command, GuardOutcome, Store};
 use std::net::SocketAddr;
 use std::time::Duration;
 use std::time::{SystemTime, UNIX_EPOCH};
+use tokio::sync::watch;
 
 /// The wall clock, read once per request at the edge and passed down as a value.
 pub fn now() -> UnixMillis {
@@ -38,6 +40,8 @@ pub struct Node {
     admin_token_sha256: [u8; 32],
     /// Woken when an order is created, so idle relays deliver at once.
     pub(crate) outbox_notify: tokio::sync::Notify,
+    /// Per region, the node that answered this node's last call there.
+    answered: std::sync::Mutex<std::collections::HashMap<String, NodeId>>,
     /// One pooled HTTP client for outgoing calls (the payment provider).
     http: reqwest::Client,
     hmac_secret: Option<Vec<u8>>,
@@ -97,14 +101,6 @@ impl Node {
             api_addr.to_string(),
             raft_addr.to_string(),
         );
-        // The region's store is its own Raft group, of which this node is the
-        // only voter so far, under the same id and addresses as in the registry.
-        let member = Member {
-            group: keyhold_store::raft::group_name(&config.region),
-            node: config.node_id,
-            info: info.clone(),
-        };
-        let store = Store::open(&config.data_dir.join("region"), member).await?;
         let http = reqwest::Client::builder()
             .no_proxy()
             .tcp_nodelay(true)
@@ -112,11 +108,13 @@ impl Node {
             .local_address(config.outbound_ip)
             .build()
             .map_err(|e| Error::Config(format!("cannot build the HTTP client: {e}")))?;
+        let credentials = config.node_credentials()?;
+        let store = open_store(&config, &info, &http, &credentials).await?;
         let registry_config = RegistryConfig::new(
             config.node_id,
             info,
             config.data_dir.join("registry"),
-            config.node_credentials()?,
+            credentials,
         );
         let registry = Registry::start_with_client(registry_config, Some(http.clone()))
             .await
@@ -135,6 +133,7 @@ impl Node {
             inflight: Inflight::default(),
             drivers: crate::mover::Drivers::default(),
             outbox_notify: tokio::sync::Notify::new(),
+            answered: Default::default(),
             http,
             hmac_secret,
             orders_spec: Spec::orders(),
@@ -227,11 +226,9 @@ impl Node {
         ) {
             return Placement::Closed;
         }
-        // Only the region's store node executes; other nodes of the home region
-        // (registry learners serving the API) forward to it like any other.
-        let store_node = self.store_node_of(&record.home_region).map(|(id, _)| id);
-        let is_store_node = store_node.is_none_or(|id| id == self.config.node_id);
-        if record.home_region == self.config.region && is_store_node {
+        // Every node of the home region holds a replica of its store; which of
+        // them executes (the group's leader) is decided at the region's edge.
+        if record.home_region == self.config.region {
             Placement::Local
         } else {
             Placement::Remote {
@@ -240,14 +237,97 @@ impl Node {
         }
     }
 
-    /// The API address of the node that owns a region's store: the member of that
-    /// region with the lowest id (one store-owning node per region until the region
-    /// store is replicated).
-    pub fn store_node_of(&self, region: &str) -> Option<(NodeId, NodeInfo)> {
-        self.registry
+    /// The nodes of `region` (from the registry's membership), the one that
+    /// answered this node last first: a call tries them in this order, moving
+    /// on only when one cannot be reached at all.
+    pub fn region_nodes(&self, region: &str) -> Vec<(NodeId, NodeInfo)> {
+        let mut nodes: Vec<_> = self
+            .registry
             .nodes()
             .into_iter()
-            .find(|(_, info)| info.region == region)
+            .filter(|(_, info)| info.region == region)
+            .collect();
+        let preferred = self
+            .answered
+            .lock()
+            .expect("not poisoned")
+            .get(region)
+            .copied();
+        if let Some(id) = preferred {
+            nodes.sort_by_key(|(n, _)| *n != id);
+        }
+        nodes
+    }
+
+    /// Sends a request to a node of `region`: `build` makes it for one node's API
+    /// address. A node that cannot be connected to received nothing, so the next
+    /// one is tried; any other failure (a timeout, a cut-off answer) is returned,
+    /// as the request may have executed. `None`: no node of the region is known.
+    pub async fn send_to_region(
+        &self,
+        region: &str,
+        build: impl Fn(&str) -> reqwest::RequestBuilder,
+    ) -> Option<Result<reqwest::Response, reqwest::Error>> {
+        let nodes = self.region_nodes(region);
+        let mut last = None;
+        for (id, info) in nodes {
+            match build(&info.api_addr).send().await {
+                Ok(response) => {
+                    self.answered
+                        .lock()
+                        .expect("not poisoned")
+                        .insert(region.to_owned(), id);
+                    return Some(Ok(response));
+                }
+                Err(e) if e.is_connect() => last = Some(Err(e)),
+                Err(e) => return Some(Err(e)),
+            }
+        }
+        last
+    }
+
+    /// True when this node leads its region group and has applied everything
+    /// committed before its election: it may execute and read.
+    pub fn leads_region(&self) -> bool {
+        self.store.leadership() == Leadership::Ready
+    }
+
+    /// Waits until this node leads its region group (`leads_region`) or `stop`
+    /// flips; false on stop. The background tasks that write the region store
+    /// (relays, sweeper, erasure, guard upkeep) run only on the leader, so that
+    /// one writer acts per region and a new leader takes over their work.
+    pub async fn wait_to_lead_region(&self, stop: &mut watch::Receiver<bool>) -> bool {
+        self.wait_for_region(stop, |leads| leads).await
+    }
+
+    /// Waits until this node no longer leads its region group, or `stop` flips;
+    /// false on stop.
+    pub async fn wait_to_leave_region(&self, stop: &mut watch::Receiver<bool>) -> bool {
+        self.wait_for_region(stop, |leads| !leads).await
+    }
+
+    async fn wait_for_region(
+        &self,
+        stop: &mut watch::Receiver<bool>,
+        done: impl Fn(bool) -> bool,
+    ) -> bool {
+        let mut metrics = self.store.group().raft().metrics();
+        loop {
+            if *stop.borrow() {
+                return false;
+            }
+            if done(self.leads_region()) {
+                return true;
+            }
+            tokio::select! {
+                changed = metrics.changed() => {
+                    if changed.is_err() {
+                        return false;
+                    }
+                }
+                _ = stop.changed() => return false,
+            }
+        }
     }
 
     pub fn config(&self) -> &Config {
@@ -354,4 +434,56 @@ impl Node {
         self.refresh_tenants();
         Ok((record, token))
     }
+}
+
+/// Opens this node's replica of its region store. The configured members of this
+/// node's region are the region group's voters: with only this node, it is the
+/// group's single voter; with several, the group replicates over the Raft
+/// listeners (`/raft/region-<name>/...`, with the node credential), and an
+/// answer waits for a majority of them.
+async fn open_store(
+    config: &Config,
+    info: &NodeInfo,
+    http: &reqwest::Client,
+    credentials: &NodeCredentials,
+) -> Result<Store, Error> {
+    let group = keyhold_store::raft::group_name(&config.region);
+    let member = Member {
+        group: group.clone(),
+        node: config.node_id,
+        info: info.clone(),
+    };
+    let dir = config.data_dir.join("region");
+    let voters: std::collections::BTreeMap<NodeId, NodeInfo> = config
+        .members
+        .iter()
+        .filter(|m| m.region == config.region)
+        .map(|m| {
+            let info = NodeInfo::new(m.region.clone(), m.api_addr.clone(), m.raft_addr.clone());
+            (m.id, info)
+        })
+        .collect();
+    let bootstrap = match config.start {
+        // A node that was not among the first members joins as one later.
+        Start::Join => Bootstrap::Joiner,
+        Start::Create if voters.len() <= 1 => return Ok(Store::open(&dir, member).await?),
+        Start::Create if !voters.contains_key(&config.node_id) => {
+            return Err(Error::Config(format!(
+                "node {} of region {} is not among its region's members; start it with \
+                 start = \"join\" and add it with POST /admin/v1/nodes",
+                config.node_id, config.region
+            )))
+        }
+        Start::Create => Bootstrap::Voters(voters),
+    };
+    let network = keyhold_registry::HttpNetwork::<keyhold_store::raft::RegionConfig>::new(
+        http.clone(),
+        &group,
+        config.node_id,
+        credentials.clone(),
+    );
+    let options = GroupOptions {
+        snapshot_entries: config.region_snapshot_entries,
+    };
+    Ok(Store::open_replica(&dir, member, network, bootstrap, options).await?)
 }

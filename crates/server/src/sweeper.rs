@@ -20,6 +20,10 @@ pub async fn run(node: Arc<Node>, mut stop: watch::Receiver<bool>) {
             _ = tick.tick() => {}
             _ = stop.changed() => return,
         }
+        // One sweeper per region: its store's leader.
+        if !node.leads_region() {
+            continue;
+        }
         for _ in 0..SWEEP_COMMANDS_PER_ROUND_MAX {
             let command = Command::Sweep {
                 now: now(),

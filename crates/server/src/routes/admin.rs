@@ -380,6 +380,7 @@ pub async fn cluster(State(node): State<Arc<Node>>) -> Result<Response, ApiError
         })
         .collect();
     let stats = node.store().stats();
+    let region_metrics = node.store().group().raft().metrics().borrow().clone();
     let body = serde_json::json!({
         "this_node": {
             "node_id": registry.id(),
@@ -398,6 +399,20 @@ pub async fn cluster(State(node): State<Arc<Node>>) -> Result<Response, ApiError
             "batches": stats.batches(),
             "commands": stats.commands(),
             "size_on_disk_bytes": node.store().size_on_disk(),
+            // This node's view of its region group: who leads, and whether
+            // this node may execute (`leads`: it leads and has applied its term).
+            "group": keyhold_store::raft::group_name(node.region()),
+            "leader": region_metrics.current_leader,
+            "term": region_metrics.current_term,
+            "leads": node.leads_region(),
+            "voters": region_metrics
+                .membership_config
+                .membership()
+                .voter_ids()
+                .collect::<Vec<_>>(),
+            "applied_index": region_metrics.last_applied.map_or(0, |l| l.index),
+            "snapshot_index": region_metrics.snapshot.map(|l| l.index),
+            "purged_index": region_metrics.purged.map(|l| l.index),
         },
     });
     Ok(json_response(200, serde_json::to_vec(&body).expect("json")))
@@ -526,9 +541,9 @@ pub async fn reservations(
 }
 
 /// Marks an admin request one node sends another to act on its own store only.
-const KEYHOLD_SCOPE: &str = "keyhold-scope";
+pub(super) const KEYHOLD_SCOPE: &str = "keyhold-scope";
 
-fn is_local_scope(headers: &HeaderMap) -> bool {
+pub(super) fn is_local_scope(headers: &HeaderMap) -> bool {
     headers
         .get(KEYHOLD_SCOPE)
         .is_some_and(|v| v.as_bytes() == b"local")
@@ -545,7 +560,7 @@ fn urlencode(text: &str) -> String {
         .collect()
 }
 
-/// Sends an admin request to every region's store node (this one included) with
+/// Sends an admin request to a node of every region (this one's included) with
 /// `keyhold-scope: local`, and returns their JSON answers. Any region that does
 /// not answer fails the whole call: a partial answer would read as complete.
 async fn fan_out(
@@ -556,27 +571,32 @@ async fn fan_out(
 ) -> Result<Vec<serde_json::Value>, ApiError> {
     let mut answers = Vec::new();
     for region in node.registry().regions() {
-        let Some((_, target)) = node.store_node_of(&region.name) else {
+        let unreachable = |detail: String| ApiError::new(Problem::OwnerUnreachable).detail(detail);
+        // Any node of the region: one that is not its store's leader sends the
+        // call on to it.
+        let sent = node
+            .send_to_region(&region.name, |addr| {
+                let mut request = node
+                    .http()
+                    .request(method.clone(), format!("http://{addr}{path}"))
+                    .bearer_auth(&node.config().admin_token)
+                    .header(KEYHOLD_SCOPE, "local")
+                    .timeout(std::time::Duration::from_millis(
+                        crate::limits::FORWARD_TIMEOUT_MS,
+                    ));
+                if !body.is_empty() {
+                    request = request
+                        .header(header::CONTENT_TYPE, "application/json")
+                        .body(body.clone());
+                }
+                request
+            })
+            .await;
+        let Some(sent) = sent else {
             continue;
         };
-        let mut request = node
-            .http()
-            .request(method.clone(), format!("http://{}{path}", target.api_addr))
-            .bearer_auth(&node.config().admin_token)
-            .header(KEYHOLD_SCOPE, "local")
-            .timeout(std::time::Duration::from_millis(
-                crate::limits::FORWARD_TIMEOUT_MS,
-            ));
-        if !body.is_empty() {
-            request = request
-                .header(header::CONTENT_TYPE, "application/json")
-                .body(body.clone());
-        }
-        let unreachable = |detail: String| ApiError::new(Problem::OwnerUnreachable).detail(detail);
-        let response = request
-            .send()
-            .await
-            .map_err(|e| unreachable(format!("region {} did not answer: {e}", region.name)))?;
+        let response =
+            sent.map_err(|e| unreachable(format!("region {} did not answer: {e}", region.name)))?;
         if !response.status().is_success() {
             return Err(unreachable(format!(
                 "region {} answered {}",

@@ -4,11 +4,13 @@
 //! (401 before anything else), then placed by the local registry replica: the
 //! home region executes it (while the tenant moves, its old home does until
 //! the move fences its store, then answers 503 `tenant-moving`); otherwise the
-//! whole request is forwarded to the home
-//! region's store node, carrying the epoch this node believes. A home that is
-//! not the owner at that epoch answers 421; this node then waits for its
-//! replica to reach the home's registry index and places the request once more.
-//! An unreachable home is 503 `owner-unreachable`: never local execution.
+//! whole request is forwarded to a node of the home region (the one that
+//! answered last, else the next that can be reached), carrying the epoch this
+//! node believes. A home that is not the owner at that epoch answers 421; this
+//! node then waits for its replica to reach the home's registry index and
+//! places the request once more. An unreachable home is 503
+//! `owner-unreachable`: never local execution. Inside the home region, the
+//! store's leader executes; a follower sends the request on to it (`leader.rs`).
 //!
 //! A forward carries the cluster's node credential; only then does the home
 //! trust `Keyhold-Epoch`. A client cannot set it: without the credential the
@@ -16,13 +18,15 @@
 //! the answer is 401 `unauthenticated`. Forwards copy an allow-list of the
 //! client's headers, so nothing internal a client sent travels on.
 
+use super::leader::{self, Arrival, AtLeader};
 use super::{read_body, KEYHOLD_REGION};
 use crate::limits::{FORWARD_ATTEMPTS_MAX, FORWARD_TIMEOUT_MS, REGISTRY_READ_WAIT_MS};
 use crate::node::{Node, Placement};
 use crate::problem::ApiError;
 use crate::tenants::{has_tenant_token_form, Tenant};
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -47,6 +51,68 @@ async fn run_local(node: &Node, tenant: &Tenant, request: Request, next: Next) -
     }
 }
 
+/// Executes in this region: here when this node leads the region's store, else
+/// on the leader, which receives the request once (a hop is not sent on again).
+async fn run_in_region(
+    node: &Node,
+    tenant: &Tenant,
+    request: Request,
+    next: Next,
+    arrival: Arrival,
+) -> Response {
+    if node.leads_region() {
+        return run_local(node, tenant, request, next).await;
+    }
+    if arrival == Arrival::RegionHop {
+        return leader::not_leader();
+    }
+    let (parts, body) = request.into_parts();
+    let bytes = match buffer(node, &parts, body).await {
+        Ok(b) => b,
+        Err(e) => return e.into_response(),
+    };
+    let mut headers = client_headers(&parts.headers);
+    headers.insert(KEYHOLD_EPOCH, HeaderValue::from(tenant.record.epoch));
+    match leader::send_to_leader(node, &parts, headers, bytes.clone()).await {
+        // The leader's registry replica disagrees with this one (a move just
+        // ended): a forwarding region handles its 421; a client is told to retry.
+        AtLeader::Answered(response)
+            if response.status() == StatusCode::MISDIRECTED_REQUEST
+                && arrival == Arrival::Client =>
+        {
+            ApiError::new(Problem::TenantMoving)
+                .detail("the home region's replicas are catching up with a move")
+                .into_response()
+        }
+        AtLeader::Answered(response) => leader::relay(response, Problem::StoreUnavailable).await,
+        AtLeader::Here => {
+            let request = Request::from_parts(parts, Body::from(bytes));
+            run_local(node, tenant, request, next).await
+        }
+        AtLeader::Failed(response) => response,
+    }
+}
+
+/// Reads a request's body to send it on. The executing node checks the headers
+/// before it reads the body; so does this one, so that a request it would
+/// refuse for its headers gets that answer here too, even when its body is over
+/// the limit this node reads.
+async fn buffer(node: &Node, parts: &Parts, body: Body) -> Result<Bytes, ApiError> {
+    super::header_checks(&parts.method, parts.uri.path(), &parts.headers)?;
+    read_body(&parts.headers, body, node.config().body_bytes_max).await
+}
+
+/// The allow-listed client headers of a request, for sending it on.
+fn client_headers(from: &HeaderMap) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    for name in FORWARDED_HEADERS {
+        for value in from.get_all(name) {
+            headers.append(name, value.clone());
+        }
+    }
+    headers
+}
+
 /// The epoch a forwarding node believes the tenant is at.
 pub const KEYHOLD_EPOCH: HeaderName = HeaderName::from_static("keyhold-epoch");
 /// On a 421: the registry index the home had applied, for the sender to wait for.
@@ -62,9 +128,6 @@ const FORWARDED_HEADERS: [&str; 6] = [
     "accept",
     "user-agent",
 ];
-
-/// Response headers a forward does not copy back (hyper sets its own).
-const HOP_BY_HOP: [&str; 4] = ["connection", "transfer-encoding", "content-length", "date"];
 
 fn misdirected(node: &Node) -> Response {
     metrics::counter!("keyhold_forward_misdirected_total").increment(1);
@@ -95,12 +158,13 @@ pub async fn route(State(node): State<Arc<Node>>, request: Request, next: Next) 
         Ok(epoch) => epoch,
         Err(e) => return e.into_response(),
     };
+    let arrival = Arrival::of(&node, request.headers());
     match (node.placement(&tenant.record), believed_epoch) {
         (Placement::Closed, _) => ApiError::new(Problem::TenantMoving).into_response(),
         // A forwarder that believes another epoch must refresh first, whether it
         // is behind or (after a move back) ahead.
         (Placement::Local, Some(e)) if e != tenant.record.epoch => misdirected(&node),
-        (Placement::Local, _) => run_local(&node, &tenant, request, next).await,
+        (Placement::Local, _) => run_in_region(&node, &tenant, request, next, arrival).await,
         // Forwarded to a node that is not home: never forward twice.
         (Placement::Remote { .. }, Some(_)) => misdirected(&node),
         (Placement::Remote { region }, None) => forward(node, request, next, region).await,
@@ -129,13 +193,7 @@ fn forwarded_epoch(node: &Node, headers: &HeaderMap) -> Result<Option<u64>, ApiE
 
 async fn forward(node: Arc<Node>, request: Request, next: Next, region: String) -> Response {
     let (parts, body) = request.into_parts();
-    // The home checks the headers before it reads the body; so does this node,
-    // so that a request the home would refuse for its headers gets that answer
-    // here too, even when its body is over the limit this node reads.
-    if let Err(e) = super::header_checks(&parts.method, parts.uri.path(), &parts.headers) {
-        return e.into_response();
-    }
-    let bytes = match read_body(&parts.headers, body, node.config().body_bytes_max).await {
+    let bytes = match buffer(&node, &parts, body).await {
         Ok(b) => b,
         Err(e) => return e.into_response(),
     };
@@ -155,38 +213,34 @@ async fn forward(node: Arc<Node>, request: Request, next: Next, region: String) 
                 // After a refresh the tenant turned out to live here.
                 Placement::Local => {
                     let request = Request::from_parts(parts, Body::from(bytes));
-                    return run_local(&node, &tenant, request, next).await;
+                    return run_in_region(&node, &tenant, request, next, Arrival::Client).await;
                 }
                 Placement::Remote { region: r } => region = r,
             }
         }
-        let Some((_, home)) = node.store_node_of(&region) else {
-            return ApiError::new(Problem::OwnerUnreachable)
-                .detail(format!("no node of region {region} is known"))
-                .into_response();
-        };
-        let mut builder = node
-            .http()
-            .request(
-                parts.method.clone(),
-                format!("http://{}{path}", home.api_addr),
-            )
-            .timeout(Duration::from_millis(FORWARD_TIMEOUT_MS))
-            .header(KEYHOLD_EPOCH, tenant.record.epoch)
-            .header(NODE_CREDENTIAL_HEADER, node.credentials().current())
-            .body(bytes.clone());
-        for name in FORWARDED_HEADERS {
-            for value in parts.headers.get_all(name) {
-                builder = builder.header(name, value);
-            }
-        }
+        let epoch = tenant.record.epoch;
         let started = std::time::Instant::now();
-        let sent = builder.send().await;
+        let sent = node
+            .send_to_region(&region, |addr| {
+                node.http()
+                    .request(parts.method.clone(), format!("http://{addr}{path}"))
+                    .timeout(Duration::from_millis(FORWARD_TIMEOUT_MS))
+                    .headers(client_headers(&parts.headers))
+                    .header(KEYHOLD_EPOCH, epoch)
+                    .header(NODE_CREDENTIAL_HEADER, node.credentials().current())
+                    .body(bytes.clone())
+            })
+            .await;
         metrics::histogram!("keyhold_forward_duration_seconds")
             .record(started.elapsed().as_secs_f64());
         let response = match sent {
-            Ok(r) => r,
-            Err(e) => {
+            Some(Ok(r)) => r,
+            None => {
+                return ApiError::new(Problem::OwnerUnreachable)
+                    .detail(format!("no node of region {region} is known"))
+                    .into_response()
+            }
+            Some(Err(e)) => {
                 // Whether it executed is unknown; the client retries with its key.
                 metrics::counter!("keyhold_forward_failures_total").increment(1);
                 tracing::warn!(region, error = %e, "forward to home region failed");
@@ -222,23 +276,7 @@ async fn forward(node: Arc<Node>, request: Request, next: Next, region: String) 
 
 /// Copies the home's answer, `Keyhold-Region` included, back to the client.
 async fn relay(response: reqwest::Response) -> Response {
-    let status = response.status();
-    let mut headers = HeaderMap::new();
-    for (name, value) in response.headers() {
-        if !HOP_BY_HOP.contains(&name.as_str()) {
-            headers.append(name.clone(), value.clone());
-        }
-    }
-    let body = match response.bytes().await {
-        Ok(b) => b,
-        Err(_) => {
-            return ApiError::new(Problem::OwnerUnreachable)
-                .detail("the home region's answer was cut off")
-                .into_response()
-        }
-    };
-    debug_assert!(headers.contains_key(KEYHOLD_REGION));
-    let mut out = (status, body).into_response();
-    out.headers_mut().extend(headers);
+    let out = leader::relay(response, Problem::OwnerUnreachable).await;
+    debug_assert!(out.headers().contains_key(KEYHOLD_REGION));
     out
 }

@@ -45,13 +45,45 @@ pub const NEXT_CURSOR: HeaderName = HeaderName::from_static("keyhold-next-cursor
 const FAULT_ABORT_AFTER_FENCE: &str = "KEYHOLD_FAULT_ABORT_AFTER_FENCE";
 
 pub fn router(node: Arc<Node>) -> Router<Arc<Node>> {
+    // Membership changes: the registry's on its leader (the handler checks), the
+    // region group's on the region's leader (the layer sends it there).
+    let registry_membership = Router::new()
+        .route(
+            "/internal/v1/membership/registry",
+            post(super::members::registry_change),
+        )
+        .route_layer(axum::middleware::from_fn_with_state(
+            node.clone(),
+            super::require_node_credential,
+        ));
+    let region_membership = Router::new()
+        .route(
+            "/internal/v1/membership/region",
+            post(super::members::region_change),
+        )
+        .route_layer(axum::middleware::from_fn_with_state(
+            (node.clone(), crate::limits::BODY_BYTES_MAX_DEFAULT),
+            super::leader::at_region_leader,
+        ))
+        .route_layer(axum::middleware::from_fn_with_state(
+            node.clone(),
+            super::require_node_credential,
+        ));
     Router::new()
+        .merge(registry_membership)
+        .merge(region_membership)
         .route("/internal/v1/moves/{tenant_id}/track", post(track))
         .route("/internal/v1/moves/{tenant_id}/fence", post(fence))
         .route("/internal/v1/moves/{tenant_id}/export", get(export))
         .route("/internal/v1/moves/{tenant_id}/changes", get(changes))
         .route("/internal/v1/moves/{tenant_id}/pull", post(pull))
         .route("/internal/v1/moves/{tenant_id}/import", post(import))
+        // Every move call acts on this region's store: on its leader. Inside
+        // the credential check, so only a cluster node is sent on.
+        .route_layer(axum::middleware::from_fn_with_state(
+            (node.clone(), MOVE_IMPORT_BODY_BYTES_MAX),
+            super::leader::at_region_leader,
+        ))
         .route_layer(axum::middleware::from_fn_with_state(
             node,
             super::require_node_credential,
@@ -507,29 +539,31 @@ async fn fetch_page(
         .registry()
         .tenant(tenant_id)
         .ok_or_else(|| ApiError::new(Problem::NotFound))?;
-    let Some((_, old)) = node.store_node_of(&record.home_region) else {
-        return Err(ApiError::new(Problem::OwnerUnreachable)
-            .detail(format!("no node of region {}", record.home_region)));
-    };
-    let mut url = format!(
-        "http://{}/internal/v1/moves/{tenant_id}/{}?bytes_max={MOVE_PAGE_BYTES_MAX}",
-        old.api_addr,
+    let mut path = format!(
+        "/internal/v1/moves/{tenant_id}/{}?bytes_max={MOVE_PAGE_BYTES_MAX}",
         pass.source()
     );
     if let Some(a) = after {
-        url.push_str("&after=");
-        url.push_str(a);
+        path.push_str("&after=");
+        path.push_str(a);
     }
     let unreachable = |e: reqwest::Error| {
         ApiError::new(Problem::OwnerUnreachable).detail(format!("the old home: {e}"))
     };
+    // Any node of the old home: one that does not lead its store sends the
+    // call on to the leader.
+    let region = &record.home_region;
     let response = node
-        .http()
-        .get(url)
-        .header(NODE_CREDENTIAL_HEADER, node.credentials().current())
-        .timeout(Duration::from_millis(MOVE_CALL_TIMEOUT_MS))
-        .send()
+        .send_to_region(region, |addr| {
+            node.http()
+                .get(format!("http://{addr}{path}"))
+                .header(NODE_CREDENTIAL_HEADER, node.credentials().current())
+                .timeout(Duration::from_millis(MOVE_CALL_TIMEOUT_MS))
+        })
         .await
+        .ok_or_else(|| {
+            ApiError::new(Problem::OwnerUnreachable).detail(format!("no node of region {region}"))
+        })?
         .map_err(unreachable)?;
     if !response.status().is_success() {
         return Err(ApiError::new(Problem::OwnerUnreachable)

@@ -7,6 +7,8 @@ mod claims;
 mod forward;
 mod guard;
 mod internal;
+mod leader;
+mod members;
 mod meta;
 mod moves;
 mod orders;
@@ -76,6 +78,16 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/admin/v1/cluster", get(admin::cluster))
         .route("/admin/v1/outbox/replay", post(admin::replay_outbox))
         .route("/admin/v1/inventory/reservations", get(admin::reservations))
+        .route("/admin/v1/nodes", post(members::add_node))
+        .route(
+            "/admin/v1/nodes/{node_id}/remove",
+            post(members::remove_node),
+        )
+        // A fanned-out call's local part acts on this region's store: on its leader.
+        .route_layer(middleware::from_fn_with_state(
+            (node.clone(), node.config().body_bytes_max),
+            leader::admin_local_at_leader,
+        ))
         .route_layer(middleware::from_fn_with_state(node.clone(), require_admin));
     Router::new()
         .merge(tenant_routes)

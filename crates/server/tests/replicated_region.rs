@@ -1,0 +1,421 @@
+//! Three nodes of one region, started in this process through `keyhold_server::run`
+//! with one another as members: the region's store is one Raft group of three
+//! voters. Any node takes a tenant's request; followers send it on to the leader
+//! (one hop), so every node gives the same answers. A client cannot set the hop
+//! mark. When the leader stops, the other two elect a new one: every order
+//! acknowledged before replays byte for byte through every remaining node, and
+//! new orders are taken again within a few seconds. The stopped node is then
+//! replaced on an empty data dir: removed from both groups, started with
+//! `start = "join"`, added back; it catches up by a snapshot (the leader purged
+//! its log behind one), votes, and serves every order.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use keyhold_server::config::{Member, Start};
+use keyhold_server::Config;
+use serde_json::{json, Value};
+use tokio::sync::oneshot;
+
+const ADMIN_TOKEN: &str = "replicated-region-admin-token-0123456789";
+const CREDENTIAL: &str = "replicated-region-node-credential-0123456789";
+/// Start-up, elections and replication on a loaded two-core machine.
+const WAIT: Duration = Duration::from_secs(30);
+/// How soon the region must take orders again after losing its leader.
+const RECOVERY_MAX: Duration = Duration::from_secs(5);
+
+/// Snapshot after this many region log entries (and keep as many): small, so
+/// that the leader purges its log during the test.
+const SNAPSHOT_ENTRIES: u64 = 5;
+
+struct TestNode {
+    id: u64,
+    api: String,
+    member: Member,
+    dir: PathBuf,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<Result<(), keyhold_server::Error>>,
+}
+
+impl TestNode {
+    async fn stop(mut self) {
+        let _ = self.stop.take().expect("running").send(());
+        self.task
+            .await
+            .expect("node task")
+            .expect("node stopped cleanly");
+    }
+}
+
+fn free_addr() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+async fn start_region(dir: &std::path::Path) -> Vec<TestNode> {
+    let credential_file: PathBuf = dir.join("node-credential");
+    std::fs::write(&credential_file, CREDENTIAL).unwrap();
+    let mut listeners = Vec::new();
+    let mut members = Vec::new();
+    for id in 1..=3u64 {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let raft = free_addr();
+        members.push(Member {
+            id,
+            region: "a".into(),
+            api_addr: listener.local_addr().unwrap().to_string(),
+            raft_addr: raft.to_string(),
+        });
+        listeners.push((id, listener, raft));
+    }
+    let mut nodes = Vec::new();
+    for (id, listener, _) in listeners {
+        let node_dir = dir.join(format!("node-{id}"));
+        nodes.push(start_node(
+            dir,
+            id,
+            node_dir,
+            listener,
+            &members,
+            Start::Create,
+        ));
+    }
+    nodes
+}
+
+fn start_node(
+    dir: &std::path::Path,
+    id: u64,
+    node_dir: PathBuf,
+    listener: tokio::net::TcpListener,
+    members: &[Member],
+    start: Start,
+) -> TestNode {
+    let member = members.iter().find(|m| m.id == id).unwrap().clone();
+    let mut config = Config::new("a", node_dir.clone(), ADMIN_TOKEN.into());
+    config.node_id = id;
+    config.raft_listen = member.raft_addr.clone();
+    config.members = members.to_vec();
+    config.node_credential_file = Some(dir.join("node-credential"));
+    config.region_snapshot_entries = SNAPSHOT_ENTRIES;
+    config.start = start;
+    let api = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(keyhold_server::run(config, listener, async move {
+        let _ = stopped.await;
+    }));
+    TestNode {
+        id,
+        api,
+        member,
+        dir: node_dir,
+        stop: Some(stop),
+        task,
+    }
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder().no_proxy().build().unwrap()
+}
+
+async fn cluster_view(api: &str) -> Option<Value> {
+    let response = client()
+        .get(format!("{api}/admin/v1/cluster"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .ok()?;
+    if !response.status().is_success() {
+        return None;
+    }
+    response.json().await.ok()
+}
+
+/// Waits until every node answers /readyz and one of them leads the region
+/// group; returns that node's id.
+async fn wait_for_leader(nodes: &[TestNode]) -> u64 {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let mut ready = true;
+        let mut leader = None;
+        for node in nodes {
+            let ok = client()
+                .get(format!("{}/readyz", node.api))
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success());
+            ready &= ok;
+            if let Some(view) = cluster_view(&node.api).await {
+                if view["store"]["leads"] == json!(true) {
+                    leader = Some(node.id);
+                }
+            }
+        }
+        if let (true, Some(id)) = (ready, leader) {
+            return id;
+        }
+        assert!(Instant::now() < deadline, "no ready region leader in time");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn create_tenant(api: &str) -> String {
+    let response = client()
+        .post(format!("{api}/admin/v1/tenants"))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({"tenant_id": "shop", "home_region": "a"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 201);
+    let body: Value = response.json().await.unwrap();
+    body["token"].as_str().unwrap().to_owned()
+}
+
+struct Answer {
+    status: u16,
+    replayed: bool,
+    region: Option<String>,
+    body: Vec<u8>,
+}
+
+async fn order(api: &str, token: &str, key: &str, extra: &[(&str, &str)]) -> Answer {
+    let body = json!({
+        "client_order_id": format!("co-{key}"),
+        "cart_id": "cart-1",
+        "amount": 1200,
+        "currency": "EUR",
+    });
+    let mut request = client()
+        .post(format!("{api}/v1/orders"))
+        .bearer_auth(token)
+        .header("idempotency-key", key)
+        .json(&body);
+    for (name, value) in extra {
+        request = request.header(*name, *value);
+    }
+    let response = request.send().await.unwrap();
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_owned())
+    };
+    Answer {
+        status: response.status().as_u16(),
+        replayed: header("idempotent-replayed").as_deref() == Some("true"),
+        region: header("keyhold-region"),
+        body: response.bytes().await.unwrap().to_vec(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_node_of_a_region_answers_and_the_region_survives_its_leader() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut nodes = start_region(dir.path()).await;
+    let leader = wait_for_leader(&nodes).await;
+    let token = create_tenant(&nodes[0].api).await;
+
+    // Through every node, the leader and both followers: one order each.
+    let mut first = Vec::new();
+    for node in &nodes {
+        let key = format!("order-via-{}", node.id);
+        let created = order(&node.api, &token, &key, &[]).await;
+        assert_eq!(
+            created.status,
+            201,
+            "{}",
+            String::from_utf8_lossy(&created.body)
+        );
+        assert_eq!(created.region.as_deref(), Some("a"));
+        first.push((key, created.body));
+    }
+    // Each replays identically through every node.
+    for (key, body) in &first {
+        for node in &nodes {
+            let replay = order(&node.api, &token, key, &[]).await;
+            assert_eq!(replay.status, 201);
+            assert!(replay.replayed, "a second send is a replay");
+            assert_eq!(
+                &replay.body, body,
+                "replay of {key} through node {}",
+                node.id
+            );
+        }
+    }
+    // A client's hop mark is ignored: without the node credential a follower
+    // still sends the request on rather than refusing it as a stray hop.
+    for node in nodes.iter().filter(|n| n.id != leader) {
+        let key = format!("forged-hop-{}", node.id);
+        let created = order(&node.api, &token, &key, &[("keyhold-hop", "region")]).await;
+        assert_eq!(
+            created.status,
+            201,
+            "{}",
+            String::from_utf8_lossy(&created.body)
+        );
+        first.push((key, created.body));
+    }
+
+    // The leader stops; the other two elect a new one.
+    let index = nodes.iter().position(|n| n.id == leader).unwrap();
+    let old = nodes.remove(index);
+    let (old_id, old_member, old_dir) = (old.id, old.member.clone(), old.dir.clone());
+    let stopped_at = Instant::now();
+    old.stop().await;
+    let survivor = nodes[0].api.clone();
+    let recovered = loop {
+        let probe = order(&survivor, &token, "after-leader-loss", &[]).await;
+        if probe.status == 201 {
+            break stopped_at.elapsed();
+        }
+        assert_eq!(
+            probe.status,
+            503,
+            "{}",
+            String::from_utf8_lossy(&probe.body)
+        );
+        assert!(stopped_at.elapsed() < WAIT, "the region never recovered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    println!("the region took orders again {recovered:?} after its leader stopped");
+    assert!(recovered < RECOVERY_MAX, "recovery took {recovered:?}");
+    for (key, body) in &first {
+        for node in &nodes {
+            let replay = order(&node.api, &token, key, &[]).await;
+            assert!(
+                replay.replayed && &replay.body == body,
+                "{key} via node {}",
+                node.id
+            );
+        }
+    }
+
+    // Replace the stopped node on an empty data dir: out of both groups first.
+    let (status, removed) = admin_post(
+        &survivor,
+        &format!("/admin/v1/nodes/{}/remove", old_id),
+        json!({}),
+    )
+    .await;
+    assert_eq!(status, 200, "{removed}");
+    assert_eq!(removed["region_group"], "removed");
+    assert_eq!(removed["registry"], "removed");
+    std::fs::remove_dir_all(&old_dir).unwrap();
+    // The leader purged its log behind a snapshot: the new node can only catch
+    // up from that snapshot.
+    let purged = leader_view(&nodes).await["store"]["purged_index"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(purged > 0, "the leader's log was purged behind a snapshot");
+    let listener = tokio::net::TcpListener::bind(&old_member.api_addr)
+        .await
+        .unwrap();
+    let members: Vec<Member> = nodes
+        .iter()
+        .map(|n| n.member.clone())
+        .chain([old_member.clone()])
+        .collect();
+    let replacement = start_node(dir.path(), old_id, old_dir, listener, &members, Start::Join);
+    let add = json!({
+        "node_id": old_id,
+        "region": "a",
+        "api_addr": old_member.api_addr,
+        "raft_addr": old_member.raft_addr,
+    });
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let (status, added) = admin_post(&survivor, "/admin/v1/nodes", add.clone()).await;
+        if status == 200 {
+            assert_eq!(added["region_group"], "voter", "{added}");
+            assert_eq!(added["registry"], "voter", "{added}");
+            break;
+        }
+        assert_eq!(status, 202, "{added}");
+        assert!(Instant::now() < deadline, "the replacement never caught up");
+    }
+    // Its own view settles a moment after the leader counted it caught up.
+    let deadline = Instant::now() + WAIT;
+    let view = loop {
+        let view = cluster_view(&replacement.api).await.unwrap();
+        let applied = view["store"]["applied_index"].as_u64().unwrap_or(0);
+        let votes = view["store"]["voters"]
+            .as_array()
+            .unwrap()
+            .contains(&json!(old_id));
+        if applied >= purged && votes {
+            break view;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the replacement did not settle: {view}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    println!("the replacement: {}", view["store"]);
+    assert!(
+        view["store"]["purged_index"].as_u64().unwrap_or(0) > 0,
+        "the replacement's log starts after a snapshot: {view}"
+    );
+    nodes.push(replacement);
+    // It votes: with one of the two others gone, it makes the majority.
+    let gone = nodes.remove(0);
+    gone.stop().await;
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let probe = order(&nodes[0].api, &token, "after-replacement", &[]).await;
+        if probe.status == 201 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no majority with the replacement"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // And it holds every order.
+    for (key, body) in &first {
+        for node in &nodes {
+            let replay = order(&node.api, &token, key, &[]).await;
+            assert!(
+                replay.replayed && &replay.body == body,
+                "{key} via node {}",
+                node.id
+            );
+        }
+    }
+    for node in nodes {
+        node.stop().await;
+    }
+}
+
+async fn admin_post(api: &str, path: &str, body: Value) -> (u16, Value) {
+    let response = client()
+        .post(format!("{api}{path}"))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+/// The cluster view of the node that leads the region group now.
+async fn leader_view(nodes: &[TestNode]) -> Value {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        for node in nodes {
+            if let Some(view) = cluster_view(&node.api).await {
+                if view["store"]["leads"] == json!(true) {
+                    return view;
+                }
+            }
+        }
+        assert!(Instant::now() < deadline, "no region leader");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
