@@ -463,10 +463,15 @@ async fn open_store(
             (m.id, info)
         })
         .collect();
+    let options = GroupOptions {
+        snapshot_entries: config.region_snapshot_entries,
+    };
     let bootstrap = match config.start {
         // A node that was not among the first members joins as one later.
         Start::Join => Bootstrap::Joiner,
-        Start::Create if voters.len() <= 1 => return Ok(Store::open(&dir, member).await?),
+        Start::Create if voters.len() <= 1 => {
+            return Ok(Store::open_with(&dir, member, options).await?)
+        }
         Start::Create if !voters.contains_key(&config.node_id) => {
             return Err(Error::Config(format!(
                 "node {} of region {} is not among its region's members; start it with \
@@ -482,8 +487,5 @@ async fn open_store(
         config.node_id,
         credentials.clone(),
     );
-    let options = GroupOptions {
-        snapshot_entries: config.region_snapshot_entries,
-    };
     Ok(Store::open_replica(&dir, member, network, bootstrap, options).await?)
 }

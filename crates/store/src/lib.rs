@@ -136,10 +136,24 @@ impl Store {
     /// returns once this node leads it and has applied every committed entry. The
     /// group stops with `shutdown`, or when the last handle is dropped.
     pub async fn open(dir: &Path, member: raft::Member) -> Result<Store, Error> {
+        Self::open_with(dir, member, raft::GroupOptions::default()).await
+    }
+
+    /// `open` with `options` instead of the defaults.
+    pub async fn open_with(
+        dir: &Path,
+        member: raft::Member,
+        options: raft::GroupOptions,
+    ) -> Result<Store, Error> {
         check_format(dir).await?;
-        let group =
-            raft::RegionGroup::start_single_voter(dir, &member.group, member.node, member.info)
-                .await?;
+        let group = raft::RegionGroup::start_single_voter_with(
+            dir,
+            &member.group,
+            member.node,
+            member.info,
+            options,
+        )
+        .await?;
         Ok(Store::over(dir, group))
     }
 

@@ -182,13 +182,24 @@ impl RegionGroup {
         node: NodeId,
         info: NodeInfo,
     ) -> Result<RegionGroup, Error> {
+        Self::start_single_voter_with(dir, group, node, info, GroupOptions::default()).await
+    }
+
+    /// `start_single_voter` with `options` instead of the defaults.
+    pub async fn start_single_voter_with(
+        dir: &Path,
+        group: &str,
+        node: NodeId,
+        info: NodeInfo,
+        options: GroupOptions,
+    ) -> Result<RegionGroup, Error> {
         let member = Member {
             group: group.to_string(),
             node,
             info: info.clone(),
         };
         let voters = Bootstrap::Voters(BTreeMap::from([(node, info)]));
-        let started = Self::start(dir, &member, NoPeers, voters).await?;
+        let started = Self::start_with(dir, &member, NoPeers, voters, options).await?;
         let raft = &started.inner.raft;
         let leader_wait = Duration::from_millis(REGION_LEADER_WAIT_MS);
         raft.wait(Some(leader_wait))
