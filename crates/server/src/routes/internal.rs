@@ -214,7 +214,7 @@ async fn fence(
     let head = node.store().tenant_last_event_seq(&tenant)?;
     let deadline = Instant::now() + Duration::from_millis(MOVE_DRAIN_WAIT_MS);
     for consumer in crate::downstream::consumers(&node) {
-        while node.store().cursor(&consumer).await? < head {
+        while node.store().cursor(consumer).await? < head {
             if Instant::now() > deadline {
                 return Err(ApiError::new(Problem::StoreUnavailable)
                     .detail(format!("consumer {consumer} did not catch up")));
