@@ -18,7 +18,7 @@ use crate::limits::{
 };
 use crate::node::{now, Node};
 use keyhold_core::Item;
-use keyhold_store::{Applied, Command, ConsumeOutcome, Consumer, OutboxEvent};
+use keyhold_store::{ConsumeOutcome, Consumer, OutboxEvent};
 use serde::Deserialize;
 use std::sync::Arc;
 use std::time::Duration;
@@ -176,13 +176,8 @@ async fn relay_round(
         }
     }
     if done_to > cursor {
-        let command = Command::AdvanceCursor {
-            consumer,
-            seq: done_to,
-            generation,
-        };
         store
-            .execute(command)
+            .advance_cursor(consumer, done_to, generation)
             .await
             .map_err(|e| Failure(e.to_string()))?;
     }
@@ -214,14 +209,14 @@ async fn handle(node: &Node, consumer: Consumer, event: &OutboxEvent) -> Result<
             return Ok(());
         }
     };
-    let command = match consumer {
-        Consumer::Inventory => Command::ConsumeInventory {
-            event_id: event.event_id.clone(),
-            order_id: payload.order.order_id.clone(),
-            items: payload.items,
-            now: now(),
-            processed_ttl_ms: node.policy().processed_ttl_ms,
-        },
+    let (event_id, order_id) = (event.event_id.clone(), payload.order.order_id.clone());
+    let stored = match consumer {
+        Consumer::Inventory => {
+            let items = payload.items;
+            node.store()
+                .consume_inventory(event_id, order_id, items, now(), node.policy())
+                .await
+        }
         Consumer::Payments => {
             let base = node
                 .config()
@@ -230,21 +225,12 @@ async fn handle(node: &Node, consumer: Consumer, event: &OutboxEvent) -> Result<
                 .expect("payments runs only with a provider");
             let key = format!("keyhold-pay-{}", event.event_id);
             let (charge_id, paid) = charge(node.http(), base, &key, &payload.order).await?;
-            Command::ConsumePayment {
-                event_id: event.event_id.clone(),
-                order_id: payload.order.order_id.clone(),
-                charge_id,
-                paid,
-                now: now(),
-                processed_ttl_ms: node.policy().processed_ttl_ms,
-            }
+            node.store()
+                .consume_payment(event_id, order_id, charge_id, paid, now(), node.policy())
+                .await
         }
     };
-    let outcome = match node.store().execute(command).await {
-        Ok(Applied::Consumed(o)) => o,
-        Ok(other) => unreachable!("consume answered {other:?}"),
-        Err(e) => return Err(Failure(e.to_string())),
-    };
+    let outcome = stored.map_err(|e| Failure(e.to_string()))?;
     if outcome == ConsumeOutcome::Duplicate {
         metrics::counter!("keyhold_consumer_duplicates_skipped_total", "consumer" => consumer.as_str())
             .increment(1);
