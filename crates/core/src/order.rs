@@ -5,7 +5,7 @@ use crate::limits::{
     AMOUNT_MAX, CLIENT_ORDER_ID_LENGTH_MAX, ITEMS_MAX, METADATA_BYTES_MAX, ORDER_STRING_LENGTH_MAX,
     QUANTITY_MAX,
 };
-use crate::record::{Record, RecordState};
+use crate::record::{Record, RecordState, StoredResponse};
 use crate::scope::TenantId;
 use crate::time::UnixMillis;
 use keyhold_fingerprint::Value;
@@ -114,6 +114,16 @@ impl Order {
 
     pub fn location(&self) -> String {
         format!("/v1/orders/{}", self.order_id)
+    }
+
+    /// The answer to the request that created the order (201, its location
+    /// and body), kept in its record and replayed byte for byte to retries.
+    pub fn created_response(&self) -> StoredResponse {
+        StoredResponse {
+            status: 201,
+            headers: vec![("location".to_owned(), self.location())],
+            body: self.body_json(),
+        }
     }
 }
 
@@ -398,4 +408,44 @@ fn items(body: &Value, errors: &mut Vec<FieldError>) -> Vec<Item> {
 
 fn escape_pointer(name: &str) -> String {
     name.replace('~', "~0").replace('/', "~1")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a create answers, and every retry replays: the store keeps it in
+    /// the order's record, so its form must not drift between releases.
+    #[test]
+    fn the_created_response_is_201_with_the_location_and_the_body() {
+        let order = Order {
+            order_id: "ord_1".into(),
+            tenant: TenantId::parse("t1").unwrap(),
+            request: OrderRequest {
+                client_order_id: "c1".into(),
+                cart_id: "cart".into(),
+                amount: 100,
+                currency: "EUR".into(),
+                shipping_address_id: None,
+                items: vec![],
+                quote_id: None,
+                metadata: None,
+            },
+            status: OrderStatus::Confirmed,
+            home_region: "eu".into(),
+            created_at: UnixMillis(0),
+        };
+        let response = order.created_response();
+        assert_eq!(response.status, 201);
+        assert_eq!(
+            response.headers,
+            vec![("location".to_owned(), "/v1/orders/ord_1".to_owned())]
+        );
+        assert_eq!(
+            String::from_utf8(response.body).unwrap(),
+            "{\"order_id\":\"ord_1\",\"client_order_id\":\"c1\",\"cart_id\":\"cart\",\
+             \"amount\":100,\"currency\":\"EUR\",\"status\":\"CONFIRMED\",\
+             \"home_region\":\"eu\",\"created_at\":\"1970-01-01T00:00:00.000Z\"}"
+        );
+    }
 }

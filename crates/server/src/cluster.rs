@@ -4,7 +4,7 @@
 use crate::limits::{MOVE_PRUNE_ENTRIES_MAX, READY_QUORUM_ACK_MS_MAX, REGISTRY_BOOTSTRAP_WAIT_MS};
 use crate::node::{now, Node, Placement};
 use keyhold_registry::{NodeInfo, Request, TenantState};
-use keyhold_store::{Applied, Command};
+use keyhold_store::EraseOutcome;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -163,13 +163,12 @@ async fn end_tracking(node: &Node) {
             continue;
         }
         loop {
-            let command = Command::EndTracking {
-                tenant: tenant.clone(),
-                operation_id: tracking.operation_id.clone(),
-                entries_max: MOVE_PRUNE_ENTRIES_MAX,
-            };
-            match node.store().execute(command).await {
-                Ok(Applied::Erased { more: true, .. }) => continue,
+            let operation_id = tracking.operation_id.clone();
+            let pruned =
+                node.store()
+                    .end_tracking(tenant.clone(), operation_id, MOVE_PRUNE_ENTRIES_MAX);
+            match pruned.await {
+                Ok(EraseOutcome { more: true, .. }) => continue,
                 Ok(_) => break,
                 Err(e) => {
                     tracing::warn!(tenant = %tenant.as_str(), error = %e, "change index not pruned yet");

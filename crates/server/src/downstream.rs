@@ -18,14 +18,11 @@ use crate::limits::{
 };
 use crate::node::{now, Node};
 use keyhold_core::Item;
-use keyhold_store::{Applied, Command, ConsumeOutcome, OutboxEvent};
+use keyhold_store::{ConsumeOutcome, Consumer, OutboxEvent};
 use serde::Deserialize;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{watch, Semaphore};
-
-pub const INVENTORY: &str = "inventory";
-pub const PAYMENTS: &str = "payments";
 
 /// Set to a consumer's name, the process aborts right after that consumer's first
 /// effect is durable and before its cursor moves: the fault tests' way to kill a
@@ -34,10 +31,10 @@ pub const FAULT_ENV: &str = "KEYHOLD_FAULT_ABORT_AFTER_EFFECT";
 
 /// The consumers this node runs: inventory always, payments when a payment
 /// provider is configured.
-pub fn consumers(node: &Node) -> Vec<String> {
-    let mut out = vec![INVENTORY.to_owned()];
+pub fn consumers(node: &Node) -> Vec<Consumer> {
+    let mut out = vec![Consumer::Inventory];
     if node.config().psp_url.is_some() {
-        out.push(PAYMENTS.to_owned());
+        out.push(Consumer::Payments);
     }
     out
 }
@@ -61,8 +58,7 @@ struct EventOrder {
 }
 
 /// Runs one consumer's relay loop until `stop` flips.
-pub async fn run(node: Arc<Node>, consumer: String, mut stop: watch::Receiver<bool>) {
-    let consumer: Arc<str> = consumer.into();
+pub async fn run(node: Arc<Node>, consumer: Consumer, mut stop: watch::Receiver<bool>) {
     let mut failures: u32 = 0;
     // Highest sequence handed to this consumer since start: anything at or below
     // it that comes round again is a redelivery.
@@ -74,7 +70,7 @@ pub async fn run(node: Arc<Node>, consumer: String, mut stop: watch::Receiver<bo
         if !node.wait_to_lead_region(&mut stop).await {
             return;
         }
-        let round = relay_round(&node, &consumer, &mut attempted).await;
+        let round = relay_round(&node, consumer, &mut attempted).await;
         let pause = match round {
             Ok(0) => {
                 failures = 0;
@@ -115,7 +111,7 @@ fn backoff(attempt: u32, max_ms: u64) -> Duration {
 /// Delivers the next batch after the cursor; returns how many events it finished.
 async fn relay_round(
     node: &Arc<Node>,
-    consumer: &Arc<str>,
+    consumer: Consumer,
     attempted: &mut u64,
 ) -> Result<usize, Failure> {
     let store = node.store();
@@ -135,7 +131,7 @@ async fn relay_round(
     let lag = events.first().map_or(0.0, |e| {
         now().0.saturating_sub(e.occurred_at.0) as f64 / 1000.0
     });
-    metrics::gauge!("keyhold_outbox_lag_seconds", "consumer" => consumer.to_string()).set(lag);
+    metrics::gauge!("keyhold_outbox_lag_seconds", "consumer" => consumer.as_str()).set(lag);
     if events.is_empty() {
         return Ok(0);
     }
@@ -145,7 +141,7 @@ async fn relay_round(
         } else {
             "delivery"
         };
-        metrics::counter!("keyhold_outbox_deliveries_total", "consumer" => consumer.to_string(), "kind" => label)
+        metrics::counter!("keyhold_outbox_deliveries_total", "consumer" => consumer.as_str(), "kind" => label)
             .increment(1);
     }
     *attempted = (*attempted).max(events.last().map_or(0, |e| e.seq));
@@ -155,14 +151,13 @@ async fn relay_round(
     for event in &events {
         let event = event.clone();
         let node = node.clone();
-        let consumer = consumer.clone();
         let permit = limit
             .clone()
             .acquire_owned()
             .await
             .expect("semaphore is never closed");
         tasks.push(tokio::spawn(async move {
-            let result = handle(&node, &consumer, &event).await;
+            let result = handle(&node, consumer, &event).await;
             drop(permit);
             result
         }));
@@ -184,13 +179,8 @@ async fn relay_round(
         }
     }
     if done_to > cursor {
-        let command = Command::AdvanceCursor {
-            consumer: consumer.to_string(),
-            seq: done_to,
-            generation,
-        };
         store
-            .execute(command)
+            .advance_cursor(consumer, done_to, generation)
             .await
             .map_err(|e| Failure(e.to_string()))?;
     }
@@ -200,7 +190,7 @@ async fn relay_round(
     }
 }
 
-async fn handle(node: &Node, consumer: &str, event: &OutboxEvent) -> Result<(), Failure> {
+async fn handle(node: &Node, consumer: Consumer, event: &OutboxEvent) -> Result<(), Failure> {
     // A redelivered event whose effect is recorded needs no work at all.
     let processed = node
         .store()
@@ -208,7 +198,7 @@ async fn handle(node: &Node, consumer: &str, event: &OutboxEvent) -> Result<(), 
         .await
         .map_err(|e| Failure(e.to_string()))?;
     if processed {
-        metrics::counter!("keyhold_consumer_duplicates_skipped_total", "consumer" => consumer.to_owned())
+        metrics::counter!("keyhold_consumer_duplicates_skipped_total", "consumer" => consumer.as_str())
             .increment(1);
         return Ok(());
     }
@@ -222,15 +212,15 @@ async fn handle(node: &Node, consumer: &str, event: &OutboxEvent) -> Result<(), 
             return Ok(());
         }
     };
-    let command = match consumer {
-        INVENTORY => Command::ConsumeInventory {
-            event_id: event.event_id.clone(),
-            order_id: payload.order.order_id.clone(),
-            items: payload.items,
-            now: now(),
-            processed_ttl_ms: node.policy().processed_ttl_ms,
-        },
-        PAYMENTS => {
+    let (event_id, order_id) = (event.event_id.clone(), payload.order.order_id.clone());
+    let stored = match consumer {
+        Consumer::Inventory => {
+            let items = payload.items;
+            node.store()
+                .consume_inventory(event_id, order_id, items, now(), node.policy())
+                .await
+        }
+        Consumer::Payments => {
             let base = node
                 .config()
                 .psp_url
@@ -238,35 +228,25 @@ async fn handle(node: &Node, consumer: &str, event: &OutboxEvent) -> Result<(), 
                 .expect("payments runs only with a provider");
             let key = format!("keyhold-pay-{}", event.event_id);
             let (charge_id, paid) = charge(node.http(), base, &key, &payload.order).await?;
-            Command::ConsumePayment {
-                event_id: event.event_id.clone(),
-                order_id: payload.order.order_id.clone(),
-                charge_id,
-                paid,
-                now: now(),
-                processed_ttl_ms: node.policy().processed_ttl_ms,
-            }
+            node.store()
+                .consume_payment(event_id, order_id, charge_id, paid, now(), node.policy())
+                .await
         }
-        other => unreachable!("unknown consumer {other}"),
     };
-    let outcome = match node.store().execute(command).await {
-        Ok(Applied::Consumed(o)) => o,
-        Ok(other) => unreachable!("consume answered {other:?}"),
-        Err(e) => return Err(Failure(e.to_string())),
-    };
+    let outcome = stored.map_err(|e| Failure(e.to_string()))?;
     if outcome == ConsumeOutcome::Duplicate {
-        metrics::counter!("keyhold_consumer_duplicates_skipped_total", "consumer" => consumer.to_owned())
+        metrics::counter!("keyhold_consumer_duplicates_skipped_total", "consumer" => consumer.as_str())
             .increment(1);
     } else {
-        metrics::counter!("keyhold_consumer_effects_total", "consumer" => consumer.to_owned())
+        metrics::counter!("keyhold_consumer_effects_total", "consumer" => consumer.as_str())
             .increment(1);
         // From the order's commit to its effect: the relay's end-to-end lag.
         let lag_ms = now().0.saturating_sub(event.occurred_at.0);
-        metrics::histogram!("keyhold_outbox_delivery_lag_seconds", "consumer" => consumer.to_owned())
+        metrics::histogram!("keyhold_outbox_delivery_lag_seconds", "consumer" => consumer.as_str())
             .record(lag_ms as f64 / 1000.0);
-        if std::env::var(FAULT_ENV).is_ok_and(|v| v == consumer) {
+        if std::env::var(FAULT_ENV).is_ok_and(|v| v == consumer.as_str()) {
             tracing::error!(
-                consumer,
+                consumer = consumer.as_str(),
                 "fault injection: aborting after the effect, before the ack"
             );
             std::process::abort();

@@ -11,7 +11,7 @@ use crate::node::Node;
 use keyhold_core::TenantId;
 use keyhold_registry::{Request, TenantState};
 use keyhold_store::limits::ERASE_ENTRIES_MAX;
-use keyhold_store::{Applied, Command};
+use keyhold_store::EraseOutcome;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -74,19 +74,17 @@ async fn erase(node: &Node, tenant_id: &str, region: &str) -> Result<(), String>
     let tenant = TenantId::parse(tenant_id).map_err(|e| e.to_string())?;
     let mut erased = 0;
     loop {
-        let command = Command::EraseTenant {
-            tenant: tenant.clone(),
-            entries_max: ERASE_ENTRIES_MAX as u32,
-            consumers: crate::downstream::consumers(node),
-        };
-        match node.store().execute(command).await {
-            Ok(Applied::Erased { entries, more }) => {
+        let consumers = crate::downstream::consumers(node);
+        let erasure =
+            node.store()
+                .erase_tenant(tenant.clone(), ERASE_ENTRIES_MAX as u32, consumers);
+        match erasure.await {
+            Ok(EraseOutcome { entries, more }) => {
                 erased += entries;
                 if !more {
                     break;
                 }
             }
-            Ok(other) => return Err(format!("the store answered {other:?}")),
             Err(e) => return Err(e.to_string()),
         }
     }

@@ -14,7 +14,7 @@ use keyhold_registry::{
     TenantState,
 };
 use keyhold_store::raft::{Bootstrap, GroupOptions, Leadership, Member};
-use keyhold_store::{Applied, Command, GuardOutcome, Store};
+use keyhold_store::{GuardOutcome, Store};
 use std::net::SocketAddr;
 use std::time::Duration;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -200,13 +200,9 @@ impl Node {
             Some(guard) if guard.epoch() >= epoch => return Ok(false),
             Some(_) => {}
         }
-        let command = Command::Own {
-            tenant: tenant.clone(),
-            epoch,
-        };
         let owned = matches!(
-            self.store.execute(command).await?,
-            Applied::Guard(GuardOutcome::Accepted { .. })
+            self.store.own(tenant.clone(), epoch).await?,
+            GuardOutcome::Accepted { .. }
         );
         if owned {
             metrics::counter!("keyhold_move_guards_lifted_total").increment(1);

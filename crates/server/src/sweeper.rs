@@ -8,7 +8,6 @@
 use crate::limits::SWEEP_COMMANDS_PER_ROUND_MAX;
 use crate::node::{now, Node};
 use keyhold_store::limits::SWEEP_ENTRIES_MAX;
-use keyhold_store::{Applied, Command};
 use std::sync::Arc;
 use tokio::sync::watch;
 
@@ -25,13 +24,12 @@ pub async fn run(node: Arc<Node>, mut stop: watch::Receiver<bool>) {
             continue;
         }
         for _ in 0..SWEEP_COMMANDS_PER_ROUND_MAX {
-            let command = Command::Sweep {
-                now: now(),
-                entries_max: SWEEP_ENTRIES_MAX as u32,
-                consumers: crate::downstream::consumers(&node),
-            };
-            match node.store().execute(command).await {
-                Ok(Applied::Sweep(out)) => {
+            let consumers = crate::downstream::consumers(&node);
+            let sweep = node
+                .store()
+                .sweep(now(), SWEEP_ENTRIES_MAX as u32, consumers);
+            match sweep.await {
+                Ok(out) => {
                     metrics::counter!("keyhold_sweeper_deleted_total", "kind" => "record")
                         .increment(out.records);
                     metrics::counter!("keyhold_sweeper_deleted_total", "kind" => "marker")
@@ -53,7 +51,6 @@ pub async fn run(node: Arc<Node>, mut stop: watch::Receiver<bool>) {
                         break;
                     }
                 }
-                Ok(other) => unreachable!("sweep answered {other:?}"),
                 Err(e) => {
                     tracing::warn!(error = %e, "sweep failed; will retry");
                     break;

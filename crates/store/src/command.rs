@@ -11,6 +11,8 @@ use keyhold_core::{
 };
 use serde::{Deserialize, Serialize};
 
+use crate::consumer::Consumer;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Command {
     CreateOrder {
@@ -53,7 +55,7 @@ pub enum Command {
     Sweep {
         now: UnixMillis,
         entries_max: u32,
-        consumers: Vec<String>,
+        consumers: Vec<Consumer>,
     },
     /// Erases up to `entries_max` entries of a deleted tenant: its records,
     /// markers, order index and orders, and its outbox events that some
@@ -62,7 +64,7 @@ pub enum Command {
     EraseTenant {
         tenant: TenantId,
         entries_max: u32,
-        consumers: Vec<String>,
+        consumers: Vec<Consumer>,
     },
     /// The inventory consumer's effect: reserve the order's item lines, together
     /// with its processed-message entry, unless the event was processed already.
@@ -88,7 +90,7 @@ pub enum Command {
     /// since (the generation moved on), the move is dropped: the round must not
     /// undo the replay's rewind.
     AdvanceCursor {
-        consumer: String,
+        consumer: Consumer,
         seq: u64,
         generation: u64,
     },
@@ -97,7 +99,7 @@ pub enum Command {
     /// batch that applied the replay.
     ReplayOutbox {
         from_seq: u64,
-        consumers: Vec<String>,
+        consumers: Vec<Consumer>,
     },
     /// Stops all execution for a tenant in this region: it is moving away under
     /// `operation_id`, at the tenant's `epoch`. Every command queued before the
@@ -266,7 +268,7 @@ pub struct OutboxEvent {
 /// A consumer's memory of one handled event: `(consumer, event_id)`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Processed {
-    pub consumer: String,
+    pub consumer: Consumer,
     pub event_id: String,
     pub at: UnixMillis,
     pub expires_at: UnixMillis,
@@ -380,6 +382,22 @@ pub struct SweepOutcome {
     pub stale_index: u64,
 }
 
+/// What `EraseTenant` or `EndTracking` did (`Applied::Erased`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EraseOutcome {
+    /// Entries removed.
+    pub entries: u64,
+    /// It stopped at its limit: send it again.
+    pub more: bool,
+}
+
+/// What `ReplayOutbox` did (`Applied::Replayed`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplayOutcome {
+    /// How many kept events were re-published.
+    pub events: u64,
+}
+
 /// Why the state machine refused a command. A refused command writes nothing and
 /// is an answer like any other: the same log replays to the same refusal, so a
 /// refusal in the region's Raft log (where an apply error is fatal on every
@@ -409,7 +427,9 @@ pub enum Rejection {
     RecordWithoutResponse,
 }
 
-/// What applying a command produced; one variant per command, plus `Rejected`.
+/// What applying a command produced; one variant per kind of outcome, plus
+/// `Rejected`. Which variant answers which command is the store's business
+/// (`api.rs` maps them once); callers use the typed methods of `Store`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Applied {
     /// The command was refused and wrote nothing.

@@ -271,7 +271,7 @@ mod tests {
                 machine.tree().insert(KEY_LAST_BATCH, stamp).unwrap();
             }
             let generation = codec::encode(2, &2u64);
-            let key = keys::cursor_generation("payments");
+            let key = keys::cursor_generation(crate::Consumer::Payments);
             machine.tree().insert(key, generation).unwrap();
             db.flush().unwrap();
         }
@@ -320,7 +320,14 @@ mod tests {
             .get(KEY_LAST_BATCH)
             .unwrap()
             .is_none());
-        assert_eq!(store.cursor_at("payments").await.unwrap().generation, 0);
+        assert_eq!(
+            store
+                .cursor_at(crate::Consumer::Payments)
+                .await
+                .unwrap()
+                .generation,
+            0
+        );
         check_orders(&store, 6).await;
         match store.execute(order(7)).await.unwrap() {
             Applied::Order(OrderOutcome::Created { .. }) => {}

@@ -2,6 +2,7 @@
 //! of entry under its own one-byte prefix, so that one `apply_batch` writes a
 //! command's order, record, marker, outbox event and index entries atomically.
 
+use crate::consumer::Consumer;
 use keyhold_core::{Scope, TenantId, UnixMillis};
 
 pub const RECORD: u8 = b'r';
@@ -64,8 +65,11 @@ pub fn outbox(seq: u64) -> Vec<u8> {
     prefixed(OUTBOX, &[&seq.to_be_bytes()])
 }
 
-pub fn processed(consumer: &str, event_id: &str) -> Vec<u8> {
-    prefixed(PROCESSED, &[consumer.as_bytes(), event_id.as_bytes()])
+pub fn processed(consumer: Consumer, event_id: &str) -> Vec<u8> {
+    prefixed(
+        PROCESSED,
+        &[consumer.as_str().as_bytes(), event_id.as_bytes()],
+    )
 }
 
 pub fn reservation(order_id: &str, line: u32) -> Vec<u8> {
@@ -160,9 +164,9 @@ pub fn tenant_prefixes(tenant: &TenantId) -> Vec<Vec<u8>> {
 }
 
 /// The position of a consumer in the outbox.
-pub fn cursor(consumer: &str) -> Vec<u8> {
+pub fn cursor(consumer: Consumer) -> Vec<u8> {
     let mut key = b"scursor:".to_vec();
-    key.extend_from_slice(consumer.as_bytes());
+    key.extend_from_slice(consumer.as_str().as_bytes());
     key
 }
 
@@ -171,9 +175,9 @@ pub const CURSOR_GENERATION_PREFIX: &[u8] = b"scursor_gen:";
 
 /// The generation of a consumer's cursor (the batch number of the last outbox
 /// replay): a cursor move read before a replay carries an older one and is dropped.
-pub fn cursor_generation(consumer: &str) -> Vec<u8> {
+pub fn cursor_generation(consumer: Consumer) -> Vec<u8> {
     let mut key = CURSOR_GENERATION_PREFIX.to_vec();
-    key.extend_from_slice(consumer.as_bytes());
+    key.extend_from_slice(consumer.as_str().as_bytes());
     key
 }
 
@@ -204,5 +208,17 @@ mod tests {
         assert!(a < b);
         assert_eq!(parse_expiry(&b), Some((UnixMillis(300), &b"rA"[..])));
         assert_eq!(parse_expiry(b"x"), None);
+    }
+
+    /// A consumer's keys spell its name as they did when names were strings,
+    /// so existing cursors and processed-message entries are found.
+    #[test]
+    fn consumer_keys_spell_the_consumer_name() {
+        assert_eq!(cursor(Consumer::Inventory), b"scursor:inventory");
+        assert_eq!(
+            cursor_generation(Consumer::Payments),
+            b"scursor_gen:payments"
+        );
+        assert_eq!(processed(Consumer::Payments, "evt_1"), b"ppayments\0evt_1");
     }
 }

@@ -25,8 +25,10 @@ extern crate self as keyhold_store;
 #[path = "../tests/common/mod.rs"]
 mod test_common;
 
+mod api;
 mod codec;
 pub mod command;
+mod consumer;
 mod format;
 mod format1;
 mod keys;
@@ -37,9 +39,11 @@ mod stats;
 
 pub use command::{
     Applied, ChangePage, ClaimOutcome, Command, CompleteOutcome, ConsumeOutcome, Cursor,
-    CursorOutcome, ExportEntry, GuardOutcome, HeartbeatOutcome, OrderOutcome, OutboxEvent,
-    Processed, Rejection, Reservation, SweepOutcome, TenantGuard, Tracking,
+    CursorOutcome, EraseOutcome, ExportEntry, GuardOutcome, HeartbeatOutcome, OrderOutcome,
+    OutboxEvent, Processed, Rejection, ReplayOutcome, Reservation, SweepOutcome, TenantGuard,
+    Tracking,
 };
+pub use consumer::Consumer;
 pub use format::STORAGE_FORMAT;
 pub use stats::CommitStats;
 
@@ -205,7 +209,9 @@ impl Store {
 
     /// Applies one command; answers once the log entry holding it is committed and
     /// applied. A command the state machine refused (`Applied::Rejected`, a value
-    /// in the log) reaches the caller as `Error::Rejected`.
+    /// in the log) reaches the caller as `Error::Rejected`. Callers that know the
+    /// command's kind use its typed method instead (`create_order`, `claim`, ...,
+    /// in `api.rs`), which answers with that kind's outcome.
     pub async fn execute(&self, command: Command) -> Result<Applied, Error> {
         self.inner.group.execute(command).await
     }
@@ -292,7 +298,7 @@ impl Store {
     }
 
     /// Where a consumer stands in the outbox: every event up to this is handled.
-    pub async fn cursor(&self, consumer: &str) -> Result<u64, Error> {
+    pub async fn cursor(&self, consumer: Consumer) -> Result<u64, Error> {
         Ok(self
             .read::<u64>(&keys::cursor(consumer))
             .await?
@@ -301,7 +307,7 @@ impl Store {
 
     /// A consumer's cursor with its generation, as a relay round reads it before
     /// delivering: its `AdvanceCursor` carries the generation.
-    pub async fn cursor_at(&self, consumer: &str) -> Result<Cursor, Error> {
+    pub async fn cursor_at(&self, consumer: Consumer) -> Result<Cursor, Error> {
         // The generation first: a replay between the two reads then leaves an
         // older generation with a rewound seq, and the round's move is dropped.
         let generation = self
@@ -323,7 +329,7 @@ impl Store {
             .unwrap_or(0))
     }
 
-    pub async fn is_processed(&self, consumer: &str, event_id: &str) -> Result<bool, Error> {
+    pub async fn is_processed(&self, consumer: Consumer, event_id: &str) -> Result<bool, Error> {
         Ok(self
             .read::<Processed>(&keys::processed(consumer, event_id))
             .await?

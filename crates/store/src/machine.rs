@@ -11,13 +11,13 @@ use crate::command::{
     GuardOutcome, HeartbeatOutcome, OrderOutcome, OutboxEvent, Processed, Rejection, Reservation,
     SweepOutcome, TenantGuard, Tracking,
 };
+use crate::consumer::Consumer;
 use crate::keys;
 use crate::limits::SWEEP_DEFER_MS;
 use crate::Error;
 use keyhold_core::{
     check_owner, decide_claim, decide_order, ClaimDecision, Marker, Order, OrderDecision,
-    OrderStatus, OwnerCheck, OwnerToken, Record, RecordState, Scope, StoredResponse, TenantId,
-    UnixMillis,
+    OrderStatus, OwnerCheck, OwnerToken, Record, RecordState, Scope, TenantId, UnixMillis,
 };
 use serde::de::DeserializeOwned;
 
@@ -252,7 +252,7 @@ impl Machine {
                 processed_ttl_ms,
             } => {
                 let fresh =
-                    self.mark_processed(w, "inventory", event_id, *now, *processed_ttl_ms)?;
+                    self.mark_processed(w, Consumer::Inventory, event_id, *now, *processed_ttl_ms)?;
                 if fresh {
                     for (line, item) in items.iter().enumerate() {
                         let line = line as u32;
@@ -278,7 +278,7 @@ impl Machine {
                 processed_ttl_ms,
             } => {
                 let fresh =
-                    self.mark_processed(w, "payments", event_id, *now, *processed_ttl_ms)?;
+                    self.mark_processed(w, Consumer::Payments, event_id, *now, *processed_ttl_ms)?;
                 if fresh {
                     let key = keys::order(order_id);
                     let Some(mut order) = self.get::<Order>(&key)? else {
@@ -382,9 +382,9 @@ impl Machine {
                 seq,
                 generation,
             } => {
-                let key = keys::cursor(consumer);
+                let key = keys::cursor(*consumer);
                 let current: u64 = self.get(&key)?.unwrap_or(0);
-                let now_at: u64 = self.get(&keys::cursor_generation(consumer))?.unwrap_or(0);
+                let now_at: u64 = self.get(&keys::cursor_generation(*consumer))?.unwrap_or(0);
                 // Cursors only move forward here; a replay moves them back, and a
                 // round that read the cursor before that replay moves nothing.
                 Applied::Cursor(if *generation != now_at {
@@ -401,7 +401,7 @@ impl Machine {
                 consumers,
             } => {
                 let back_to = from_seq.saturating_sub(1);
-                for consumer in consumers {
+                for &consumer in consumers {
                     let key = keys::cursor(consumer);
                     let current: u64 = self.get(&key)?.unwrap_or(0);
                     if current > back_to {
@@ -584,7 +584,7 @@ impl Machine {
     fn mark_processed(
         &self,
         w: &mut Writes,
-        consumer: &str,
+        consumer: Consumer,
         event_id: &str,
         now: UnixMillis,
         processed_ttl_ms: u64,
@@ -594,7 +594,7 @@ impl Machine {
             return Ok(false);
         }
         let entry = Processed {
-            consumer: consumer.to_owned(),
+            consumer,
             event_id: event_id.to_owned(),
             at: now,
             expires_at: now.plus_ms(processed_ttl_ms),
@@ -638,11 +638,7 @@ impl Machine {
                 })
             }
             OrderDecision::Create => {
-                let response = StoredResponse {
-                    status: 201,
-                    headers: vec![("location".to_owned(), order.location())],
-                    body: order.body_json(),
-                };
+                let response = order.created_response();
                 let generation = record.as_ref().map_or(1, |r| r.generation + 1);
                 let record = Record {
                     fingerprint: fingerprint.to_owned(),
@@ -749,7 +745,7 @@ impl Machine {
         w: &mut Writes,
         tenant: &TenantId,
         entries_max: usize,
-        consumers: &[String],
+        consumers: &[Consumer],
     ) -> Result<Applied, Error> {
         let mut doomed: Vec<Vec<u8>> = Vec::new();
         let full = |doomed: &Vec<Vec<u8>>| doomed.len() >= entries_max;
@@ -767,7 +763,7 @@ impl Machine {
             }
         }
         let mut cursors = Vec::with_capacity(consumers.len());
-        for consumer in consumers {
+        for &consumer in consumers {
             cursors.push(self.get::<u64>(&keys::cursor(consumer))?.unwrap_or(0));
         }
         for item in self.tree.scan_prefix([keys::OUTBOX]) {
@@ -798,10 +794,10 @@ impl Machine {
         w: &mut Writes,
         now: UnixMillis,
         entries_max: usize,
-        consumers: &[String],
+        consumers: &[Consumer],
     ) -> Result<SweepOutcome, Error> {
         let mut cursors = Vec::with_capacity(consumers.len());
-        for consumer in consumers {
+        for &consumer in consumers {
             cursors.push(self.get::<u64>(&keys::cursor(consumer))?.unwrap_or(0));
         }
         let delivered_to_all = |seq: u64| cursors.iter().all(|&c| c >= seq);

@@ -15,7 +15,7 @@ mod common;
 
 use common::{create, HOUR_MS, T0};
 use keyhold_core::{TenantId, UnixMillis};
-use keyhold_store::{Applied, Command, EntryKind, Error, OrderOutcome, Rejection, Store};
+use keyhold_store::{Applied, Command, Consumer, EntryKind, Error, OrderOutcome, Rejection, Store};
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
 use std::time::{Duration, Instant};
@@ -177,7 +177,10 @@ fn a_kill_mid_load_loses_no_acknowledged_order_and_applies_none_twice() {
         assert!(store.order("ord_x").await.unwrap().is_none());
         // The refusals replayed as refusals: nothing of them was written.
         assert!(store.order("ord_src").await.unwrap().is_none());
-        assert!(!store.is_processed("payments", "evt_nowhere").await.unwrap());
+        assert!(!store
+            .is_processed(Consumer::Payments, "evt_nowhere")
+            .await
+            .unwrap());
         // Exactly once: one outbox event per order, numbered 1, 2, 3, ...
         let orders = store.count_prefix(EntryKind::Order);
         let events = store.outbox_after(0, usize::MAX).await.unwrap();

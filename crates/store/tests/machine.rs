@@ -7,8 +7,8 @@ use keyhold_core::{
     OrderStatus, Outcome, OwnerToken, RecordState, StoredResponse, TenantId, UnixMillis,
 };
 use keyhold_store::{
-    Applied, ClaimOutcome, Command, CompleteOutcome, EntryKind, GuardOutcome, HeartbeatOutcome,
-    OrderOutcome, Store,
+    Applied, ClaimOutcome, Command, CompleteOutcome, Consumer, EntryKind, GuardOutcome,
+    HeartbeatOutcome, OrderOutcome, Store,
 };
 
 mod common;
@@ -192,7 +192,14 @@ async fn a_directory_the_previous_release_wrote_is_migrated() {
         }
         common::assert_outbox_gapless(&store, last).await;
         // The old batch number of the replay is gone (see `format1.rs`).
-        assert_eq!(store.cursor_at("payments").await.unwrap().generation, 0);
+        assert_eq!(
+            store
+                .cursor_at(Consumer::Payments)
+                .await
+                .unwrap()
+                .generation,
+            0
+        );
         if !reopen {
             let created = order(&store, common::new_order(9)).await;
             assert!(
@@ -404,22 +411,26 @@ async fn consumers_apply_once_and_replay_rewinds_cursors() {
     );
 
     let advance = Command::AdvanceCursor {
-        consumer: "inventory".into(),
+        consumer: Consumer::Inventory,
         seq: 1,
         generation: 0,
     };
     store.execute(advance).await.unwrap();
-    assert_eq!(store.cursor("inventory").await.unwrap(), 1);
+    assert_eq!(store.cursor(Consumer::Inventory).await.unwrap(), 1);
     let replay = Command::ReplayOutbox {
         from_seq: 1,
-        consumers: vec!["inventory".into(), "payments".into()],
+        consumers: vec![Consumer::Inventory, Consumer::Payments],
     };
     assert_eq!(
         store.execute(replay).await.unwrap(),
         Applied::Replayed { events: 1 }
     );
-    assert_eq!(store.cursor("inventory").await.unwrap(), 0);
-    let generation = store.cursor_at("inventory").await.unwrap().generation;
+    assert_eq!(store.cursor(Consumer::Inventory).await.unwrap(), 0);
+    let generation = store
+        .cursor_at(Consumer::Inventory)
+        .await
+        .unwrap()
+        .generation;
     assert_ne!(generation, 0, "a replay moves the generation on");
 
     // Past its expiry, an event the payments consumer has not acknowledged stays.
@@ -427,7 +438,7 @@ async fn consumers_apply_once_and_replay_rewinds_cursors() {
     let sweep = Command::Sweep {
         now: late,
         entries_max: 100,
-        consumers: vec!["inventory".into(), "payments".into()],
+        consumers: vec![Consumer::Inventory, Consumer::Payments],
     };
     let Applied::Sweep(out) = store.execute(sweep).await.unwrap() else {
         panic!()
@@ -436,9 +447,9 @@ async fn consumers_apply_once_and_replay_rewinds_cursors() {
     assert_eq!(out.deferred, 1);
     assert_eq!(out.processed, 2);
     assert_eq!(store.count_prefix(EntryKind::Outbox), 1);
-    for consumer in ["inventory", "payments"] {
+    for consumer in [Consumer::Inventory, Consumer::Payments] {
         let advance = Command::AdvanceCursor {
-            consumer: consumer.into(),
+            consumer,
             seq: 1,
             generation,
         };
@@ -447,7 +458,7 @@ async fn consumers_apply_once_and_replay_rewinds_cursors() {
     let sweep = Command::Sweep {
         now: late.plus_ms(2 * HOUR_MS),
         entries_max: 100,
-        consumers: vec!["inventory".into(), "payments".into()],
+        consumers: vec![Consumer::Inventory, Consumer::Payments],
     };
     let Applied::Sweep(out) = store.execute(sweep).await.unwrap() else {
         panic!()
@@ -627,13 +638,13 @@ async fn every_command_is_a_no_op_on_its_own_result() {
             processed_ttl_ms: HOUR_MS,
         },
         Command::AdvanceCursor {
-            consumer: "inventory".into(),
+            consumer: Consumer::Inventory,
             seq: 1,
             generation: 0,
         },
         Command::ReplayOutbox {
             from_seq: 1,
-            consumers: vec!["inventory".into()],
+            consumers: vec![Consumer::Inventory],
         },
         Command::Sweep {
             now: T0.plus_ms(2 * HOUR_MS),
@@ -655,7 +666,7 @@ async fn every_command_is_a_no_op_on_its_own_result() {
         Command::EraseTenant {
             tenant: TenantId::parse("t1").unwrap(),
             entries_max: 1_000,
-            consumers: vec!["inventory".into()],
+            consumers: vec![Consumer::Inventory],
         },
     ];
     for command in commands {
@@ -693,9 +704,9 @@ async fn a_relay_round_in_flight_cannot_undo_an_outbox_replay() {
         .await;
     }
     // A first round delivers everything.
-    let read = store.cursor_at("inventory").await.unwrap();
+    let read = store.cursor_at(Consumer::Inventory).await.unwrap();
     let advance = |seq, generation| Command::AdvanceCursor {
-        consumer: "inventory".into(),
+        consumer: Consumer::Inventory,
         seq,
         generation,
     };
@@ -705,12 +716,12 @@ async fn a_relay_round_in_flight_cannot_undo_an_outbox_replay() {
     );
     // The next round reads the cursor (events 4.. would follow) ...
     order(&store, create("k3", "c3", "fp", "ord_3", T0)).await;
-    let in_flight = store.cursor_at("inventory").await.unwrap();
+    let in_flight = store.cursor_at(Consumer::Inventory).await.unwrap();
     assert_eq!(in_flight.seq, 3);
     // ... an operator replays everything ...
     let replay = Command::ReplayOutbox {
         from_seq: 1,
-        consumers: vec!["inventory".into()],
+        consumers: vec![Consumer::Inventory],
     };
     assert_eq!(
         store.execute(replay).await.unwrap(),
@@ -724,7 +735,7 @@ async fn a_relay_round_in_flight_cannot_undo_an_outbox_replay() {
             .unwrap(),
         Applied::Cursor(CursorOutcome::Superseded)
     );
-    let after = store.cursor_at("inventory").await.unwrap();
+    let after = store.cursor_at(Consumer::Inventory).await.unwrap();
     assert_eq!(after.seq, 0, "the replay's rewind stands");
     assert_eq!(store.outbox_after(after.seq, 10).await.unwrap().len(), 4);
     // A round that read the cursor after the replay moves it as usual.
@@ -732,7 +743,7 @@ async fn a_relay_round_in_flight_cannot_undo_an_outbox_replay() {
         store.execute(advance(4, after.generation)).await.unwrap(),
         Applied::Cursor(CursorOutcome::Advanced)
     );
-    assert_eq!(store.cursor("inventory").await.unwrap(), 4);
+    assert_eq!(store.cursor(Consumer::Inventory).await.unwrap(), 4);
 }
 
 /// The same order command for another tenant.
@@ -751,9 +762,9 @@ async fn erasing_a_tenant_keeps_other_tenants_and_delivered_events() {
     // t1: ord_1 (its event delivered to every consumer), then ord_2 and ord_3
     // (pending); t2: ord_9, pending.
     order(&store, create("k1", "c1", "fp1", "ord_1", T0)).await;
-    for consumer in ["inventory", "payments"] {
+    for consumer in [Consumer::Inventory, Consumer::Payments] {
         let advance = Command::AdvanceCursor {
-            consumer: consumer.into(),
+            consumer,
             seq: 1,
             generation: 0,
         };
@@ -771,7 +782,7 @@ async fn erasing_a_tenant_keeps_other_tenants_and_delivered_events() {
     let erase = Command::EraseTenant {
         tenant: t1.clone(),
         entries_max: 4,
-        consumers: vec!["inventory".into(), "payments".into()],
+        consumers: vec![Consumer::Inventory, Consumer::Payments],
     };
     let mut erased = 0;
     let mut pages = 0;

@@ -467,14 +467,11 @@ pub async fn replay_outbox(
     let replayed = match node.store().first_outbox_seq_after(since)? {
         None => 0,
         Some(from_seq) => {
-            let command = keyhold_store::Command::ReplayOutbox {
-                from_seq,
-                consumers: crate::downstream::consumers(&node),
-            };
-            match node.store().execute(command).await? {
-                keyhold_store::Applied::Replayed { events } => events,
-                other => unreachable!("replay answered {other:?}"),
-            }
+            let consumers = crate::downstream::consumers(&node);
+            node.store()
+                .replay_outbox(from_seq, consumers)
+                .await?
+                .events
         }
     };
     node.outbox_notify.notify_waiters();

@@ -20,7 +20,7 @@ use keyhold_core::scope::Namespace;
 use keyhold_core::{
     IdempotencyKey, Operation, Outcome, OwnerToken, Problem, Record, Scope, StoredResponse,
 };
-use keyhold_store::{Applied, ClaimOutcome, Command, CompleteOutcome, HeartbeatOutcome};
+use keyhold_store::{ClaimOutcome, CompleteOutcome, HeartbeatOutcome};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -132,18 +132,18 @@ pub async fn claim(
     if existing.as_ref().is_none_or(|r| !r.is_live(now())) {
         tenant.check_new_key_rate()?;
     }
-    let command = Command::Claim {
-        scope,
-        fingerprint: req.fingerprint,
-        lease_ms,
-        nonce: rand::random(),
-        now: now(),
-        response_ttl_ms: node.policy().response_ttl_ms,
-    };
-    let outcome = match node.store().execute(command).await? {
-        Applied::Claim(o) => o,
-        other => unreachable!("claim answered {other:?}"),
-    };
+    let nonce = rand::random();
+    let outcome = node
+        .store()
+        .claim(
+            scope,
+            req.fingerprint,
+            lease_ms,
+            nonce,
+            now(),
+            node.policy(),
+        )
+        .await?;
     match outcome {
         ClaimOutcome::Acquired {
             token,
@@ -250,23 +250,21 @@ pub async fn complete(
             format!("resource_id must be at most {RESOURCE_ID_LENGTH_MAX} bytes"),
         ));
     }
-    let command = Command::Complete {
+    let completed = node.store().complete(
         scope,
         token,
         outcome,
         response,
-        resource_id: req.resource_id,
-        now: now(),
-        response_ttl_ms: node.policy().response_ttl_ms,
-    };
-    match node.store().execute(command).await? {
-        Applied::Complete(CompleteOutcome::Completed { state })
-        | Applied::Complete(CompleteOutcome::AlreadyCompleted { state }) => {
+        req.resource_id,
+        now(),
+        node.policy(),
+    );
+    match completed.await? {
+        CompleteOutcome::Completed { state } | CompleteOutcome::AlreadyCompleted { state } => {
             Ok(json(200, serde_json::json!({ "state": state.as_str() })))
         }
-        Applied::Complete(CompleteOutcome::Stale) => Err(ApiError::new(Problem::StaleOwnerToken)),
-        Applied::Complete(CompleteOutcome::Fenced) => Err(ApiError::new(Problem::TenantMoving)),
-        other => unreachable!("complete answered {other:?}"),
+        CompleteOutcome::Stale => Err(ApiError::new(Problem::StaleOwnerToken)),
+        CompleteOutcome::Fenced => Err(ApiError::new(Problem::TenantMoving)),
     }
 }
 
@@ -279,14 +277,12 @@ pub async fn heartbeat(
     let scope = scope(&tenant, &req.operation, &req.key)?;
     let token = owner_token(&req.owner_token)?;
     let lease_ms = lease(req.lease_ms)?;
-    let command = Command::Heartbeat {
-        scope,
-        token,
-        lease_ms,
-        now: now(),
-    };
-    match node.store().execute(command).await? {
-        Applied::Heartbeat(HeartbeatOutcome::Extended { lease_expires_at }) => Ok(json(
+    match node
+        .store()
+        .heartbeat(scope, token, lease_ms, now())
+        .await?
+    {
+        HeartbeatOutcome::Extended { lease_expires_at } => Ok(json(
             200,
             serde_json::json!({
                 "state": "PROCESSING",
@@ -294,8 +290,7 @@ pub async fn heartbeat(
                 "lease_expires_at": lease_expires_at.to_rfc3339(),
             }),
         )),
-        Applied::Heartbeat(HeartbeatOutcome::Stale) => Err(ApiError::new(Problem::StaleOwnerToken)),
-        Applied::Heartbeat(HeartbeatOutcome::Fenced) => Err(ApiError::new(Problem::TenantMoving)),
-        other => unreachable!("heartbeat answered {other:?}"),
+        HeartbeatOutcome::Stale => Err(ApiError::new(Problem::StaleOwnerToken)),
+        HeartbeatOutcome::Fenced => Err(ApiError::new(Problem::TenantMoving)),
     }
 }

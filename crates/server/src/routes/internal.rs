@@ -32,7 +32,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use keyhold_core::{Problem, TenantId};
 use keyhold_registry::{TenantState, NODE_CREDENTIAL_HEADER};
-use keyhold_store::{Applied, ChangePage, Command, ExportEntry, GuardOutcome};
+use keyhold_store::{ChangePage, ExportEntry, GuardOutcome};
 use serde::Deserialize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -162,17 +162,13 @@ async fn check_running(
     Ok(())
 }
 
-fn guard_answer(applied: Applied) -> Result<u64, ApiError> {
-    match applied {
-        Applied::Guard(GuardOutcome::Accepted { imported, .. }) => Ok(imported),
-        Applied::Guard(GuardOutcome::Refused { current }) => {
+fn guard_answer(outcome: GuardOutcome) -> Result<u64, ApiError> {
+    match outcome {
+        GuardOutcome::Accepted { imported, .. } => Ok(imported),
+        GuardOutcome::Refused { current } => {
             metrics::counter!("keyhold_move_calls_refused_total").increment(1);
             Err(ApiError::new(Problem::Conflict)
                 .detail(format!("the store has moved on: {current:?}")))
-        }
-        other => {
-            Err(ApiError::new(Problem::Internal)
-                .detail(format!("a guard command answered {other:?}")))
         }
     }
 }
@@ -210,19 +206,16 @@ async fn at_old_home(
     let tenant = tenant_param(tenant_id)?;
     check_running(node, tenant_id, &scope, End::From).await?;
     let (operation_id, epoch) = (scope.operation_id, scope.epoch);
-    let command = match step {
-        OldHomeStep::Track => Command::TrackChanges {
-            tenant: tenant.clone(),
-            operation_id,
-            epoch,
-        },
-        OldHomeStep::Fence => Command::Fence {
-            tenant: tenant.clone(),
-            operation_id,
-            epoch,
-        },
+    let store = node.store();
+    let outcome = match step {
+        OldHomeStep::Track => {
+            store
+                .track_changes(tenant.clone(), operation_id, epoch)
+                .await?
+        }
+        OldHomeStep::Fence => store.fence(tenant.clone(), operation_id, epoch).await?,
     };
-    guard_answer(node.store().execute(command).await?)?;
+    guard_answer(outcome)?;
     Ok(tenant)
 }
 
@@ -246,7 +239,7 @@ async fn fence(
     let head = node.store().tenant_last_event_seq(&tenant)?;
     let deadline = Instant::now() + Duration::from_millis(MOVE_DRAIN_WAIT_MS);
     for consumer in crate::downstream::consumers(&node) {
-        while node.store().cursor(&consumer).await? < head {
+        while node.store().cursor(consumer).await? < head {
             if Instant::now() > deadline {
                 return Err(ApiError::new(Problem::StoreUnavailable)
                     .detail(format!("consumer {consumer} did not catch up")));
@@ -405,29 +398,19 @@ fn entry_bytes(entry: &ExportEntry) -> usize {
     entry.key.len() + entry.payload.len()
 }
 
+/// What one import command of a page carries: a run of a first-pass page's
+/// entries (`Store::import`), or part of a change page (`Store::import_changes`).
+#[derive(Debug)]
+enum Piece {
+    Entries(Vec<ExportEntry>),
+    Changes(ChangePage),
+}
+
 /// One page of `pass` as import commands of at most
 /// `MOVE_IMPORT_COMMAND_BYTES_MAX` bytes each, with their sizes. An empty page
 /// is one empty command: it still sets the tenant's guard for the move.
-fn import_commands(
-    tenant: &TenantId,
-    scope: &MoveScope,
-    pass: Pass,
-    bytes: &[u8],
-) -> Result<Vec<(Command, usize)>, ApiError> {
+fn import_commands(pass: Pass, bytes: &[u8]) -> Result<Vec<(Piece, usize)>, ApiError> {
     let undecodable = |e: keyhold_store::Error| ApiError::invalid("", e.to_string());
-    let (operation_id, epoch) = (&scope.operation_id, scope.epoch);
-    let import = |entries: Vec<ExportEntry>| Command::Import {
-        tenant: tenant.clone(),
-        operation_id: operation_id.clone(),
-        epoch,
-        entries,
-    };
-    let changes = |page: ChangePage| Command::ImportChanges {
-        tenant: tenant.clone(),
-        operation_id: operation_id.clone(),
-        epoch,
-        page,
-    };
     let max = MOVE_IMPORT_COMMAND_BYTES_MAX;
     let mut commands = Vec::new();
     match pass {
@@ -435,10 +418,10 @@ fn import_commands(
             let entries = ExportEntry::decode_page(bytes).map_err(undecodable)?;
             for run in split_by_bytes(entries, max, entry_bytes) {
                 let size = run.iter().map(entry_bytes).sum();
-                commands.push((import(run), size));
+                commands.push((Piece::Entries(run), size));
             }
             if commands.is_empty() {
-                commands.push((import(Vec::new()), 0));
+                commands.push((Piece::Entries(Vec::new()), 0));
             }
         }
         Pass::Changes => {
@@ -446,15 +429,15 @@ fn import_commands(
             for entries in split_by_bytes(page.entries, max, entry_bytes) {
                 let size = entries.iter().map(entry_bytes).sum();
                 let removed = Vec::new();
-                commands.push((changes(ChangePage { entries, removed }), size));
+                commands.push((Piece::Changes(ChangePage { entries, removed }), size));
             }
             for removed in split_by_bytes(page.removed, max, Vec::len) {
                 let size = removed.iter().map(Vec::len).sum();
                 let entries = Vec::new();
-                commands.push((changes(ChangePage { entries, removed }), size));
+                commands.push((Piece::Changes(ChangePage { entries, removed }), size));
             }
             if commands.is_empty() {
-                commands.push((changes(ChangePage::default()), 0));
+                commands.push((Piece::Changes(ChangePage::default()), 0));
             }
         }
     }
@@ -509,9 +492,22 @@ async fn import_page(
     pacer: &mut Pacer,
 ) -> Result<u64, ApiError> {
     let mut imported = 0;
-    for (command, size) in import_commands(tenant, scope, pass, bytes)? {
+    for (piece, size) in import_commands(pass, bytes)? {
         pacer.wait().await;
-        imported += guard_answer(node.store().execute(command).await?)?;
+        let (store, operation_id, epoch) = (node.store(), scope.operation_id.clone(), scope.epoch);
+        let outcome = match piece {
+            Piece::Entries(entries) => {
+                store
+                    .import(tenant.clone(), operation_id, epoch, entries)
+                    .await?
+            }
+            Piece::Changes(page) => {
+                store
+                    .import_changes(tenant.clone(), operation_id, epoch, page)
+                    .await?
+            }
+        };
+        imported += guard_answer(outcome)?;
         pacer.imported_bytes += size as u64;
         metrics::counter!("keyhold_move_import_commands_total").increment(1);
     }
@@ -655,15 +651,6 @@ mod tests {
         }
     }
 
-    fn scope() -> MoveScope {
-        MoveScope {
-            operation_id: "op1".into(),
-            epoch: 3,
-            generation: 1,
-            registry_index: 1,
-        }
-    }
-
     #[test]
     fn runs_are_bounded_by_bytes_keep_order_and_hold_an_oversized_item_alone() {
         let sizes = [40, 50, 20, 200, 10, 90, 5];
@@ -677,13 +664,12 @@ mod tests {
     }
 
     /// A 4 MiB page becomes commands of at most `MOVE_IMPORT_COMMAND_BYTES_MAX`
-    /// bytes that carry every entry once, in order, under the move's scope.
+    /// bytes that carry every entry once, in order.
     #[test]
     fn a_page_is_imported_in_commands_bounded_by_bytes() {
         let entries: Vec<ExportEntry> = (0..=255u8).map(|n| entry(n, 16 * 1024)).collect();
         let page = ExportEntry::encode_page(&entries);
-        let tenant = TenantId::parse("t1").unwrap();
-        let commands = import_commands(&tenant, &scope(), Pass::Full, &page).unwrap();
+        let commands = import_commands(Pass::Full, &page).unwrap();
         assert_eq!(
             commands.len(),
             256 * 16 * 1024 / MOVE_IMPORT_COMMAND_BYTES_MAX
@@ -691,16 +677,9 @@ mod tests {
         let mut carried = Vec::new();
         for (command, size) in commands {
             assert!(size <= MOVE_IMPORT_COMMAND_BYTES_MAX);
-            let Command::Import {
-                tenant: t,
-                operation_id,
-                epoch,
-                entries,
-            } = command
-            else {
+            let Piece::Entries(entries) = command else {
                 panic!("not an import: {command:?}");
             };
-            assert_eq!((t.as_str(), operation_id.as_str(), epoch), ("t1", "op1", 3));
             assert_eq!(size, entries.iter().map(entry_bytes).sum::<usize>());
             carried.extend(entries);
         }
@@ -711,15 +690,14 @@ mod tests {
     /// page is still one command (it sets the tenant's guard).
     #[test]
     fn a_change_page_keeps_its_removals_and_an_empty_page_is_one_command() {
-        let tenant = TenantId::parse("t1").unwrap();
         let page = ChangePage {
             entries: vec![entry(1, 100 * 1024), entry(2, 100 * 1024)],
             removed: vec![b"rt1\0a".to_vec(), b"rt1\0b".to_vec()],
         };
-        let commands = import_commands(&tenant, &scope(), Pass::Changes, &page.encode()).unwrap();
+        let commands = import_commands(Pass::Changes, &page.encode()).unwrap();
         let mut carried = ChangePage::default();
         for (command, _) in &commands {
-            let Command::ImportChanges { page, .. } = command else {
+            let Piece::Changes(page) = command else {
                 panic!("not a change import: {command:?}");
             };
             carried.entries.extend(page.entries.clone());
@@ -728,10 +706,10 @@ mod tests {
         assert_eq!(commands.len(), 3);
         assert_eq!(carried, page);
         let empty = ChangePage::default().encode();
-        let commands = import_commands(&tenant, &scope(), Pass::Changes, &empty).unwrap();
+        let commands = import_commands(Pass::Changes, &empty).unwrap();
         assert_eq!(commands.len(), 1);
         let empty = ExportEntry::encode_page(&[]);
-        let commands = import_commands(&tenant, &scope(), Pass::Full, &empty).unwrap();
+        let commands = import_commands(Pass::Full, &empty).unwrap();
         assert_eq!(commands.len(), 1);
     }
 

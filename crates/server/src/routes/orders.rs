@@ -21,7 +21,7 @@ use keyhold_core::scope::Namespace;
 use keyhold_core::{
     IdempotencyKey, Operation, Order, OrderRequest, OrderStatus, Problem, Scope, StoredResponse,
 };
-use keyhold_store::{Applied, Command, OrderOutcome};
+use keyhold_store::OrderOutcome;
 use serde::Deserialize;
 use std::sync::Arc;
 use std::time::Duration;
@@ -177,19 +177,12 @@ async fn execute(node: &Node, p: &Prepared) -> Result<Response, ApiError> {
         home_region: node.region().to_owned(),
         created_at: at,
     };
-    let command = Command::CreateOrder {
-        scope: p.scope.clone(),
-        fingerprint: p.fingerprints.stored.clone(),
-        order: Box::new(order),
-        now: at,
-        response_ttl_ms: node.policy().response_ttl_ms,
-        marker_ttl_ms: node.policy().marker_ttl_ms,
-        processed_ttl_ms: node.policy().processed_ttl_ms,
-    };
-    let outcome = match node.store().execute(command).await? {
-        Applied::Order(outcome) => outcome,
-        other => unreachable!("create order answered {other:?}"),
-    };
+    let scope = p.scope.clone();
+    let fingerprint = p.fingerprints.stored.clone();
+    let outcome = node
+        .store()
+        .create_order(scope, fingerprint, order, at, node.policy())
+        .await?;
     Ok(match outcome {
         OrderOutcome::Created { response } => {
             count("new");

@@ -1,0 +1,568 @@
+//! The store's typed command API: one method per command kind, each answering
+//! with that kind's outcome (`create_order` with an `OrderOutcome`, `fence`
+//! with a `GuardOutcome`, ...).
+//!
+//! Every method builds its `Command` and sends it through `Store::execute`, the
+//! one way into the region group (and what the Raft machinery and the tests that
+//! replay whole command sequences use). `execute` answers `Applied`, whose
+//! variant the command's kind fixes; which variant goes with which outcome is
+//! written down here once (`Answer`), so that no caller matches an `Applied` it
+//! cannot get. A mismatch would be a bug of the state machine, not a condition
+//! to answer: it panics here. TTLs come from the caller's `Policy`, copied into
+//! the command, so the command still carries everything its effect depends on.
+
+use crate::command::{
+    Applied, ChangePage, ClaimOutcome, Command, CompleteOutcome, ConsumeOutcome, CursorOutcome,
+    EraseOutcome, ExportEntry, GuardOutcome, HeartbeatOutcome, OrderOutcome, ReplayOutcome,
+    SweepOutcome,
+};
+use crate::consumer::Consumer;
+use crate::{Error, Store};
+use keyhold_core::{
+    Item, Order, Outcome, OwnerToken, Policy, Scope, StoredResponse, TenantId, UnixMillis,
+};
+
+/// The outcome of some command kinds: the `Applied` variant the state machine
+/// answers them with.
+trait Answer: Sized {
+    /// The outcome inside `applied`, or `applied` back when it holds another
+    /// (boxed, to keep the `Result` small: that case is a bug).
+    fn take(applied: Applied) -> Result<Self, Box<Applied>>;
+}
+
+macro_rules! answer {
+    ($($outcome:ty => $variant:ident),* $(,)?) => {$(
+        impl Answer for $outcome {
+            fn take(applied: Applied) -> Result<Self, Box<Applied>> {
+                match applied {
+                    Applied::$variant(outcome) => Ok(outcome),
+                    other => Err(Box::new(other)),
+                }
+            }
+        }
+    )*};
+}
+
+answer! {
+    OrderOutcome => Order,
+    ClaimOutcome => Claim,
+    CompleteOutcome => Complete,
+    HeartbeatOutcome => Heartbeat,
+    SweepOutcome => Sweep,
+    ConsumeOutcome => Consumed,
+    CursorOutcome => Cursor,
+    GuardOutcome => Guard,
+}
+
+impl Answer for EraseOutcome {
+    fn take(applied: Applied) -> Result<Self, Box<Applied>> {
+        match applied {
+            Applied::Erased { entries, more } => Ok(EraseOutcome { entries, more }),
+            other => Err(Box::new(other)),
+        }
+    }
+}
+
+impl Answer for ReplayOutcome {
+    fn take(applied: Applied) -> Result<Self, Box<Applied>> {
+        match applied {
+            Applied::Replayed { events } => Ok(ReplayOutcome { events }),
+            other => Err(Box::new(other)),
+        }
+    }
+}
+
+impl Store {
+    /// Executes `command`, whose kind the state machine answers with a `T`.
+    async fn run<T: Answer>(&self, command: Command) -> Result<T, Error> {
+        let applied = self.execute(command).await?;
+        Ok(T::take(applied).unwrap_or_else(|other| {
+            unreachable!(
+                "a command answered with {} got {other:?}",
+                std::any::type_name::<T>()
+            )
+        }))
+    }
+
+    /// Creates `order` under `scope` unless the record or the business marker
+    /// decides otherwise (contract section 4). `order` is built by the caller
+    /// with a fresh id and `created_at = now`; it is used only if created.
+    pub async fn create_order(
+        &self,
+        scope: Scope,
+        fingerprint: String,
+        order: Order,
+        now: UnixMillis,
+        policy: &Policy,
+    ) -> Result<OrderOutcome, Error> {
+        self.run(Command::CreateOrder {
+            scope,
+            fingerprint,
+            order: Box::new(order),
+            now,
+            response_ttl_ms: policy.response_ttl_ms,
+            marker_ttl_ms: policy.marker_ttl_ms,
+            processed_ttl_ms: policy.processed_ttl_ms,
+        })
+        .await
+    }
+
+    /// Claims `scope` for `lease_ms`; `nonce` is the new owner token's random part.
+    pub async fn claim(
+        &self,
+        scope: Scope,
+        fingerprint: String,
+        lease_ms: u64,
+        nonce: u64,
+        now: UnixMillis,
+        policy: &Policy,
+    ) -> Result<ClaimOutcome, Error> {
+        self.run(Command::Claim {
+            scope,
+            fingerprint,
+            lease_ms,
+            nonce,
+            now,
+            response_ttl_ms: policy.response_ttl_ms,
+        })
+        .await
+    }
+
+    /// The owner `token` finishes its work on `scope` with `outcome`.
+    // One argument per field of the command.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn complete(
+        &self,
+        scope: Scope,
+        token: OwnerToken,
+        outcome: Outcome,
+        response: Option<StoredResponse>,
+        resource_id: Option<String>,
+        now: UnixMillis,
+        policy: &Policy,
+    ) -> Result<CompleteOutcome, Error> {
+        self.run(Command::Complete {
+            scope,
+            token,
+            outcome,
+            response,
+            resource_id,
+            now,
+            response_ttl_ms: policy.response_ttl_ms,
+        })
+        .await
+    }
+
+    /// The owner `token` extends its lease on `scope` to `now + lease_ms`.
+    pub async fn heartbeat(
+        &self,
+        scope: Scope,
+        token: OwnerToken,
+        lease_ms: u64,
+        now: UnixMillis,
+    ) -> Result<HeartbeatOutcome, Error> {
+        self.run(Command::Heartbeat {
+            scope,
+            token,
+            lease_ms,
+            now,
+        })
+        .await
+    }
+
+    /// Deletes up to `entries_max` entries due at `now`, keeping outbox events
+    /// some consumer in `consumers` has not had.
+    pub async fn sweep(
+        &self,
+        now: UnixMillis,
+        entries_max: u32,
+        consumers: Vec<Consumer>,
+    ) -> Result<SweepOutcome, Error> {
+        self.run(Command::Sweep {
+            now,
+            entries_max,
+            consumers,
+        })
+        .await
+    }
+
+    /// Erases up to `entries_max` entries of the deleted `tenant`
+    /// (`Command::EraseTenant`); repeat while `more`.
+    pub async fn erase_tenant(
+        &self,
+        tenant: TenantId,
+        entries_max: u32,
+        consumers: Vec<Consumer>,
+    ) -> Result<EraseOutcome, Error> {
+        self.run(Command::EraseTenant {
+            tenant,
+            entries_max,
+            consumers,
+        })
+        .await
+    }
+
+    /// The inventory consumer's effect for `event_id`: reserve `items`.
+    pub async fn consume_inventory(
+        &self,
+        event_id: String,
+        order_id: String,
+        items: Vec<Item>,
+        now: UnixMillis,
+        policy: &Policy,
+    ) -> Result<ConsumeOutcome, Error> {
+        self.run(Command::ConsumeInventory {
+            event_id,
+            order_id,
+            items,
+            now,
+            processed_ttl_ms: policy.processed_ttl_ms,
+        })
+        .await
+    }
+
+    /// The payments consumer's effect for `event_id`: the charge's result on
+    /// the order.
+    pub async fn consume_payment(
+        &self,
+        event_id: String,
+        order_id: String,
+        charge_id: String,
+        paid: bool,
+        now: UnixMillis,
+        policy: &Policy,
+    ) -> Result<ConsumeOutcome, Error> {
+        self.run(Command::ConsumePayment {
+            event_id,
+            order_id,
+            charge_id,
+            paid,
+            now,
+            processed_ttl_ms: policy.processed_ttl_ms,
+        })
+        .await
+    }
+
+    /// `consumer` handled every event up to `seq`, in a round that read its
+    /// cursor at `generation`.
+    pub async fn advance_cursor(
+        &self,
+        consumer: Consumer,
+        seq: u64,
+        generation: u64,
+    ) -> Result<CursorOutcome, Error> {
+        self.run(Command::AdvanceCursor {
+            consumer,
+            seq,
+            generation,
+        })
+        .await
+    }
+
+    /// Re-publishes kept events from `from_seq` on to `consumers`.
+    pub async fn replay_outbox(
+        &self,
+        from_seq: u64,
+        consumers: Vec<Consumer>,
+    ) -> Result<ReplayOutcome, Error> {
+        self.run(Command::ReplayOutbox {
+            from_seq,
+            consumers,
+        })
+        .await
+    }
+
+    /// Stops execution for `tenant`, moving away under `operation_id` at `epoch`.
+    pub async fn fence(
+        &self,
+        tenant: TenantId,
+        operation_id: String,
+        epoch: u64,
+    ) -> Result<GuardOutcome, Error> {
+        self.run(Command::Fence {
+            tenant,
+            operation_id,
+            epoch,
+        })
+        .await
+    }
+
+    /// Writes a first-pass page of `tenant`'s entries for its move
+    /// `operation_id` at `epoch`.
+    pub async fn import(
+        &self,
+        tenant: TenantId,
+        operation_id: String,
+        epoch: u64,
+        entries: Vec<ExportEntry>,
+    ) -> Result<GuardOutcome, Error> {
+        self.run(Command::Import {
+            tenant,
+            operation_id,
+            epoch,
+            entries,
+        })
+        .await
+    }
+
+    /// Writes a final-pass page of `tenant`'s changes for its move
+    /// `operation_id` at `epoch`.
+    pub async fn import_changes(
+        &self,
+        tenant: TenantId,
+        operation_id: String,
+        epoch: u64,
+        page: ChangePage,
+    ) -> Result<GuardOutcome, Error> {
+        self.run(Command::ImportChanges {
+            tenant,
+            operation_id,
+            epoch,
+            page,
+        })
+        .await
+    }
+
+    /// This store owns `tenant` at `epoch`: execution may resume or start.
+    pub async fn own(&self, tenant: TenantId, epoch: u64) -> Result<GuardOutcome, Error> {
+        self.run(Command::Own { tenant, epoch }).await
+    }
+
+    /// Starts `tenant`'s change index for its move `operation_id` at `epoch`.
+    pub async fn track_changes(
+        &self,
+        tenant: TenantId,
+        operation_id: String,
+        epoch: u64,
+    ) -> Result<GuardOutcome, Error> {
+        self.run(Command::TrackChanges {
+            tenant,
+            operation_id,
+            epoch,
+        })
+        .await
+    }
+
+    /// Stops tracking `tenant`'s changes for the ended move `operation_id` and
+    /// deletes up to `entries_max` entries of its change index; repeat while
+    /// `more`.
+    pub async fn end_tracking(
+        &self,
+        tenant: TenantId,
+        operation_id: String,
+        entries_max: u32,
+    ) -> Result<EraseOutcome, Error> {
+        self.run(Command::EndTracking {
+            tenant,
+            operation_id,
+            entries_max,
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::command::{Rejection, TenantGuard};
+    use crate::test_common::{new_order, open, scope, HOUR_MS, T0};
+    use keyhold_core::scope::Namespace;
+    use keyhold_core::RecordState;
+
+    const POLICY: Policy = Policy {
+        response_ttl_ms: HOUR_MS,
+        marker_ttl_ms: 24 * HOUR_MS,
+        processed_ttl_ms: 48 * HOUR_MS,
+        inflight_wait_ms: 1_000,
+    };
+
+    /// The order of `new_order(n)`, with its scope and fingerprint.
+    fn order_of(n: u64) -> (Scope, String, Order) {
+        let Command::CreateOrder {
+            scope,
+            fingerprint,
+            order,
+            ..
+        } = new_order(n)
+        else {
+            panic!("new_order builds a CreateOrder")
+        };
+        (scope, fingerprint, *order)
+    }
+
+    fn t(name: &str) -> TenantId {
+        TenantId::parse(name).unwrap()
+    }
+
+    /// Every typed method, on a real store, in the states that give its
+    /// command kind's outcomes (the four tenant-scoped kinds fenced too): each
+    /// answer arrives as the method's outcome, never as a panic of the one
+    /// mapping in `Answer`.
+    #[tokio::test]
+    async fn every_command_kind_answers_through_its_typed_method() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path()).await;
+        let all = Consumer::ALL.to_vec();
+
+        let (s, fp, order) = order_of(1);
+        let created = store
+            .create_order(s.clone(), fp.clone(), order.clone(), T0, &POLICY)
+            .await
+            .unwrap();
+        assert!(
+            matches!(created, OrderOutcome::Created { .. }),
+            "{created:?}"
+        );
+        let replayed = store.create_order(s, fp, order, T0, &POLICY).await.unwrap();
+        assert!(
+            matches!(replayed, OrderOutcome::Replayed { .. }),
+            "{replayed:?}"
+        );
+
+        let (event, order_id) = ("evt_ord_1".to_owned(), "ord_1".to_owned());
+        let reserve =
+            || store.consume_inventory(event.clone(), order_id.clone(), vec![], T0, &POLICY);
+        assert_eq!(reserve().await.unwrap(), ConsumeOutcome::Applied);
+        assert_eq!(reserve().await.unwrap(), ConsumeOutcome::Duplicate);
+        let paid = store
+            .consume_payment(event.clone(), order_id, "ch_1".into(), true, T0, &POLICY)
+            .await
+            .unwrap();
+        assert_eq!(paid, ConsumeOutcome::Applied);
+        // A refusal stays an error, as from `execute`.
+        let missing = store
+            .consume_payment(
+                "evt_x".into(),
+                "ord_x".into(),
+                "ch_2".into(),
+                true,
+                T0,
+                &POLICY,
+            )
+            .await;
+        assert!(
+            matches!(
+                missing,
+                Err(Error::Rejected(Rejection::PaymentForMissingOrder { .. }))
+            ),
+            "{missing:?}"
+        );
+
+        let advanced = store
+            .advance_cursor(Consumer::Inventory, 1, 0)
+            .await
+            .unwrap();
+        assert_eq!(advanced, CursorOutcome::Advanced);
+        assert_eq!(store.cursor(Consumer::Inventory).await.unwrap(), 1);
+        let replay = store.replay_outbox(1, all.clone()).await.unwrap();
+        assert_eq!(replay, ReplayOutcome { events: 1 });
+        assert_eq!(store.cursor(Consumer::Inventory).await.unwrap(), 0);
+
+        let job = scope(Namespace::Claims, "job");
+        let ClaimOutcome::Acquired { token, .. } = store
+            .claim(job.clone(), "fp".into(), 1_000, 7, T0, &POLICY)
+            .await
+            .unwrap()
+        else {
+            panic!("a first claim acquires")
+        };
+        let extended = store
+            .heartbeat(job.clone(), token, 1_000, T0.plus_ms(1))
+            .await;
+        assert!(
+            matches!(extended, Ok(HeartbeatOutcome::Extended { .. })),
+            "{extended:?}"
+        );
+        let response = StoredResponse {
+            status: 200,
+            headers: vec![],
+            body: b"{}".to_vec(),
+        };
+        let completed = store
+            .complete(
+                job.clone(),
+                token,
+                Outcome::Succeeded,
+                Some(response.clone()),
+                None,
+                T0.plus_ms(2),
+                &POLICY,
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            completed,
+            CompleteOutcome::Completed {
+                state: RecordState::Succeeded
+            }
+        );
+        let swept = store.sweep(T0, 100, all.clone()).await.unwrap();
+        assert_eq!(swept, SweepOutcome::default());
+
+        let tracked = store.track_changes(t("t1"), "op1".into(), 1).await.unwrap();
+        assert!(
+            matches!(tracked, GuardOutcome::Accepted { .. }),
+            "{tracked:?}"
+        );
+        let fenced = store.fence(t("t1"), "op1".into(), 1).await.unwrap();
+        let guard = TenantGuard::Fenced {
+            operation_id: "op1".into(),
+            epoch: 1,
+        };
+        assert_eq!(fenced, GuardOutcome::Accepted { guard, imported: 0 });
+        let (s, fp, order) = order_of(2);
+        let create = store.create_order(s, fp, order, T0, &POLICY).await.unwrap();
+        assert_eq!(create, OrderOutcome::Fenced);
+        let claim = store
+            .claim(job.clone(), "fp".into(), 1_000, 8, T0, &POLICY)
+            .await;
+        assert_eq!(claim.unwrap(), ClaimOutcome::Fenced);
+        let heartbeat = store.heartbeat(job.clone(), token, 1_000, T0).await;
+        assert_eq!(heartbeat.unwrap(), HeartbeatOutcome::Fenced);
+        let complete = store
+            .complete(
+                job,
+                token,
+                Outcome::Succeeded,
+                Some(response),
+                None,
+                T0,
+                &POLICY,
+            )
+            .await;
+        assert_eq!(complete.unwrap(), CompleteOutcome::Fenced);
+        let ended = store
+            .end_tracking(t("t1"), "op1".into(), 100)
+            .await
+            .unwrap();
+        assert!(!ended.more, "{ended:?}");
+        let erased = store.erase_tenant(t("t1"), 100, all).await.unwrap();
+        assert!(erased.entries > 0 && !erased.more, "{erased:?}");
+
+        let imported = store
+            .import(t("t2"), "op2".into(), 1, vec![])
+            .await
+            .unwrap();
+        assert!(
+            matches!(imported, GuardOutcome::Accepted { .. }),
+            "{imported:?}"
+        );
+        let changes = store
+            .import_changes(t("t2"), "op2".into(), 1, ChangePage::default())
+            .await
+            .unwrap();
+        assert!(
+            matches!(changes, GuardOutcome::Accepted { .. }),
+            "{changes:?}"
+        );
+        let owned = store.own(t("t2"), 2).await.unwrap();
+        let guard = TenantGuard::Owned { epoch: 2 };
+        assert_eq!(owned, GuardOutcome::Accepted { guard, imported: 0 });
+        let refused = store.fence(t("t2"), "op2".into(), 1).await.unwrap();
+        assert!(
+            matches!(refused, GuardOutcome::Refused { .. }),
+            "{refused:?}"
+        );
+        store.shutdown().await.unwrap();
+    }
+}
