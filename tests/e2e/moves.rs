@@ -670,84 +670,6 @@ fn a_move_cut_short_by_a_crash_resumes_as_soon_as_the_cluster_is_back() {
     assert_replayed(&sc, b, "b", &tenant, &made);
 }
 
-/// A client of the load below: sends through every region in turn, creating
-/// orders and replaying acknowledged ones, until `stop`; records every
-/// request and its fate for the checker.
-async fn load_client(
-    client: u32,
-    apis: Vec<(String, String)>,
-    token: String,
-    recorder: keyhold_checker::Recorder,
-    stop: Arc<AtomicBool>,
-) {
-    let http = reqwest::Client::new();
-    let mut acked: Vec<(String, String, String)> = Vec::new();
-    let mut n = 0usize;
-    while !stop.load(Ordering::Relaxed) {
-        n += 1;
-        let (region, url) = &apis[(client as usize + n) % apis.len()];
-        // Every third request replays an acknowledged one (same key and body).
-        let (key, coid, body) = match acked.get((n * 7) % acked.len().max(1)) {
-            Some(old) if n.is_multiple_of(3) => old.clone(),
-            _ => {
-                let coid = unique("co");
-                (unique("k"), coid.clone(), order_body(&coid, 1 + n as u64))
-            }
-        };
-        let sender = keyhold_checker::Sender {
-            client,
-            tenant: "t",
-            region,
-        };
-        let request = keyhold_checker::Request::CreateOrder {
-            key: key.clone(),
-            client_order_id: coid.clone(),
-            body: body.clone(),
-            fingerprint: None,
-        };
-        let pending = recorder.invoke(&sender, request);
-        let sent = http
-            .post(format!("{url}/v1/orders"))
-            .bearer_auth(&token)
-            .header("content-type", "application/json")
-            .header("idempotency-key", &key)
-            .timeout(Duration::from_secs(15))
-            .body(body.clone())
-            .send()
-            .await;
-        let outcome = match sent {
-            Ok(r) => {
-                let status = r.status().as_u16();
-                let replayed = r.headers().contains_key("idempotent-replayed");
-                match r.text().await {
-                    Ok(body) => keyhold_checker::Outcome::Ok {
-                        status,
-                        replayed,
-                        body,
-                    },
-                    Err(e) => keyhold_checker::Outcome::Unknown {
-                        reason: e.to_string(),
-                    },
-                }
-            }
-            Err(e) if e.is_connect() => keyhold_checker::Outcome::Fail {
-                reason: e.to_string(),
-            },
-            Err(e) => keyhold_checker::Outcome::Unknown {
-                reason: e.to_string(),
-            },
-        };
-        let status = outcome.answer().map(|(s, _)| s);
-        recorder.complete(pending, outcome);
-        match status {
-            Some(201) => acked.push((key, coid, body)),
-            Some(200..=299) => {}
-            // 503 tenant-moving, a node down: the request is not acknowledged.
-            _ => tokio::time::sleep(Duration::from_millis(20)).await,
-        }
-    }
-}
-
 /// Moves (6), end to end under load: clients keep creating and replaying
 /// orders of the tenant through every region while it moves a → b, and while
 /// it moves back b → a with its driver's node killed mid-move (the driver
@@ -772,13 +694,15 @@ fn moves_under_load_through_every_region_lose_and_duplicate_nothing() {
     let stop = Arc::new(AtomicBool::new(false));
     let clients: Vec<_> = (0..6)
         .map(|client| {
-            runtime.spawn(load_client(
+            let load = common::load::LoadClient {
                 client,
-                apis.clone(),
-                tenant.token.clone(),
-                recorder.clone(),
-                stop.clone(),
-            ))
+                apis: apis.clone(),
+                tenants: vec![("t".to_owned(), tenant.token.clone())],
+                twice_every: None,
+                recorder: recorder.clone(),
+                stop: stop.clone(),
+            };
+            runtime.spawn(load.run())
         })
         .collect();
     let answered = |status: u16| {
@@ -823,21 +747,7 @@ fn moves_under_load_through_every_region_lose_and_duplicate_nothing() {
         admin_token: None,
         psp_url: None,
     };
-    let history = recorder.history();
-    let options = keyhold_checker::ReadOptions {
-        settle_wait: Duration::from_secs(30),
-    };
-    let (_, verdict) = runtime
-        .block_on(keyhold_checker::read_and_check(&target, &history, options))
-        .expect("the checker reads the final state");
-    assert!(verdict.ok, "{}", verdict.summary());
-    assert!(verdict.stats.orders_acked >= 300, "{}", verdict.summary());
-    assert!(
-        verdict.stats.order_replays_checked > 0,
-        "{}",
-        verdict.summary()
-    );
-    assert_eq!(recorder.dropped(), 0);
+    let (history, _) = common::load::judge(&runtime, &target, &recorder, 300);
     // Both homes answered: the load really ran across both moves.
     for region in ["a", "b"] {
         assert!(

@@ -141,7 +141,8 @@ struct UpArgs {
     /// directly); default none.
     #[arg(long, value_parser = duration)]
     inter_region_rtt: Option<Duration>,
-    /// Nodes per region; 1 until the region store is replicated.
+    /// Nodes per region, 1 to 3: each region's store is replicated to that
+    /// many node processes (a majority must hold a write before it is answered).
     #[arg(long, default_value_t = 1)]
     nodes_per_region: usize,
     /// Serve this folder (wasm/site, built by wasm/build.sh) at /demo instead

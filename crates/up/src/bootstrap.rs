@@ -32,7 +32,7 @@ pub async fn wait_ready(nodes: &Nodes, deadline: Instant) -> Result<(), Error> {
 }
 
 /// Creates the demo tenants that do not exist yet, each through its home
-/// region's node, saving each token at once.
+/// region's first node, saving each token at once.
 pub async fn demo_tenants(
     http: &reqwest::Client,
     plans: &[NodePlan],
@@ -40,7 +40,7 @@ pub async fn demo_tenants(
     data_dir: &Path,
     deadline: Instant,
 ) -> Result<(), Error> {
-    for plan in plans {
+    for plan in plans.iter().filter(|p| p.replica == 0) {
         let tenant_id = format!("demo-{}", plan.region);
         if secrets.tenants.iter().any(|t| t.tenant_id == tenant_id) {
             continue;
@@ -98,8 +98,8 @@ pub async fn demo_tenants(
     Ok(())
 }
 
-/// Waits until every node accepts every demo tenant's token (anything but 401
-/// for a lookup of an order that does not exist).
+/// Waits until every node (each node of every region) accepts every demo
+/// tenant's token (anything but 401 for a lookup of an order that does not exist).
 pub async fn wait_tenants_known(
     http: &reqwest::Client,
     plans: &[NodePlan],

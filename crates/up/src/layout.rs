@@ -2,14 +2,24 @@
 //! ports, loopback addresses, data dirs, config and log files), the secrets
 //! file that lets a restart resume the same cluster, and `cluster.json`.
 //!
+//! Nodes: with R regions and N nodes per region, node ids `1..=R` are the
+//! first node of each region in `--regions` order (so a cluster made with one
+//! node per region keeps its ids and data dirs when it grows none), then
+//! `R+1..=2R` the second node of each region, and so on: node `k` (0-based,
+//! id `k + 1`) belongs to region `k % R`. Every node is a registry voter and a
+//! member of its region's group.
+//!
 //! Files under the data dir `DIR`: `up-secrets.json` (admin token, demo
 //! tenants, the layout the cluster was created with), `node-credential`,
-//! `cluster.json`, `<region>/` (the region's store node), `nodes/node-<id>.toml`
-//! (each node's config, written anew at every start), `logs/node-<id>.log`
-//! (each node's output, appended across starts) and `psp/`.
+//! `cluster.json`, `<region>/` (the data dir of the region's first node),
+//! `<region>.node-<id>/` (the data dir of each further node of the region; a
+//! dot cannot be part of a region name, so no region's dir is another's),
+//! `nodes/node-<id>.toml` (each node's config, written anew at every start),
+//! `logs/node-<id>.log` (each node's output, appended across starts) and `psp/`.
 
 use crate::limits::{
-    API_PROXY_PORT_OFFSET, NODES_MAX, RAFT_PORT_OFFSET, RAFT_PROXY_PORT_OFFSET, REGIONS_MAX,
+    API_PROXY_PORT_OFFSET, NODES_MAX, NODES_PER_REGION_MAX, RAFT_PORT_OFFSET,
+    RAFT_PROXY_PORT_OFFSET, REGIONS_MAX,
 };
 use crate::Error;
 use serde::{Deserialize, Serialize};
@@ -70,7 +80,8 @@ pub struct NodeEntry {
     pub node_id: u64,
     pub region: String,
     pub api_url: String,
-    /// `store`: owns the region's store and votes in the registry.
+    /// `store`: holds a replica of its region's store (a member of the
+    /// region's group) and votes in the registry.
     pub role: &'static str,
     /// The node's process id; `null` while it is down.
     pub pid: Option<u32>,
@@ -83,6 +94,9 @@ pub struct NodePlan {
     pub region: String,
     /// Index of its region in `--regions`.
     pub region_index: usize,
+    /// Its place among its region's nodes (0: the region's first node, whose
+    /// API is the region's `api_url` in cluster.json).
+    pub replica: usize,
     pub api: SocketAddr,
     pub raft: SocketAddr,
     pub api_proxy: SocketAddr,
@@ -113,25 +127,36 @@ fn loopback(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
 }
 
-/// Node `k` (0-based) of the cluster: the first node of every region comes
-/// first (ids `1..=R`, the registry's voters, each owning its region's store
-/// in `DIR/<region>`); room is left for more per region (`NODES_MAX`).
-pub fn plan(data_dir: &Path, base_port: u16, regions: &[String]) -> Vec<NodePlan> {
-    regions
-        .iter()
-        .enumerate()
-        .map(|(k, region)| {
+/// Every node of the cluster, in id order (see the module's first paragraph:
+/// node `k` is replica `k / R` of region `k % R`).
+pub fn plan(
+    data_dir: &Path,
+    base_port: u16,
+    regions: &[String],
+    nodes_per_region: usize,
+) -> Vec<NodePlan> {
+    (0..regions.len() * nodes_per_region)
+        .map(|k| {
+            let region_index = k % regions.len();
+            let replica = k / regions.len();
+            let region = &regions[region_index];
             let id = k as u64 + 1;
             let slot = k as u16;
+            let node_dir = if replica == 0 {
+                data_dir.join(region)
+            } else {
+                data_dir.join(format!("{region}.node-{id}"))
+            };
             NodePlan {
                 id,
                 region: region.clone(),
-                region_index: k,
+                region_index,
+                replica,
                 api: loopback(base_port + slot),
                 raft: loopback(base_port + RAFT_PORT_OFFSET + slot),
                 api_proxy: loopback(base_port + API_PROXY_PORT_OFFSET + slot),
                 raft_proxy: loopback(base_port + RAFT_PROXY_PORT_OFFSET + slot),
-                data_dir: data_dir.join(region),
+                data_dir: node_dir,
                 config_file: data_dir.join("nodes").join(format!("node-{id}.toml")),
                 log_file: data_dir.join("logs").join(format!("node-{id}.log")),
             }
@@ -158,15 +183,19 @@ pub fn validate(regions: &[String], nodes_per_region: usize) -> Result<(), Error
             return Err(Error::Config(format!("region {r:?} is listed twice")));
         }
     }
-    if nodes_per_region != 1 || regions.len() > NODES_MAX {
-        // Extra API nodes joined the registry as learners added from inside the
-        // one `up` process; with a process per node they come back with the
-        // replicated region store (issue 11).
-        return Err(Error::Config(
-            "--nodes-per-region must be 1 for now: several nodes per region come with the \
-             replicated region store"
-                .into(),
-        ));
+    if !(1..=NODES_PER_REGION_MAX).contains(&nodes_per_region) {
+        return Err(Error::Config(format!(
+            "--nodes-per-region must be from 1 to {NODES_PER_REGION_MAX}"
+        )));
+    }
+    if regions.len() * nodes_per_region > NODES_MAX {
+        // Every node's ports sit inside the cluster's fifty (see limits.rs).
+        return Err(Error::Config(format!(
+            "{} regions of {nodes_per_region} nodes make {} nodes; a local cluster has at \
+             most {NODES_MAX}",
+            regions.len(),
+            regions.len() * nodes_per_region
+        )));
     }
     Ok(())
 }
@@ -235,25 +264,93 @@ pub fn node_credential(data_dir: &Path) -> Result<PathBuf, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limits::{CONTROL_PORT_OFFSET, PORTS_PER_CLUSTER, PSP_PORT_OFFSET};
+    use std::collections::BTreeSet;
+
+    fn names(n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("r{i}")).collect()
+    }
+
+    /// Every port of every node, the provider's and the control API's: all
+    /// distinct and inside `base .. base + PORTS_PER_CLUSTER`.
+    fn assert_ports_distinct_and_in_range(nodes: &[NodePlan], base: u16) {
+        let mut ports = BTreeSet::from([base + PSP_PORT_OFFSET, base + CONTROL_PORT_OFFSET]);
+        for n in nodes {
+            for addr in [n.api, n.raft, n.api_proxy, n.raft_proxy] {
+                assert!(
+                    (base..base + PORTS_PER_CLUSTER).contains(&addr.port()),
+                    "{n:?}"
+                );
+                assert!(ports.insert(addr.port()), "port {} twice", addr.port());
+            }
+        }
+    }
 
     #[test]
     fn every_region_has_its_own_source_address_and_ports_stay_in_range() {
-        let regions: Vec<String> = (0..REGIONS_MAX).map(|i| format!("r{i}")).collect();
-        let nodes = plan(Path::new("/d"), 7400, &regions);
+        let regions = names(REGIONS_MAX);
+        let nodes = plan(Path::new("/d"), 7400, &regions, 1);
         for (i, n) in nodes.iter().enumerate() {
             assert_eq!(region_of(region_ip(n.region_index), regions.len()), Some(i));
-            for addr in [n.api, n.raft, n.api_proxy, n.raft_proxy] {
-                assert!(addr.port() < 7400 + crate::limits::PORTS_PER_CLUSTER);
-            }
         }
+        assert_ports_distinct_and_in_range(&nodes, 7400);
         assert_eq!(region_of("127.0.0.1".parse().unwrap(), regions.len()), None);
     }
 
     #[test]
-    fn more_than_one_node_per_region_is_refused_for_now() {
-        let e = validate(&["a".into()], 2).unwrap_err().to_string();
-        assert!(e.contains("--nodes-per-region"), "{e}");
+    fn three_regions_of_three_nodes_keep_the_first_nodes_and_fit_the_ports() {
+        let regions = names(3);
+        let one = plan(Path::new("/d"), 7400, &regions, 1);
+        let nodes = plan(Path::new("/d"), 7400, &regions, 3);
+        assert_eq!(nodes.len(), 9);
+        // Ids 1..=9 in order; 1..=3 are the first node of each region, with
+        // the same ports and data dirs as in a cluster of one node per region.
+        for (k, n) in nodes.iter().enumerate() {
+            assert_eq!(n.id, k as u64 + 1);
+            assert_eq!(n.region, regions[k % 3]);
+            assert_eq!(n.replica, k / 3);
+        }
+        for (first, alone) in nodes.iter().zip(&one) {
+            assert_eq!(
+                (first.id, first.api, first.raft, &first.data_dir),
+                (alone.id, alone.api, alone.raft, &alone.data_dir)
+            );
+            assert_eq!(first.data_dir, Path::new("/d").join(&first.region));
+        }
+        // Three nodes in every region, each with its own data dir, config and log.
+        for r in &regions {
+            assert_eq!(nodes.iter().filter(|n| &n.region == r).count(), 3);
+        }
+        let files: [fn(&NodePlan) -> PathBuf; 3] = [
+            |n| n.data_dir.clone(),
+            |n| n.config_file.clone(),
+            |n| n.log_file.clone(),
+        ];
+        for files in files {
+            let distinct: BTreeSet<PathBuf> = nodes.iter().map(files).collect();
+            assert_eq!(distinct.len(), nodes.len());
+        }
+        assert_eq!(nodes[3].data_dir, Path::new("/d/r0.node-4"));
+        assert_ports_distinct_and_in_range(&nodes, 7400);
+        // The largest layout allowed fits too.
+        assert_ports_distinct_and_in_range(&plan(Path::new("/d"), 7400, &names(5), 2), 7400);
+    }
+
+    #[test]
+    fn nodes_per_region_and_names_are_checked() {
+        assert!(validate(&names(3), 3).is_ok());
+        assert!(validate(&names(1), 1).is_ok());
+        for n in [0, NODES_PER_REGION_MAX + 1] {
+            let e = validate(&names(1), n).unwrap_err().to_string();
+            assert!(e.contains("--nodes-per-region must be from 1 to 3"), "{e}");
+        }
+        let e = validate(&names(4), 3).unwrap_err().to_string();
+        assert!(e.contains("12 nodes") && e.contains("at most 10"), "{e}");
         assert!(validate(&["a".into(), "a".into()], 1).is_err());
-        assert!(validate(&["a".into(), "b".into()], 1).is_ok());
+        assert!(
+            validate(&["a.b".into()], 1).is_err(),
+            "a dot would clash with node dirs"
+        );
+        assert!(validate(&[], 1).is_err());
     }
 }

@@ -2,9 +2,11 @@
 //! drills and the acceptance suite, with `up` in the foreground as the
 //! supervisor of one OS process per node.
 //!
-//! `run` lays the cluster out (`layout`), starts the fake payment provider in
-//! its own process, a routed proxy in front of every node's API and Raft
-//! listener (`links`: inter-region delay and isolation), every node as
+//! `run` lays the cluster out (`layout`: `--nodes-per-region` nodes in every
+//! region, each region's nodes the members of its group), starts the fake
+//! payment provider in its own process, a routed proxy in front of every
+//! node's API and Raft listener (`links`: inter-region delay and isolation),
+//! every node as
 //! `keyhold serve --config FILE` (`nodes`), brings the cluster to ready through
 //! the nodes' HTTP API (`bootstrap`), writes `DIR/cluster.json` and serves the
 //! control API (`control`) until told to stop, when it stops every node cleanly.
@@ -71,7 +73,8 @@ pub struct UpConfig {
     pub demo_dir: Option<PathBuf>,
     /// Simulated round trip between regions (added by the proxies); none: zero.
     pub inter_region_rtt: Option<Duration>,
-    /// Nodes per region; 1 until the region store is replicated.
+    /// Nodes per region (`1..=NODES_PER_REGION_MAX`): each region's store is
+    /// replicated to that many nodes, all of them members of its group.
     pub nodes_per_region: usize,
 }
 
@@ -99,7 +102,7 @@ pub async fn run(
         },
     )?;
     let credential = layout::node_credential(&dir)?;
-    let plans = layout::plan(&dir, up.base_port, &up.regions);
+    let plans = layout::plan(&dir, up.base_port, &up.regions, up.nodes_per_region);
 
     let psp_listener = bind(port(up.base_port + PSP_PORT_OFFSET)).await?;
     let psp_url = format!("http://{}", psp_listener.local_addr()?);
@@ -113,7 +116,8 @@ pub async fn run(
     .await?;
 
     // Every node reaches every other through the proxy in front of it: those
-    // are the addresses the registry's membership holds.
+    // are the addresses the registry's membership holds. Every node is listed
+    // in every node's config: the nodes of one region make its group.
     let members: Vec<Member> = plans
         .iter()
         .map(|p| Member {
@@ -174,8 +178,10 @@ pub async fn run(
     let nodes = nodes::Nodes::new(&up.keyhold, &up.node_args, plans.clone(), http.clone());
     let cluster_file = layout::ClusterFile {
         admin_token: secrets.admin_token.clone(),
+        // A region's entry names its first node; the others are in `nodes`.
         regions: plans
             .iter()
+            .filter(|p| p.replica == 0)
             .map(|p| layout::RegionEntry {
                 name: p.region.clone(),
                 api_url: p.api_url(),
@@ -276,11 +282,11 @@ async fn boot(
     up: &UpConfig,
 ) -> Result<(), Error> {
     let deadline = Instant::now() + Duration::from_millis(CLUSTER_READY_WAIT_MS);
-    // One after another: a node listens (`/healthz`) long before the registry
-    // has a leader, so this costs little.
-    for i in 0..cluster.nodes.plans().len() {
-        cluster.nodes.start(i).await?;
-    }
+    // All at once: a node of a region group may wait for its peers before it
+    // listens, so starting one after another could wait on a node not started
+    // yet (and a restart of `up` starts every node again).
+    let starts = (0..cluster.nodes.plans().len()).map(|i| cluster.nodes.start(i));
+    futures::future::try_join_all(starts).await?;
     bootstrap::wait_ready(&cluster.nodes, deadline).await?;
     let plans = cluster.nodes.plans();
     bootstrap::demo_tenants(http, plans, secrets, &up.data_dir, deadline).await?;

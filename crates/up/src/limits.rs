@@ -6,10 +6,15 @@
 pub const PORTS_PER_CLUSTER: u16 = 50;
 /// Regions one local cluster may have.
 pub const REGIONS_MAX: usize = 8;
-/// Nodes one local cluster may have in all: node `k` (0-based) listens for the
-/// API on `base_port + k`, for Raft on `base_port + RAFT_PORT_OFFSET + k`, and
-/// has its two proxies at `API_PROXY_PORT_OFFSET + k` and `RAFT_PROXY_PORT_OFFSET + k`.
-pub const NODES_MAX: usize = 8;
+/// Nodes one region may have (`--nodes-per-region`): 3 is the tested case
+/// (contract section 10, "Replicas in a region"); more would only make the
+/// local cluster heavier without showing anything new.
+pub const NODES_PER_REGION_MAX: usize = 3;
+/// Nodes one local cluster may have in all (regions times nodes per region):
+/// node `k` (0-based) listens for the API on `base_port + k`, for Raft on
+/// `base_port + RAFT_PORT_OFFSET + k`, and has its two proxies at
+/// `API_PROXY_PORT_OFFSET + k` and `RAFT_PROXY_PORT_OFFSET + k`.
+pub const NODES_MAX: usize = 10;
 /// Each node's Raft listener: base port + this + the node's index.
 pub const RAFT_PORT_OFFSET: u16 = 10;
 /// The proxies in front of each node's API and Raft listeners, through which
@@ -23,6 +28,8 @@ pub const CONTROL_PORT_OFFSET: u16 = 41;
 
 const _: () = assert!(NODES_MAX <= RAFT_PORT_OFFSET as usize);
 const _: () = assert!(REGIONS_MAX <= NODES_MAX);
+/// The tested layout, three regions of three nodes, fits.
+const _: () = assert!(3 * NODES_PER_REGION_MAX <= NODES_MAX);
 const _: () = assert!(RAFT_PORT_OFFSET as usize + NODES_MAX <= API_PROXY_PORT_OFFSET as usize);
 const _: () =
     assert!(API_PROXY_PORT_OFFSET as usize + NODES_MAX <= RAFT_PROXY_PORT_OFFSET as usize);

@@ -4,7 +4,9 @@
 //! (each region's nodes connect out from their own loopback address): calls
 //! from the node's own region pass at once and are never cut; calls between
 //! regions get the simulated one-way delay, and are cut both ways while
-//! either region is isolated.
+//! either region is isolated. So with several nodes per region, the traffic
+//! of a region's own group (Raft, forwarding to its leader) never crosses the
+//! simulated network: an isolated region keeps working inside.
 
 use crate::layout::{region_of, NodePlan};
 use crate::Error;
@@ -90,5 +92,74 @@ impl Links {
 
     pub fn is_isolated(&self, region: usize) -> bool {
         self.state.isolated[region].load(Ordering::SeqCst)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::region_ip;
+
+    const ONE_WAY: Duration = Duration::from_millis(25);
+
+    /// The route in front of a node of `region`, in a cluster of three regions
+    /// of which those in `isolated` are cut off.
+    fn route(region: usize, isolated: &[usize]) -> ToRegion {
+        let state = State {
+            isolated: (0..3)
+                .map(|r| AtomicBool::new(isolated.contains(&r)))
+                .collect(),
+            one_way: ONE_WAY,
+        };
+        ToRegion {
+            state: Arc::new(state),
+            region,
+        }
+    }
+
+    const NEAR: Link = Link::Open {
+        delay: Duration::ZERO,
+    };
+    const FAR: Link = Link::Open { delay: ONE_WAY };
+
+    #[test]
+    fn calls_inside_a_region_pass_at_once_even_while_it_is_isolated() {
+        for isolated in [&[][..], &[0], &[1], &[0, 1, 2]] {
+            for r in 0..3 {
+                assert_eq!(
+                    route(r, isolated).link(region_ip(r)),
+                    NEAR,
+                    "region {r}, isolated {isolated:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn calls_between_regions_are_delayed_and_cut_while_either_side_is_isolated() {
+        assert_eq!(route(0, &[]).link(region_ip(1)), FAR);
+        assert_eq!(
+            route(0, &[2]).link(region_ip(1)),
+            FAR,
+            "a third region's cut"
+        );
+        assert_eq!(
+            route(0, &[0]).link(region_ip(1)),
+            Link::Cut,
+            "into the isolated"
+        );
+        assert_eq!(
+            route(0, &[1]).link(region_ip(1)),
+            Link::Cut,
+            "out of the isolated"
+        );
+    }
+
+    #[test]
+    fn a_caller_that_is_no_node_crosses_the_network_between_regions() {
+        let elsewhere: IpAddr = "127.0.0.1".parse().unwrap();
+        assert_eq!(route(0, &[]).link(elsewhere), FAR);
+        assert_eq!(route(0, &[1]).link(elsewhere), FAR);
+        assert_eq!(route(0, &[0]).link(elsewhere), Link::Cut);
     }
 }

@@ -9,6 +9,7 @@
 
 #![allow(dead_code)]
 
+pub mod load;
 pub mod raw;
 
 use reqwest::blocking::{Client, RequestBuilder};
@@ -27,6 +28,9 @@ use std::time::{Duration, Instant};
 pub const KEYHOLD: &str = env!("CARGO_BIN_EXE_keyhold");
 /// How long `keyhold up` may take to write `cluster.json`.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(20);
+/// ... with several nodes per region (three times the processes, and every
+/// region group elects a leader): `up`'s own limit.
+pub const REPLICATED_READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// Ports `keyhold up` may use from its base port (contract section 9).
 pub const PORTS_PER_CLUSTER: u16 = 50;
 
@@ -59,9 +63,10 @@ pub const RAFT_PORT_OFFSET: u16 = 10;
 pub const API_PROXY_PORT_OFFSET: u16 = 20;
 pub const RAFT_PROXY_PORT_OFFSET: u16 = 30;
 
-/// Every port offset a cluster of `count` nodes uses (and a margin).
+/// Every port offset a cluster of `count` nodes uses (and a margin of API
+/// ports, up to the first Raft port: an offset listed twice could never bind).
 fn cluster_ports(count: u16) -> impl Iterator<Item = u16> {
-    (0..count + 2)
+    (0..(count + 2).min(RAFT_PORT_OFFSET))
         .chain((0..count).map(|i| RAFT_PORT_OFFSET + i))
         .chain((0..count).map(|i| API_PROXY_PORT_OFFSET + i))
         .chain((0..count).map(|i| RAFT_PROXY_PORT_OFFSET + i))
@@ -224,6 +229,28 @@ impl Cluster {
         self.tmp.path().join("data")
     }
 
+    /// `--nodes-per-region` as given in the extra arguments (1 without it).
+    fn nodes_per_region(&self) -> u16 {
+        self.extra
+            .iter()
+            .position(|a| a == "--nodes-per-region")
+            .and_then(|i| self.extra.get(i + 1))
+            .map_or(1, |n| n.parse().expect("--nodes-per-region takes a number"))
+    }
+
+    /// How many node processes the cluster has.
+    fn node_count(&self) -> u16 {
+        self.regions.len() as u16 * self.nodes_per_region()
+    }
+
+    fn ready_timeout(&self) -> Duration {
+        if self.nodes_per_region() > 1 {
+            REPLICATED_READY_TIMEOUT
+        } else {
+            READY_TIMEOUT
+        }
+    }
+
     fn log_path(&self, n: u32, stream: &str) -> PathBuf {
         self.tmp.path().join(format!("up-{n}.{stream}.log"))
     }
@@ -235,7 +262,7 @@ impl Cluster {
         for _ in 0..5 {
             let base = port
                 .take()
-                .unwrap_or_else(|| free_base_port(self.regions.len() as u16));
+                .unwrap_or_else(|| free_base_port(self.node_count()));
             match self.try_boot(base) {
                 Ok(()) => return,
                 Err(StartError::Exited(status, stderr)) => {
@@ -272,7 +299,8 @@ impl Cluster {
             .stdout(stdout)
             .stderr(stderr);
         let mut child = cmd.spawn().expect("spawn keyhold up");
-        let deadline = Instant::now() + READY_TIMEOUT;
+        let ready_timeout = self.ready_timeout();
+        let deadline = Instant::now() + ready_timeout;
         loop {
             if let Some(status) = child.try_wait().expect("try_wait") {
                 let err = std::fs::read_to_string(self.log_path(n, "stderr")).unwrap_or_default();
@@ -290,7 +318,7 @@ impl Cluster {
                 let _ = child.kill();
                 let _ = child.wait();
                 panic!(
-                    "keyhold up wrote no cluster.json within {READY_TIMEOUT:?}; stderr:\n{}",
+                    "keyhold up wrote no cluster.json within {ready_timeout:?}; stderr:\n{}",
                     self.stderr_tail()
                 );
             }
@@ -373,7 +401,7 @@ impl Cluster {
         // The registry knows the nodes by their addresses, so a cluster restarts
         // on the ports it was created with; wait (bounded) for them to be free.
         let same = self.base_port;
-        let n = self.regions.len() as u16;
+        let n = self.node_count();
         let deadline = Instant::now() + Duration::from_secs(10);
         while !cluster_ports(n).all(|i| TcpListener::bind(("127.0.0.1", same + i)).is_ok()) {
             assert!(Instant::now() < deadline, "ports of the cluster stay busy");
@@ -396,6 +424,16 @@ impl Cluster {
             .find(|n| n.region == region)
             .unwrap_or_else(|| panic!("no node of region {region} in cluster.json"))
             .clone()
+    }
+
+    /// Every node of `region` (its first node first), as cluster.json last read says.
+    pub fn nodes_of(&self, region: &str) -> Vec<NodeInfo> {
+        self.info
+            .nodes
+            .iter()
+            .filter(|n| n.region == region)
+            .cloned()
+            .collect()
     }
 
     /// Every running process of the cluster: `up` and its nodes.
