@@ -178,7 +178,7 @@ async fn an_installation_interrupted_by_a_crash_is_finished_on_open() {
     // The state a crash during the refill leaves: the marker still there, the tree
     // half cleared and holding something the snapshot does not.
     {
-        let db = sled::open(replica_dir.path().join("db")).unwrap();
+        let db = open_released(&replica_dir.path().join("db"));
         let tree = db.open_tree(REGION_TREE).unwrap();
         let keys: Vec<_> = tree.iter().keys().take(50).map(Result::unwrap).collect();
         for key in keys {
@@ -220,4 +220,21 @@ async fn a_snapshot_cut_short_is_refused_and_changes_nothing() {
         replica.applied_state().await.unwrap().0.map(|id| id.index),
         Some(10)
     );
+}
+
+/// Opens a sled directory another handle just closed: sled's flusher thread lets go
+/// of the directory's lock a moment after the last handle is dropped, later still
+/// on a busy machine, so the open is retried until it is released.
+fn open_released(path: &std::path::Path) -> sled::Db {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match sled::open(path) {
+            Ok(db) => return db,
+            Err(e) if std::time::Instant::now() < deadline => {
+                eprintln!("{} still locked ({e}); retrying", path.display());
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            Err(e) => panic!("{} stays locked: {e}", path.display()),
+        }
+    }
 }
