@@ -2,8 +2,9 @@
 //! its control API (contract section 10, "Processes"): a killed node is gone
 //! and only its region's tenants suffer, a started node serves its data again,
 //! an isolated region is cut off from the others both ways while the rest keep
-//! a working registry, SIGKILL of `up` leaves no node running, and a restart
-//! of `up` resumes every node.
+//! a working registry and the isolated region stops executing once its region
+//! lease ran out (and serves again after the heal), SIGKILL of `up` leaves no
+//! node running, and a restart of `up` resumes every node.
 
 mod common;
 
@@ -160,6 +161,46 @@ fn an_isolated_region_is_cut_off_both_ways_and_heals() {
         (r.status == 201).then_some(r)
     });
     assert_eq!(replay.body, first.body, "byte-identical replay");
+}
+
+#[test]
+fn an_isolated_region_stops_executing_within_its_lease_and_serves_again_after_the_heal() {
+    let lease = Duration::from_millis(keyhold_server::limits::REGION_LEASE_MS);
+    let cluster = Cluster::start("a,b,c", &[]);
+    let (a, c) = (cluster.api("a"), cluster.api("c"));
+    let (ta, tc) = (cluster.tenant("a").token, cluster.tenant("c").token);
+    let new_order = |api: &common::Api, token: &str| {
+        api.try_send(api.order_rb(token, &unique("k"), &order_body(&unique("co"), 2)))
+    };
+    new_order(&c, &tc).unwrap().assert_status(201);
+
+    cluster.control("/v1/regions/c/isolate");
+    let cut = Instant::now();
+    // Cut off from the registry's majority, c stops on its own: its own tenant,
+    // sent straight to c, is refused once the lease ran out.
+    let refused = eventually("c stops executing", lease * 3, || {
+        let r = new_order(&c, &tc).ok()?;
+        (r.status == 503).then_some(r)
+    });
+    let stopped_after = cut.elapsed();
+    println!("c stopped executing {stopped_after:?} after the cut (lease {lease:?})");
+    refused.assert_problem(503, "owner-unreachable");
+    assert!(
+        refused.header("retry-after").is_some(),
+        "a refusal says when to retry"
+    );
+    assert!(
+        stopped_after < lease + Duration::from_secs(3),
+        "stopped {stopped_after:?} after the cut, the lease is {lease:?}"
+    );
+    // The majority side keeps its lease and executes.
+    new_order(&a, &ta).unwrap().assert_status(201);
+
+    cluster.control("/v1/regions/c/heal");
+    eventually("c executes again", Duration::from_secs(20), || {
+        let r = new_order(&c, &tc).ok()?;
+        (r.status == 201).then_some(())
+    });
 }
 
 #[test]

@@ -16,6 +16,7 @@ mod downstream;
 mod erase;
 mod http;
 mod inflight;
+mod lease;
 pub mod limits;
 mod metrics;
 mod mover;
@@ -102,6 +103,7 @@ pub async fn serve(
     let bootstrap = tokio::spawn(cluster::bootstrap(node.clone()));
     let directory = tokio::spawn(cluster::follow_registry(node.clone(), stop_rx.clone()));
     let upkeep = tokio::spawn(cluster::upkeep_on_leadership(node.clone(), stop_rx.clone()));
+    let lease = tokio::spawn(lease::run(node.clone(), stop_rx.clone()));
     let move_watch = tokio::spawn(mover::resume_stalled(node.clone(), stop_rx.clone()));
     let sweeper = tokio::spawn(sweeper::run(node.clone(), stop_rx.clone()));
     let eraser = tokio::spawn(erase::run(node.clone(), stop_rx.clone()));
@@ -132,6 +134,7 @@ pub async fn serve(
     let _ = eraser.await;
     let _ = directory.await;
     let _ = upkeep.await;
+    let _ = lease.await;
     let _ = move_watch.await;
     for relay in relays {
         let _ = relay.await;

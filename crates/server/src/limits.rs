@@ -124,6 +124,22 @@ pub const FORWARD_ATTEMPTS_MAX: u32 = 2;
 /// few election timeouts, within which a region that lost its leader elects
 /// another.
 pub const REGION_LEADER_WAIT_MS: u64 = 5_000;
+/// The region lease: a node executes tenant requests only while its last contact
+/// with a registry majority is younger than this. Longer than a registry
+/// election (so healthy regions keep serving while the registry elects a new
+/// leader), short enough that a failover, which waits longer than this, follows
+/// soon after a region is cut off.
+pub const REGION_LEASE_MS: u64 = 6_000;
+/// How often a node renews its contact with the registry majority.
+pub const REGISTRY_CONTACT_PROBE_MS: u64 = 500;
+/// How long one contact probe may take.
+pub const REGISTRY_CONTACT_TIMEOUT_MS: u64 = 1_000;
+const _: () = assert!(4 * REGISTRY_CONTACT_PROBE_MS <= REGION_LEASE_MS);
+const _: () = assert!(REGISTRY_CONTACT_TIMEOUT_MS < REGION_LEASE_MS);
+const _: () = assert!(
+    keyhold_registry::limits::ELECTION_TIMEOUT_MAX_MS_DEFAULT + REGISTRY_CONTACT_TIMEOUT_MS
+        < REGION_LEASE_MS
+);
 /// How long a membership call waits for a group's leader to be known.
 pub const MEMBERSHIP_CALL_WAIT_MS: u64 = 5_000;
 /// How long adding a node waits for it to catch up before answering 202 (it

@@ -40,6 +40,8 @@ pub struct Node {
     admin_token_sha256: [u8; 32],
     /// Woken when an order is created, so idle relays deliver at once.
     pub(crate) outbox_notify: tokio::sync::Notify,
+    /// Contact with the registry majority: tenant requests execute only under it.
+    lease: crate::lease::Lease,
     /// Per region, the node that answered this node's last call there.
     answered: std::sync::Mutex<std::collections::HashMap<String, NodeId>>,
     /// One pooled HTTP client for outgoing calls (the payment provider).
@@ -134,6 +136,7 @@ impl Node {
             drivers: crate::mover::Drivers::default(),
             outbox_notify: tokio::sync::Notify::new(),
             answered: Default::default(),
+            lease: Default::default(),
             http,
             hmac_secret,
             orders_spec: Spec::orders(),
@@ -280,6 +283,11 @@ impl Node {
             }
         }
         last
+    }
+
+    /// The region lease (`lease.rs`): whether this node may execute now.
+    pub fn lease(&self) -> &crate::lease::Lease {
+        &self.lease
     }
 
     /// True when this node leads its region group and has applied everything

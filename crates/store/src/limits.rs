@@ -49,8 +49,8 @@ pub const REGION_HEARTBEAT_INTERVAL_MS: u64 = 100;
 /// enough that a busy node's late heartbeat does not start an election (a
 /// needless leader change costs every waiting request a retry), short enough
 /// that a region answers again within a few seconds of losing its leader.
-pub const REGION_ELECTION_TIMEOUT_MIN_MS: u64 = 700;
-pub const REGION_ELECTION_TIMEOUT_MAX_MS: u64 = 1_400;
+pub const REGION_ELECTION_TIMEOUT_MIN_MS: u64 = 500;
+pub const REGION_ELECTION_TIMEOUT_MAX_MS: u64 = 1_000;
 /// How long the writer waits for one entry to be committed and applied. A leader
 /// cut off from its peers neither commits nor learns that it was deposed; past
 /// this its waiters are answered `Unavailable` (outcome unknown) instead of

@@ -39,6 +39,14 @@ use std::time::Duration;
 /// replica shows (lifting the guard an ended move left); a store that knows a
 /// later epoch refuses, and nothing executes.
 async fn run_local(node: &Node, tenant: &Tenant, request: Request, next: Next) -> Response {
+    // A region cut off from the registry majority stops executing within its
+    // lease: a failover may already be giving its tenants to another region.
+    if !node.lease().holds() {
+        metrics::counter!("keyhold_lease_refused_total").increment(1);
+        return ApiError::new(Problem::OwnerUnreachable)
+            .detail("this region has lost contact with the registry's majority")
+            .into_response();
+    }
     match node.ensure_owned(tenant.id(), tenant.record.epoch).await {
         Ok(true) => next.run(request).await,
         Ok(false) if !tenant.record.is_active() => ApiError::new(Problem::TenantMoving)

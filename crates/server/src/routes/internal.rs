@@ -44,6 +44,15 @@ pub const NEXT_CURSOR: HeaderName = HeaderName::from_static("keyhold-next-cursor
 /// a tenant for a move: the one way tests lose the old home mid-move.
 const FAULT_ABORT_AFTER_FENCE: &str = "KEYHOLD_FAULT_ABORT_AFTER_FENCE";
 
+/// `GET /internal/v1/registry/quorum-age`: on the registry's leader, how long ago
+/// a quorum last acknowledged it; elsewhere 503 with `Keyhold-Not-Leader`.
+async fn quorum_age(State(node): State<Arc<Node>>) -> Response {
+    match crate::lease::quorum_age(&node) {
+        Some(age) => json_response(200, serde_json::to_vec(&age).expect("json")),
+        None => super::leader::not_leader(),
+    }
+}
+
 pub fn router(node: Arc<Node>) -> Router<Arc<Node>> {
     // Membership changes: the registry's on its leader (the handler checks), the
     // region group's on the region's leader (the layer sends it there).
@@ -69,17 +78,23 @@ pub fn router(node: Arc<Node>) -> Router<Arc<Node>> {
             node.clone(),
             super::require_node_credential,
         ));
-    Router::new()
-        .merge(registry_membership)
-        .merge(region_membership)
+    // The registry leader's quorum age, for the other nodes' region leases.
+    let quorum = Router::new()
+        .route("/internal/v1/registry/quorum-age", get(quorum_age))
+        .route_layer(axum::middleware::from_fn_with_state(
+            node.clone(),
+            super::require_node_credential,
+        ));
+    // Every move call acts on this region's store: on its leader. Inside the
+    // credential check, so only a cluster node is sent on. (A route layer covers
+    // every route of its router, so each group of routes has its own router.)
+    let moves = Router::new()
         .route("/internal/v1/moves/{tenant_id}/track", post(track))
         .route("/internal/v1/moves/{tenant_id}/fence", post(fence))
         .route("/internal/v1/moves/{tenant_id}/export", get(export))
         .route("/internal/v1/moves/{tenant_id}/changes", get(changes))
         .route("/internal/v1/moves/{tenant_id}/pull", post(pull))
         .route("/internal/v1/moves/{tenant_id}/import", post(import))
-        // Every move call acts on this region's store: on its leader. Inside
-        // the credential check, so only a cluster node is sent on.
         .route_layer(axum::middleware::from_fn_with_state(
             (node.clone(), MOVE_IMPORT_BODY_BYTES_MAX),
             super::leader::at_region_leader,
@@ -87,7 +102,12 @@ pub fn router(node: Arc<Node>) -> Router<Arc<Node>> {
         .route_layer(axum::middleware::from_fn_with_state(
             node,
             super::require_node_credential,
-        ))
+        ));
+    Router::new()
+        .merge(quorum)
+        .merge(registry_membership)
+        .merge(region_membership)
+        .merge(moves)
 }
 
 /// Which move a call belongs to, and which driver makes it.

@@ -35,6 +35,11 @@ pub async fn readyz(State(node): State<Arc<Node>>) -> Response {
             .detail("registry: this node knows no leader, or not every region yet")
             .into_response();
     }
+    if !node.lease().holds() {
+        return ApiError::new(Problem::StoreUnavailable)
+            .detail("no recent contact with the registry's majority (region lease)")
+            .into_response();
+    }
     json_response(200, br#"{"status":"ready"}"#.to_vec())
 }
 

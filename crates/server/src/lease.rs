@@ -1,0 +1,120 @@
+//! The region lease: a node executes tenant requests only while its last contact
+//! with a majority of the registry is younger than `REGION_LEASE_MS`. A region cut
+//! off from the registry (isolated, or holding only a minority of its voters)
+//! stops acknowledging on its own within that bound, so that a failover which
+//! waits out the lease never has two regions executing for one tenant.
+//!
+//! Contact is measured, not assumed. Every `REGISTRY_CONTACT_PROBE_MS` the
+//! registry's leader confirms that it still leads (`ensure_linearizable`: a
+//! heartbeat round a quorum must acknowledge) and counts its contact from the
+//! moment it asked; every other node asks the leader how old the leader's own
+//! contact is and counts its contact from the moment it sent that question,
+//! minus that age. A leader cut off from its quorum confirms nothing, and a node
+//! that cannot reach any leader learns nothing: both leases expire.
+
+use crate::limits::{REGION_LEASE_MS, REGISTRY_CONTACT_PROBE_MS, REGISTRY_CONTACT_TIMEOUT_MS};
+use crate::node::Node;
+use keyhold_registry::NODE_CREDENTIAL_HEADER;
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+/// When this node last had contact with a registry majority.
+#[derive(Debug, Default)]
+pub struct Lease {
+    contact: Mutex<Option<Instant>>,
+}
+
+impl Lease {
+    /// True while the last contact is younger than the lease.
+    pub fn holds(&self) -> bool {
+        self.age()
+            .is_some_and(|age| age < Duration::from_millis(REGION_LEASE_MS))
+    }
+
+    /// How long ago the last contact was; `None` before the first.
+    pub fn age(&self) -> Option<Duration> {
+        self.contact
+            .lock()
+            .expect("not poisoned")
+            .map(|at| at.elapsed())
+    }
+
+    /// Records a contact at `at`; an older one than known changes nothing.
+    fn record(&self, at: Instant) {
+        let mut contact = self.contact.lock().expect("not poisoned");
+        if contact.is_none_or(|known| at > known) {
+            *contact = Some(at);
+        }
+    }
+}
+
+/// The registry leader's answer to a contact probe.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct QuorumAge {
+    /// Milliseconds since a quorum of the registry last confirmed the leader.
+    pub millis_since_quorum_ack: u64,
+}
+
+/// The age of this node's own contact, when it leads the registry and has one.
+pub fn quorum_age(node: &Node) -> Option<QuorumAge> {
+    if !leads_registry(node) {
+        return None;
+    }
+    node.lease().age().map(|age| QuorumAge {
+        millis_since_quorum_ack: u64::try_from(age.as_millis()).unwrap_or(u64::MAX),
+    })
+}
+
+fn leads_registry(node: &Node) -> bool {
+    node.registry().leader() == Some(node.registry().id())
+}
+
+/// Renews the lease until `stop`: every `REGISTRY_CONTACT_PROBE_MS`, from the
+/// local registry replica when this node leads it, else by asking the leader.
+pub async fn run(node: Arc<Node>, mut stop: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(Duration::from_millis(REGISTRY_CONTACT_PROBE_MS));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        if let Some(at) = probe(&node).await {
+            node.lease().record(at);
+        }
+        if let Some(age) = node.lease().age() {
+            metrics::gauge!("keyhold_registry_contact_age_seconds").set(age.as_secs_f64());
+        }
+    }
+}
+
+/// One contact probe: the instant of the last quorum acknowledgement it proves.
+async fn probe(node: &Node) -> Option<Instant> {
+    let sent = Instant::now();
+    let wait = Duration::from_millis(REGISTRY_CONTACT_TIMEOUT_MS);
+    if leads_registry(node) {
+        let confirmed = tokio::time::timeout(wait, node.registry().raft().ensure_linearizable());
+        return matches!(confirmed.await, Ok(Ok(_))).then_some(sent);
+    }
+    let leader = node.registry().leader()?;
+    let info = node.registry().nodes().get(&leader)?.clone();
+    let answer = node
+        .http()
+        .get(format!(
+            "http://{}/internal/v1/registry/quorum-age",
+            info.api_addr
+        ))
+        .header(NODE_CREDENTIAL_HEADER, node.credentials().current())
+        .timeout(wait)
+        .send()
+        .await
+        .ok()?;
+    if !answer.status().is_success() {
+        return None;
+    }
+    let age: QuorumAge = answer.json().await.ok()?;
+    sent.checked_sub(Duration::from_millis(age.millis_since_quorum_ack))
+}
