@@ -1005,7 +1005,15 @@ fn registry_leader_killed_a_new_one_takes_over_and_the_node_rejoins() {
         );
     }
 
-    // Routing for tenants homed in surviving regions, through either survivor.
+    // Routing for tenants homed in surviving regions, through either survivor,
+    // once their region leases hold again: a survivor counts its contact with
+    // the registry majority from the new leader's first confirmation.
+    for &via in &survivors {
+        common::poll(bound, "the survivor ready under the new leader", || {
+            let r = sc.api(via).get("/readyz", None);
+            (r.status == 200).then_some(())
+        });
+    }
     for t in tenants.iter().filter(|t| t.home_region != dead_region) {
         for &via in &survivors {
             let coid = unique("co");

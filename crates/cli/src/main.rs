@@ -145,6 +145,11 @@ struct UpArgs {
     /// many node processes (a majority must hold a write before it is answered).
     #[arg(long, default_value_t = 1)]
     nodes_per_region: usize,
+    /// Each region's standby region, e.g. a=b,b=c,c=a: the standby's nodes keep
+    /// a streamed copy of the region's store. Default: the next region in
+    /// --regions, cyclically (none with one region).
+    #[arg(long, value_delimiter = ',')]
+    standby: Vec<String>,
     /// Serve this folder (wasm/site, built by wasm/build.sh) at /demo instead
     /// of the demo compiled into the binary (for working on the page).
     #[arg(long)]
@@ -174,6 +179,7 @@ impl UpArgs {
             demo_dir: a.demo_dir,
             inter_region_rtt: a.inter_region_rtt,
             nodes_per_region: a.nodes_per_region,
+            standby: a.standby,
         }
     }
 }

@@ -105,6 +105,12 @@ pub struct Config {
     /// keeps as many behind it; a node that lags more catches up by the snapshot.
     #[serde(default = "d_region_snapshot_entries")]
     pub region_snapshot_entries: u64,
+    /// Each region's standby region (`{ a = "b", b = "c", c = "a" }`): every node
+    /// of the standby region keeps a streamed copy of the region's store (a
+    /// learner of its group). The same table on every node; a region without
+    /// an entry has no standby.
+    #[serde(default)]
+    pub standbys: std::collections::BTreeMap<String, String>,
 }
 
 /// How a node with an empty data dir enters its groups.
@@ -247,6 +253,7 @@ impl Config {
             outbound_ip: None,
             start: Start::Create,
             region_snapshot_entries: d_region_snapshot_entries(),
+            standbys: Default::default(),
         }
     }
 
@@ -321,6 +328,19 @@ impl Config {
             return Err(Error::Config(
                 "set node_credential_file or node_credential_env, not both".into(),
             ));
+        }
+        for (region, standby) in &self.standbys {
+            if !self.regions.contains(region) || !self.regions.contains(standby) {
+                return Err(Error::Config(format!(
+                    "standbys: {region} = {standby:?} names a region not among regions {:?}",
+                    self.regions
+                )));
+            }
+            if region == standby {
+                return Err(Error::Config(format!(
+                    "standbys: region {region} cannot be its own standby"
+                )));
+            }
         }
         if self.region_snapshot_entries == 0 {
             return Err(Error::Config(

@@ -74,14 +74,9 @@ fn leads_registry(node: &Node) -> bool {
 
 /// Renews the lease until `stop`: every `REGISTRY_CONTACT_PROBE_MS`, from the
 /// local registry replica when this node leads it, else by asking the leader.
-pub async fn run(node: Arc<Node>, mut stop: watch::Receiver<bool>) {
-    let mut tick = tokio::time::interval(Duration::from_millis(REGISTRY_CONTACT_PROBE_MS));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = stop.changed() => return,
-        }
+pub async fn run(node: Arc<Node>, stop: watch::Receiver<bool>) {
+    let mut ticker = crate::Ticker::new(Duration::from_millis(REGISTRY_CONTACT_PROBE_MS), stop);
+    while ticker.tick().await {
         if let Some(at) = probe(&node).await {
             node.lease().record(at);
         }

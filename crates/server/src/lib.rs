@@ -23,6 +23,7 @@ mod mover;
 mod node;
 mod problem;
 mod routes;
+mod standby;
 mod sweeper;
 pub mod tenants;
 
@@ -33,6 +34,32 @@ pub use problem::ApiError;
 use std::future::Future;
 use std::sync::Arc;
 use tokio::net::TcpListener;
+
+/// A background task's clock: ticks every `period` (late ticks are delayed, not
+/// bunched) until `stop` flips.
+pub(crate) struct Ticker {
+    interval: tokio::time::Interval,
+    stop: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Ticker {
+    pub(crate) fn new(
+        period: std::time::Duration,
+        stop: tokio::sync::watch::Receiver<bool>,
+    ) -> Self {
+        let mut interval = tokio::time::interval(period);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Ticker { interval, stop }
+    }
+
+    /// Waits for the next tick; false once the node stops.
+    pub(crate) async fn tick(&mut self) -> bool {
+        tokio::select! {
+            _ = self.interval.tick() => !*self.stop.borrow(),
+            _ = self.stop.changed() => false,
+        }
+    }
+}
 
 /// The one error type of this crate.
 #[derive(Debug, thiserror::Error)]
@@ -85,13 +112,21 @@ pub async fn serve(
     let raft_addr = raft_listener.local_addr()?;
     // The registry's routes and the region group's, each under its group's name.
     let region_group = keyhold_store::raft::group_name(node.region());
-    let raft_app = keyhold_registry::raft_router(node.registry().clone()).merge(
+    let mut raft_app = keyhold_registry::raft_router(node.registry().clone()).merge(
         keyhold_registry::group_router(
             &region_group,
             node.store().group().raft().clone(),
             node.credentials().clone(),
         ),
     );
+    // The groups of the regions this node keeps a standby copy of.
+    for copy in node.standby_copies() {
+        raft_app = raft_app.merge(keyhold_registry::group_router(
+            &keyhold_store::raft::group_name(&copy.region),
+            copy.store.group().raft().clone(),
+            node.credentials().clone(),
+        ));
+    }
     let mut raft_stop = stop_rx.clone();
     let raft_server = tokio::spawn(async move {
         axum::serve(raft_listener, raft_app)
@@ -104,6 +139,8 @@ pub async fn serve(
     let directory = tokio::spawn(cluster::follow_registry(node.clone(), stop_rx.clone()));
     let upkeep = tokio::spawn(cluster::upkeep_on_leadership(node.clone(), stop_rx.clone()));
     let lease = tokio::spawn(lease::run(node.clone(), stop_rx.clone()));
+    let standby = tokio::spawn(standby::run(node.clone(), stop_rx.clone()));
+    let purge = tokio::spawn(standby::purge_behind_standby(node.clone(), stop_rx.clone()));
     let move_watch = tokio::spawn(mover::resume_stalled(node.clone(), stop_rx.clone()));
     let sweeper = tokio::spawn(sweeper::run(node.clone(), stop_rx.clone()));
     let eraser = tokio::spawn(erase::run(node.clone(), stop_rx.clone()));
@@ -135,6 +172,8 @@ pub async fn serve(
     let _ = directory.await;
     let _ = upkeep.await;
     let _ = lease.await;
+    let _ = standby.await;
+    let _ = purge.await;
     let _ = move_watch.await;
     for relay in relays {
         let _ = relay.await;
@@ -144,6 +183,11 @@ pub async fn serve(
     }
     if let Err(e) = node.store().shutdown().await {
         tracing::warn!(error = %e, "region store shutdown");
+    }
+    for copy in node.standby_copies() {
+        if let Err(e) = copy.store.shutdown().await {
+            tracing::warn!(region = %copy.region, error = %e, "standby copy shutdown");
+        }
     }
     let _ = raft_server.await;
     tracing::info!("keyhold node stopped");

@@ -129,7 +129,7 @@ pub const REGION_LEADER_WAIT_MS: u64 = 5_000;
 /// election (so healthy regions keep serving while the registry elects a new
 /// leader), short enough that a failover, which waits longer than this, follows
 /// soon after a region is cut off.
-pub const REGION_LEASE_MS: u64 = 6_000;
+pub const REGION_LEASE_MS: u64 = 8_000;
 /// How often a node renews its contact with the registry majority.
 pub const REGISTRY_CONTACT_PROBE_MS: u64 = 500;
 /// How long one contact probe may take.
@@ -140,6 +140,16 @@ const _: () = assert!(
     keyhold_registry::limits::ELECTION_TIMEOUT_MAX_MS_DEFAULT + REGISTRY_CONTACT_TIMEOUT_MS
         < REGION_LEASE_MS
 );
+/// How often a region's leader adds its standby region's nodes as learners
+/// (new ones, or after a change of leader) and samples the standby's lag.
+pub const STANDBY_CHECK_MS: u64 = 1_000;
+/// The region's leader records how far its standby holds the log (which bounds
+/// every replica's log purge) each time the standby got this many entries
+/// further.
+pub const STANDBY_MATCHED_RECORD_ENTRIES: u64 = 64;
+/// How long the cluster view waits for a region's leader to report its
+/// standby's lag; past it the lag is shown as unknown (`null`).
+pub const STANDBY_LAG_CALL_TIMEOUT_MS: u64 = 1_000;
 /// How long a membership call waits for a group's leader to be known.
 pub const MEMBERSHIP_CALL_WAIT_MS: u64 = 5_000;
 /// How long adding a node waits for it to catch up before answering 202 (it
@@ -151,6 +161,8 @@ const _: () =
 /// Between two looks for the region's leader while it is unknown or unreachable.
 pub const REGION_LEADER_POLL_MS: u64 = 25;
 const _: () = assert!(REGION_LEADER_WAIT_MS + FORWARD_TIMEOUT_MS < REQUEST_TIMEOUT_MS);
+// A store write gives up before the request that waits for it is cut off.
+const _: () = assert!(keyhold_store::limits::REGION_WRITE_WAIT_MS < REQUEST_TIMEOUT_MS);
 const _: () = assert!(REGION_LEADER_POLL_MS < REGION_LEADER_WAIT_MS);
 /// Bytes of keys and payloads per page when a tenant's data is copied to its
 /// new home (a page holds at least one entry, however large).

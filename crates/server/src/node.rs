@@ -13,7 +13,7 @@ use keyhold_registry::{
     NodeCredentials, NodeId, NodeInfo, Registry, RegistryConfig, Request, Response, TenantRecord,
     TenantState,
 };
-use keyhold_store::raft::{Bootstrap, GroupOptions, Leadership, Member};
+use keyhold_store::raft::{Bootstrap, GroupOptions, Leadership, Member, Purge};
 use keyhold_store::{GuardOutcome, Store};
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -40,6 +40,8 @@ pub struct Node {
     admin_token_sha256: [u8; 32],
     /// Woken when an order is created, so idle relays deliver at once.
     pub(crate) outbox_notify: tokio::sync::Notify,
+    /// The copies of other regions' stores this node keeps as their standby.
+    standby_copies: Vec<StandbyCopy>,
     /// Contact with the registry majority: tenant requests execute only under it.
     lease: crate::lease::Lease,
     /// Per region, the node that answered this node's last call there.
@@ -112,6 +114,7 @@ impl Node {
             .map_err(|e| Error::Config(format!("cannot build the HTTP client: {e}")))?;
         let credentials = config.node_credentials()?;
         let store = open_store(&config, &info, &http, &credentials).await?;
+        let standby_copies = open_standby_copies(&config, &info, &http, &credentials).await?;
         let registry_config = RegistryConfig::new(
             config.node_id,
             info,
@@ -137,6 +140,7 @@ impl Node {
             outbox_notify: tokio::sync::Notify::new(),
             answered: Default::default(),
             lease: Default::default(),
+            standby_copies,
             http,
             hmac_secret,
             orders_spec: Spec::orders(),
@@ -283,6 +287,11 @@ impl Node {
             }
         }
         last
+    }
+
+    /// The copies of other regions' stores this node keeps (as their standby).
+    pub fn standby_copies(&self) -> &[StandbyCopy] {
+        &self.standby_copies
     }
 
     /// The region lease (`lease.rs`): whether this node may execute now.
@@ -467,14 +476,29 @@ async fn open_store(
             (m.id, info)
         })
         .collect();
+    // Over HTTP even with one voter: a standby region's copies are learners.
+    let network = keyhold_registry::HttpNetwork::<keyhold_store::raft::RegionConfig>::new(
+        http.clone(),
+        &group,
+        config.node_id,
+        credentials.clone(),
+    );
+    // With a standby, no replica purges what the standby has not matched
+    // (`standby.rs` purges as far as it may).
+    let purge = if config.standbys.contains_key(&config.region) {
+        Purge::Manual
+    } else {
+        Purge::Automatic
+    };
     let options = GroupOptions {
         snapshot_entries: config.region_snapshot_entries,
+        purge,
     };
     let bootstrap = match config.start {
         // A node that was not among the first members joins as one later.
         Start::Join => Bootstrap::Joiner,
         Start::Create if voters.len() <= 1 => {
-            return Ok(Store::open_with(&dir, member, options).await?)
+            return Ok(Store::open_with(&dir, member, network, options).await?)
         }
         Start::Create if !voters.contains_key(&config.node_id) => {
             return Err(Error::Config(format!(
@@ -485,11 +509,53 @@ async fn open_store(
         }
         Start::Create => Bootstrap::Voters(voters),
     };
-    let network = keyhold_registry::HttpNetwork::<keyhold_store::raft::RegionConfig>::new(
-        http.clone(),
-        &group,
-        config.node_id,
-        credentials.clone(),
-    );
     Ok(Store::open_replica(&dir, member, network, bootstrap, options).await?)
+}
+
+/// A streamed copy of another region's store: this node is a learner of that
+/// region's group, because its region is that region's standby.
+pub struct StandbyCopy {
+    /// The region whose store this copies.
+    pub region: String,
+    pub store: Store,
+}
+
+/// Opens a copy of every region whose standby is this node's region, each a
+/// learner of that region's group (`Bootstrap::Joiner`: the region's leader adds
+/// it, `standby.rs`), under `standby-<region>/` in the data dir.
+async fn open_standby_copies(
+    config: &Config,
+    info: &NodeInfo,
+    http: &reqwest::Client,
+    credentials: &NodeCredentials,
+) -> Result<Vec<StandbyCopy>, Error> {
+    let mut copies = Vec::new();
+    for (region, standby) in &config.standbys {
+        if standby != &config.region {
+            continue;
+        }
+        let group = keyhold_store::raft::group_name(region);
+        let member = Member {
+            group: group.clone(),
+            node: config.node_id,
+            info: info.clone(),
+        };
+        let network = keyhold_registry::HttpNetwork::<keyhold_store::raft::RegionConfig>::new(
+            http.clone(),
+            &group,
+            config.node_id,
+            credentials.clone(),
+        );
+        let options = GroupOptions {
+            snapshot_entries: config.region_snapshot_entries,
+            purge: Purge::Automatic,
+        };
+        let dir = config.data_dir.join(format!("standby-{region}"));
+        let store = Store::open_replica(&dir, member, network, Bootstrap::Joiner, options).await?;
+        copies.push(StandbyCopy {
+            region: region.clone(),
+            store,
+        });
+    }
+    Ok(copies)
 }

@@ -11,14 +11,9 @@ use keyhold_store::limits::SWEEP_ENTRIES_MAX;
 use std::sync::Arc;
 use tokio::sync::watch;
 
-pub async fn run(node: Arc<Node>, mut stop: watch::Receiver<bool>) {
-    let mut tick = tokio::time::interval(node.config().sweep_interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = stop.changed() => return,
-        }
+pub async fn run(node: Arc<Node>, stop: watch::Receiver<bool>) {
+    let mut ticker = crate::Ticker::new(node.config().sweep_interval, stop);
+    while ticker.tick().await {
         // One sweeper per region: its store's leader.
         if !node.leads_region() {
             continue;

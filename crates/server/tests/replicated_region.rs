@@ -8,6 +8,10 @@
 //! replaced on an empty data dir: removed from both groups, started with
 //! `start = "join"`, added back; it catches up by a snapshot (the leader purged
 //! its log behind one), votes, and serves every order.
+//!
+//! And three regions of one node each, region a with b as its standby: a purges
+//! its log behind its snapshots only as far as b's copy holds it; while b is
+//! down a keeps everything b lacks, and purges again once b caught up.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -28,6 +32,8 @@ const RECOVERY_MAX: Duration = Duration::from_secs(5);
 /// Snapshot after this many region log entries (and keep as many): small, so
 /// that the leader purges its log during the test.
 const SNAPSHOT_ENTRIES: u64 = 5;
+/// How often a region's leader looks at its standby (`limits::STANDBY_CHECK_MS`).
+const STANDBY_CHECK_MS: u64 = keyhold_server::limits::STANDBY_CHECK_MS;
 
 struct TestNode {
     id: u64,
@@ -56,34 +62,61 @@ fn free_addr() -> SocketAddr {
 }
 
 async fn start_region(dir: &std::path::Path) -> Vec<TestNode> {
+    start_cluster(dir, &["a", "a", "a"], &[]).await
+}
+
+/// One node per entry of `regions` (its region), ids from 1, with `standbys`.
+async fn start_cluster(
+    dir: &std::path::Path,
+    regions: &[&str],
+    standbys: &[(&str, &str)],
+) -> Vec<TestNode> {
     let credential_file: PathBuf = dir.join("node-credential");
     std::fs::write(&credential_file, CREDENTIAL).unwrap();
     let mut listeners = Vec::new();
     let mut members = Vec::new();
-    for id in 1..=3u64 {
+    for (id, region) in (1u64..).zip(regions) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let raft = free_addr();
         members.push(Member {
             id,
-            region: "a".into(),
+            region: region.to_string(),
             api_addr: listener.local_addr().unwrap().to_string(),
             raft_addr: raft.to_string(),
         });
-        listeners.push((id, listener, raft));
+        listeners.push((id, listener));
     }
+    let shape = Shape {
+        members,
+        standbys: standby_map(standbys),
+    };
     let mut nodes = Vec::new();
-    for (id, listener, _) in listeners {
+    for (id, listener) in listeners {
         let node_dir = dir.join(format!("node-{id}"));
         nodes.push(start_node(
             dir,
             id,
             node_dir,
             listener,
-            &members,
+            &shape,
             Start::Create,
         ));
     }
     nodes
+}
+
+fn standby_map(pairs: &[(&str, &str)]) -> std::collections::BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(r, s)| (r.to_string(), s.to_string()))
+        .collect()
+}
+
+/// Who is in the cluster, and each region's standby.
+#[derive(Clone)]
+struct Shape {
+    members: Vec<Member>,
+    standbys: std::collections::BTreeMap<String, String>,
 }
 
 fn start_node(
@@ -91,14 +124,18 @@ fn start_node(
     id: u64,
     node_dir: PathBuf,
     listener: tokio::net::TcpListener,
-    members: &[Member],
+    shape: &Shape,
     start: Start,
 ) -> TestNode {
-    let member = members.iter().find(|m| m.id == id).unwrap().clone();
-    let mut config = Config::new("a", node_dir.clone(), ADMIN_TOKEN.into());
+    let member = shape.members.iter().find(|m| m.id == id).unwrap().clone();
+    let mut config = Config::new(&member.region, node_dir.clone(), ADMIN_TOKEN.into());
+    let mut regions: Vec<String> = shape.members.iter().map(|m| m.region.clone()).collect();
+    regions.dedup();
+    config.regions = regions;
+    config.standbys = shape.standbys.clone();
     config.node_id = id;
     config.raft_listen = member.raft_addr.clone();
-    config.members = members.to_vec();
+    config.members = shape.members.clone();
     config.node_credential_file = Some(dir.join("node-credential"));
     config.region_snapshot_entries = SNAPSHOT_ENTRIES;
     config.start = start;
@@ -319,7 +356,11 @@ async fn every_node_of_a_region_answers_and_the_region_survives_its_leader() {
         .map(|n| n.member.clone())
         .chain([old_member.clone()])
         .collect();
-    let replacement = start_node(dir.path(), old_id, old_dir, listener, &members, Start::Join);
+    let shape = Shape {
+        members,
+        standbys: Default::default(),
+    };
+    let replacement = start_node(dir.path(), old_id, old_dir, listener, &shape, Start::Join);
     let add = json!({
         "node_id": old_id,
         "region": "a",
@@ -417,5 +458,96 @@ async fn leader_view(nodes: &[TestNode]) -> Value {
         }
         assert!(Instant::now() < deadline, "no region leader");
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `api`'s view of its own region store (`store` of the cluster view).
+async fn store_view(api: &str) -> Value {
+    cluster_view(api).await.expect("cluster view")["store"].clone()
+}
+
+/// Polls `api`'s store view until `ready` holds for it.
+async fn store_view_until(api: &str, what: &str, ready: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let view = store_view(api).await;
+        if ready(&view) {
+            return view;
+        }
+        assert!(Instant::now() < deadline, "{what}: {view}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn index(view: &Value, name: &str) -> u64 {
+    view[name].as_u64().unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_region_purges_its_log_only_as_far_as_its_standby_holds_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let standbys = [("a", "b")];
+    let mut nodes = start_cluster(dir.path(), &["a", "b", "c"], &standbys).await;
+    wait_for_leader(&nodes).await;
+    let a = nodes[0].api.clone();
+    let token = create_tenant(&a).await;
+    for i in 0..30 {
+        let created = order(&a, &token, &format!("before-{i}"), &[]).await;
+        assert_eq!(created.status, 201);
+    }
+    // With b's copy keeping up, a purges behind its snapshots as it goes.
+    store_view_until(&a, "a purges while b keeps up", |v| {
+        index(v, "purged_index") > 0
+    })
+    .await;
+
+    // b stops: its copy lacks every entry from here on.
+    let b = nodes.remove(1);
+    let (b_id, b_member, b_dir) = (b.id, b.member.clone(), b.dir.clone());
+    b.stop().await;
+    let held = index(&store_view(&a).await, "applied_index");
+    for i in 0..60 {
+        // The standby does not vote: a answers without it.
+        let created = order(&a, &token, &format!("while-b-is-down-{i}"), &[]).await;
+        assert_eq!(created.status, 201);
+    }
+    let view = store_view_until(&a, "a snapshots on", |v| {
+        index(v, "snapshot_index") > held + 4 * SNAPSHOT_ENTRIES
+    })
+    .await;
+    // Several purge rounds pass; none reaches what b lacks.
+    tokio::time::sleep(Duration::from_millis(3 * STANDBY_CHECK_MS)).await;
+    let view_later = store_view(&a).await;
+    for v in [&view, &view_later] {
+        assert!(
+            index(v, "purged_index") <= held,
+            "a purged what b lacks: {v} (b held {held})"
+        );
+    }
+
+    // b is back and catches up from the log a kept; a purges past it again.
+    let listener = tokio::net::TcpListener::bind(&b_member.api_addr)
+        .await
+        .unwrap();
+    let mut members: Vec<Member> = nodes.iter().map(|n| n.member.clone()).collect();
+    members.push(b_member);
+    let shape = Shape {
+        members,
+        standbys: standby_map(&standbys),
+    };
+    nodes.push(start_node(
+        dir.path(),
+        b_id,
+        b_dir,
+        listener,
+        &shape,
+        Start::Create,
+    ));
+    store_view_until(&a, "a purges again once b caught up", |v| {
+        index(v, "purged_index") > held
+    })
+    .await;
+    for node in nodes {
+        node.stop().await;
     }
 }

@@ -63,6 +63,21 @@ impl Answer for EraseOutcome {
     }
 }
 
+/// The log index the region's standby copy is recorded to hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StandbyMatched {
+    pub index: u64,
+}
+
+impl Answer for StandbyMatched {
+    fn take(applied: Applied) -> Result<Self, Box<Applied>> {
+        match applied {
+            Applied::StandbyMatched { index } => Ok(StandbyMatched { index }),
+            other => Err(Box::new(other)),
+        }
+    }
+}
+
 impl Answer for ReplayOutcome {
     fn take(applied: Applied) -> Result<Self, Box<Applied>> {
         match applied {
@@ -359,6 +374,21 @@ impl Store {
         })
         .await
     }
+
+    /// Records that the region's standby copy holds the log up to `index` (the
+    /// record only moves forward); every replica may purge its log up to it.
+    pub async fn record_standby_matched(&self, index: u64) -> Result<StandbyMatched, Error> {
+        self.run(Command::StandbyMatched { index }).await
+    }
+
+    /// The log index the region's standby copy is recorded to hold (0: none yet).
+    pub fn standby_matched(&self) -> Result<u64, Error> {
+        Ok(self
+            .inner
+            .machine
+            .get::<u64>(crate::keys::META_STANDBY_MATCHED)?
+            .unwrap_or(0))
+    }
 }
 
 #[cfg(test)]
@@ -398,6 +428,24 @@ mod tests {
     /// command kind's outcomes (the four tenant-scoped kinds fenced too): each
     /// answer arrives as the method's outcome, never as a panic of the one
     /// mapping in `Answer`.
+    #[tokio::test]
+    async fn the_standby_s_recorded_index_only_moves_forward_and_survives_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = open(dir.path()).await;
+            assert_eq!(store.standby_matched().unwrap(), 0);
+            let first = store.record_standby_matched(40).await.unwrap();
+            assert_eq!(first, StandbyMatched { index: 40 });
+            // An older report (a former leader's, say) does not move it back.
+            let older = store.record_standby_matched(12).await.unwrap();
+            assert_eq!(older, StandbyMatched { index: 40 });
+            assert_eq!(store.standby_matched().unwrap(), 40);
+            store.shutdown().await.unwrap();
+        }
+        let store = open(dir.path()).await;
+        assert_eq!(store.standby_matched().unwrap(), 40);
+    }
+
     #[tokio::test]
     async fn every_command_kind_answers_through_its_typed_method() {
         let dir = tempfile::tempdir().unwrap();

@@ -153,6 +153,11 @@ pub enum Command {
         epoch: u64,
         page: ChangePage,
     },
+    /// The region's standby copy holds the log up to `index`: every replica of
+    /// the region may purge its log up to there (never further), so that a region
+    /// that comes back after a failover still holds what its standby lacked.
+    /// Recorded only forward.
+    StandbyMatched { index: u64 },
 }
 
 /// The move whose copy a store tracks a tenant's changes for.
@@ -452,5 +457,9 @@ pub enum Applied {
     Erased {
         entries: u64,
         more: bool,
+    },
+    /// `StandbyMatched`: the index now recorded (the larger of the old and new).
+    StandbyMatched {
+        index: u64,
     },
 }

@@ -25,6 +25,8 @@ pub const CHANGE: u8 = b'k';
 /// Meta entries (outbox sequence, cursors, fences) live under `s`.
 pub const META_PREFIX: u8 = b's';
 pub const META_OUTBOX_SEQ: &[u8] = b"soutbox_seq";
+/// How far the region's standby copy holds the log (`Command::StandbyMatched`).
+pub const META_STANDBY_MATCHED: &[u8] = b"sstandby_matched";
 
 fn prefixed(prefix: u8, parts: &[&[u8]]) -> Vec<u8> {
     let len = 1 + parts.iter().map(|p| p.len() + 1).sum::<usize>();

@@ -26,6 +26,7 @@ extern crate self as keyhold_store;
 mod test_common;
 
 mod api;
+pub use api::StandbyMatched;
 mod codec;
 pub mod command;
 mod consumer;
@@ -140,21 +141,31 @@ impl Store {
     /// returns once this node leads it and has applied every committed entry. The
     /// group stops with `shutdown`, or when the last handle is dropped.
     pub async fn open(dir: &Path, member: raft::Member) -> Result<Store, Error> {
-        Self::open_with(dir, member, raft::GroupOptions::default()).await
+        check_format(dir).await?;
+        let group =
+            raft::RegionGroup::start_single_voter(dir, &member.group, member.node, member.info)
+                .await?;
+        Ok(Store::over(dir, group))
     }
 
-    /// `open` with `options` instead of the defaults.
-    pub async fn open_with(
+    /// `open` with `options` instead of the defaults, and `network` to reach the
+    /// learners the group may gain (a standby region's copies).
+    pub async fn open_with<N>(
         dir: &Path,
         member: raft::Member,
+        network: N,
         options: raft::GroupOptions,
-    ) -> Result<Store, Error> {
+    ) -> Result<Store, Error>
+    where
+        N: openraft::network::RaftNetworkFactory<raft::RegionConfig>,
+    {
         check_format(dir).await?;
         let group = raft::RegionGroup::start_single_voter_with(
             dir,
             &member.group,
             member.node,
             member.info,
+            network,
             options,
         )
         .await?;

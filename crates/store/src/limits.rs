@@ -51,11 +51,26 @@ pub const REGION_HEARTBEAT_INTERVAL_MS: u64 = 100;
 /// that a region answers again within a few seconds of losing its leader.
 pub const REGION_ELECTION_TIMEOUT_MIN_MS: u64 = 500;
 pub const REGION_ELECTION_TIMEOUT_MAX_MS: u64 = 1_000;
+/// The leader remembers this many of the entries it appended (index, commands,
+/// time) to tell a standby's lag in commands and seconds; older ones count as
+/// one command each, of unknown age.
+pub const WRITTEN_ENTRIES_KEPT_MAX: usize = 100_000;
+/// Timeout of one Raft RPC of a region group (AppendEntries, votes). openraft 0.9
+/// uses its heartbeat period as this timeout, so the group sends its own
+/// heartbeats (every `REGION_HEARTBEAT_INTERVAL_MS`) and gives openraft this
+/// instead: with the 100 ms period as the timeout, an AppendEntries carrying
+/// large responses on a busy machine timed out again and again.
+pub const REGION_RPC_TIMEOUT_MS: u64 = 450;
+/// Entries per AppendEntries of a region group: each entry is a whole commit
+/// batch, so fewer than openraft's default keeps one RPC within its timeout.
+pub const REGION_APPEND_ENTRIES_MAX: u64 = 16;
 /// How long the writer waits for one entry to be committed and applied. A leader
 /// cut off from its peers neither commits nor learns that it was deposed; past
 /// this its waiters are answered `Unavailable` (outcome unknown) instead of
 /// holding every later command.
-pub const REGION_WRITE_WAIT_MS: u64 = 5_000;
+/// Generous: a busy machine applying large entries must not turn slowness into
+/// failures (a caller's own request bound, 30 s in the server, is longer still).
+pub const REGION_WRITE_WAIT_MS: u64 = 20_000;
 /// How long starting a single-voter region group waits for this node to lead it
 /// (one election timeout after a restart, plus the replay of unapplied entries).
 pub const REGION_LEADER_WAIT_MS: u64 = 30_000;
@@ -66,6 +81,8 @@ pub const REGION_SNAPSHOT_LOGS_SINCE_LAST: u64 = 10_000;
 const _: () = assert!(BATCH_COMMANDS_MAX <= QUEUE_COMMANDS_MAX);
 const _: () = assert!(REGION_HEARTBEAT_INTERVAL_MS * 3 <= REGION_ELECTION_TIMEOUT_MIN_MS);
 const _: () = assert!(REGION_ELECTION_TIMEOUT_MIN_MS < REGION_ELECTION_TIMEOUT_MAX_MS);
+const _: () = assert!(REGION_HEARTBEAT_INTERVAL_MS < REGION_RPC_TIMEOUT_MS);
+const _: () = assert!(REGION_RPC_TIMEOUT_MS < REGION_ELECTION_TIMEOUT_MIN_MS);
 const _: () = assert!(REGION_ELECTION_TIMEOUT_MAX_MS < REGION_WRITE_WAIT_MS);
 const _: () = assert!(SWEEP_ENTRIES_MAX <= BATCH_COMMANDS_MAX);
 const _: () = assert!(ERASE_ENTRIES_MAX <= BATCH_COMMANDS_MAX);

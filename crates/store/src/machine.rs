@@ -371,6 +371,14 @@ impl Machine {
                 operation_id,
                 entries_max,
             } => self.end_tracking(w, tenant, operation_id, *entries_max as usize)?,
+            Command::StandbyMatched { index } => {
+                let known: u64 = self.get(keys::META_STANDBY_MATCHED)?.unwrap_or(0);
+                let index = known.max(*index);
+                if index > known {
+                    w.put(keys::META_STANDBY_MATCHED.to_vec(), &index);
+                }
+                Applied::StandbyMatched { index }
+            }
             Command::Own { tenant, epoch } => {
                 let wanted = TenantGuard::Owned { epoch: *epoch };
                 Applied::Guard(

@@ -200,6 +200,49 @@ pub fn validate(regions: &[String], nodes_per_region: usize) -> Result<(), Error
     Ok(())
 }
 
+/// Each region's standby: from `--standby a=b,...` (every region may be named
+/// once, its standby must be another listed region), else the next region in
+/// `regions`, cyclically; none with a single region.
+pub fn standbys(
+    regions: &[String],
+    given: &[String],
+) -> Result<std::collections::BTreeMap<String, String>, Error> {
+    let mut out = std::collections::BTreeMap::new();
+    if given.is_empty() {
+        if regions.len() > 1 {
+            for (i, r) in regions.iter().enumerate() {
+                out.insert(r.clone(), regions[(i + 1) % regions.len()].clone());
+            }
+        }
+        return Ok(out);
+    }
+    for pair in given {
+        let Some((region, standby)) = pair.split_once('=') else {
+            return Err(Error::Config(format!(
+                "--standby takes region=standby pairs, not {pair:?}"
+            )));
+        };
+        for name in [region, standby] {
+            if !regions.iter().any(|r| r == name) {
+                return Err(Error::Config(format!(
+                    "--standby {pair}: {name:?} is not among --regions"
+                )));
+            }
+        }
+        if region == standby {
+            return Err(Error::Config(format!(
+                "--standby {pair}: a region cannot be its own standby"
+            )));
+        }
+        if out.insert(region.to_owned(), standby.to_owned()).is_some() {
+            return Err(Error::Config(format!(
+                "--standby names region {region} twice"
+            )));
+        }
+    }
+    Ok(out)
+}
+
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), Error> {
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, bytes)?;
@@ -264,6 +307,22 @@ pub fn node_credential(data_dir: &Path) -> Result<PathBuf, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn standbys_default_to_the_next_region_and_given_ones_are_checked() {
+        let regions: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
+        let cyclic = standbys(&regions, &[]).unwrap();
+        assert_eq!(cyclic["a"], "b");
+        assert_eq!(cyclic["c"], "a");
+        assert!(standbys(&regions[..1], &[]).unwrap().is_empty());
+        let given = standbys(&regions, &["a=c".to_owned()]).unwrap();
+        assert_eq!(given.len(), 1);
+        assert_eq!(given["a"], "c");
+        for bad in ["a", "a=a", "a=z", "z=a"] {
+            assert!(standbys(&regions, &[bad.to_owned()]).is_err(), "{bad}");
+        }
+        assert!(standbys(&regions, &["a=b".to_owned(), "a=c".to_owned()]).is_err());
+    }
     use crate::limits::{CONTROL_PORT_OFFSET, PORTS_PER_CLUSTER, PSP_PORT_OFFSET};
     use std::collections::BTreeSet;
 

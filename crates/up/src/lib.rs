@@ -76,6 +76,9 @@ pub struct UpConfig {
     /// Nodes per region (`1..=NODES_PER_REGION_MAX`): each region's store is
     /// replicated to that many nodes, all of them members of its group.
     pub nodes_per_region: usize,
+    /// `region=standby` pairs; empty: each region's standby is the next region,
+    /// cyclically.
+    pub standby: Vec<String>,
 }
 
 /// Runs the cluster until `shutdown` resolves, then stops every node.
@@ -127,6 +130,7 @@ pub async fn run(
             raft_addr: p.raft_proxy.to_string(),
         })
         .collect();
+    let standbys = layout::standbys(&up.regions, &up.standby)?;
     for plan in &plans {
         let mut config = Config::new(
             &plan.region,
@@ -134,6 +138,7 @@ pub async fn run(
             secrets.admin_token.clone(),
         );
         config.regions = up.regions.clone();
+        config.standbys = standbys.clone();
         config.node_id = plan.id;
         config.members = members.clone();
         config.listen = plan.api.to_string();

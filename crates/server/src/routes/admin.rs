@@ -366,19 +366,35 @@ pub async fn cluster(State(node): State<Arc<Node>>) -> Result<Response, ApiError
             })
         })
         .collect();
-    let regions: Vec<serde_json::Value> = registry
-        .regions()
-        .into_iter()
-        .map(|r| {
-            let tenants = registry.read(|s| {
-                s.tenants
-                    .values()
-                    .filter(|t| t.home_region == r.name && !t.is_deleted())
-                    .count()
-            });
-            serde_json::json!({ "name": r.name, "tenants": tenants })
-        })
-        .collect();
+    let mut regions: Vec<serde_json::Value> = Vec::new();
+    for r in registry.regions() {
+        let tenants = registry.read(|s| {
+            s.tenants
+                .values()
+                .filter(|t| t.home_region == r.name && !t.is_deleted())
+                .count()
+        });
+        // The standby and its lag as the region's leader reports them; `null`
+        // when the region cannot say (unreachable, or no standby copy streamed
+        // to yet).
+        let standby = node.config().standbys.get(&r.name).cloned();
+        let lag = match standby {
+            None => serde_json::Value::Null,
+            Some(_) => crate::standby::lag_of_region(&node, &r.name)
+                .await
+                .and_then(|v| v.get("lag").cloned())
+                .filter(|lag| !lag.is_null())
+                .map_or(serde_json::Value::Null, |lag| {
+                    serde_json::json!({"commands": lag["commands"], "seconds": lag["seconds"]})
+                }),
+        };
+        regions.push(serde_json::json!({
+            "name": r.name,
+            "tenants": tenants,
+            "standby": standby,
+            "replication_lag": lag,
+        }));
+    }
     let stats = node.store().stats();
     let region_metrics = node.store().group().raft().metrics().borrow().clone();
     let body = serde_json::json!({

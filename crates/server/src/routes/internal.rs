@@ -53,6 +53,13 @@ async fn quorum_age(State(node): State<Arc<Node>>) -> Response {
     }
 }
 
+/// `GET /internal/v1/standby/lag` (on the region store's leader): this region's
+/// standby and its lag.
+async fn standby_lag(State(node): State<Arc<Node>>) -> Response {
+    let lag = crate::standby::lag(&node);
+    json_response(200, serde_json::to_vec(&lag).expect("json"))
+}
+
 pub fn router(node: Arc<Node>) -> Router<Arc<Node>> {
     // Membership changes: the registry's on its leader (the handler checks), the
     // region group's on the region's leader (the layer sends it there).
@@ -100,10 +107,22 @@ pub fn router(node: Arc<Node>) -> Router<Arc<Node>> {
             super::leader::at_region_leader,
         ))
         .route_layer(axum::middleware::from_fn_with_state(
+            node.clone(),
+            super::require_node_credential,
+        ));
+    // A region's standby lag, as its store's leader knows it.
+    let standby = Router::new()
+        .route("/internal/v1/standby/lag", get(standby_lag))
+        .route_layer(axum::middleware::from_fn_with_state(
+            (node.clone(), crate::limits::BODY_BYTES_MAX_DEFAULT),
+            super::leader::at_region_leader,
+        ))
+        .route_layer(axum::middleware::from_fn_with_state(
             node,
             super::require_node_credential,
         ));
     Router::new()
+        .merge(standby)
         .merge(quorum)
         .merge(registry_membership)
         .merge(region_membership)

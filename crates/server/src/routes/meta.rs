@@ -76,13 +76,23 @@ fn health_gauges(node: &Node) {
         &registry.metrics(),
         registry.nodes().into_keys(),
     );
-    // The region group: this node is its only member until regions have several.
+    // The region group, and the groups of the regions this node keeps a
+    // standby copy of (as a learner).
     let region_group = format!("region-{}", node.region());
+    let (_, members) = node.store().group().members();
     crate::metrics::record_raft_group(
         &region_group,
         &node.store().group().raft().metrics().borrow(),
-        std::iter::empty(),
+        members.into_keys(),
     );
+    for copy in node.standby_copies() {
+        let (_, members) = copy.store.group().members();
+        crate::metrics::record_raft_group(
+            &format!("region-{}", copy.region),
+            &copy.store.group().raft().metrics().borrow(),
+            members.into_keys(),
+        );
+    }
     let now_ms = crate::node::now().0;
     let mut running = 0u64;
     let mut stalled_ms = 0u64;

@@ -16,9 +16,9 @@
 //! the nodes of a region. A writer on a member that does not lead answers
 //! `Error::NotLeader`; it appends nothing.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use keyhold_raftlog::{NodeId, NodeInfo};
@@ -34,9 +34,10 @@ use tokio::sync::{mpsc, watch};
 use super::{CommandBatch, EntryOutcome, Member, RegionConfig, RegionRaft, RegionStateMachine};
 use crate::command::{Applied, Command};
 use crate::limits::{
-    BATCH_COMMANDS_MAX, QUEUE_COMMANDS_MAX, REGION_ELECTION_TIMEOUT_MAX_MS,
-    REGION_ELECTION_TIMEOUT_MIN_MS, REGION_HEARTBEAT_INTERVAL_MS, REGION_LEADER_WAIT_MS,
-    REGION_SNAPSHOT_LOGS_SINCE_LAST, REGION_WRITE_WAIT_MS,
+    BATCH_COMMANDS_MAX, QUEUE_COMMANDS_MAX, REGION_APPEND_ENTRIES_MAX,
+    REGION_ELECTION_TIMEOUT_MAX_MS, REGION_ELECTION_TIMEOUT_MIN_MS, REGION_HEARTBEAT_INTERVAL_MS,
+    REGION_LEADER_WAIT_MS, REGION_RPC_TIMEOUT_MS, REGION_SNAPSHOT_LOGS_SINCE_LAST,
+    REGION_WRITE_WAIT_MS, WRITTEN_ENTRIES_KEPT_MAX,
 };
 use crate::stats::CommitStats;
 use crate::{Error, Job};
@@ -74,12 +75,25 @@ pub struct GroupOptions {
     /// many entries behind it (a follower that lags less catches up from the
     /// log; one that lags more, or a new member, by the snapshot).
     pub snapshot_entries: u64,
+    /// Who purges the log behind a snapshot.
+    pub purge: Purge,
+}
+
+/// Who purges a group's log behind its snapshots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purge {
+    /// openraft, keeping `snapshot_entries` entries behind each snapshot.
+    Automatic,
+    /// Only `RegionGroup::purge_upto`: a region with a standby purges no entry
+    /// its standby copy has not matched.
+    Manual,
 }
 
 impl Default for GroupOptions {
     fn default() -> Self {
         GroupOptions {
             snapshot_entries: REGION_SNAPSHOT_LOGS_SINCE_LAST,
+            purge: Purge::Automatic,
         }
     }
 }
@@ -95,6 +109,29 @@ struct Inner {
     state_machine: RegionStateMachine,
     jobs: mpsc::Sender<Job>,
     stats: Arc<CommitStats>,
+    /// The entries this member's writer appended lately, for replication lag in
+    /// commands and seconds.
+    written: Arc<Mutex<VecDeque<Written>>>,
+}
+
+/// One entry this member's writer appended.
+#[derive(Debug, Clone, Copy)]
+struct Written {
+    index: u64,
+    commands: u64,
+    /// When its first command was submitted.
+    at: Instant,
+}
+
+/// How far a replica trails the leader.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Lag {
+    /// The last log index the replica holds.
+    pub matched_index: u64,
+    /// Commands in the entries it does not hold yet.
+    pub commands: u64,
+    /// Age of the oldest command it does not hold yet; 0 when caught up.
+    pub seconds: f64,
 }
 
 impl std::fmt::Debug for RegionGroup {
@@ -161,11 +198,19 @@ fn raft_config(group: &str, options: GroupOptions) -> Result<openraft::Config, E
     );
     openraft::Config {
         cluster_name: group.to_string(),
-        heartbeat_interval: REGION_HEARTBEAT_INTERVAL_MS,
+        // openraft 0.9 times every AppendEntries and vote out after its
+        // heartbeat period; the heartbeats come from the group's own ticker.
+        heartbeat_interval: REGION_RPC_TIMEOUT_MS,
+        enable_heartbeat: false,
+        max_payload_entries: REGION_APPEND_ENTRIES_MAX,
         election_timeout_min: REGION_ELECTION_TIMEOUT_MIN_MS,
         election_timeout_max: REGION_ELECTION_TIMEOUT_MAX_MS,
         snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(options.snapshot_entries),
-        max_in_snapshot_log_to_keep: options.snapshot_entries,
+        // Manual: far more than any log holds (openraft adds to it, so not MAX).
+        max_in_snapshot_log_to_keep: match options.purge {
+            Purge::Automatic => options.snapshot_entries,
+            Purge::Manual => u64::MAX / 4,
+        },
         ..Default::default()
     }
     .validate()
@@ -182,15 +227,18 @@ impl RegionGroup {
         node: NodeId,
         info: NodeInfo,
     ) -> Result<RegionGroup, Error> {
-        Self::start_single_voter_with(dir, group, node, info, GroupOptions::default()).await
+        Self::start_single_voter_with(dir, group, node, info, NoPeers, GroupOptions::default())
+            .await
     }
 
-    /// `start_single_voter` with `options` instead of the defaults.
-    pub async fn start_single_voter_with(
+    /// `start_single_voter` with `options` instead of the defaults, and `network`
+    /// to reach learners the group may gain (a standby region's copies).
+    pub async fn start_single_voter_with<N: RaftNetworkFactory<RegionConfig>>(
         dir: &Path,
         group: &str,
         node: NodeId,
         info: NodeInfo,
+        network: N,
         options: GroupOptions,
     ) -> Result<RegionGroup, Error> {
         let member = Member {
@@ -199,7 +247,7 @@ impl RegionGroup {
             info: info.clone(),
         };
         let voters = Bootstrap::Voters(BTreeMap::from([(node, info)]));
-        let started = Self::start_with(dir, &member, NoPeers, voters, options).await?;
+        let started = Self::start_with(dir, &member, network, voters, options).await?;
         let raft = &started.inner.raft;
         let leader_wait = Duration::from_millis(REGION_LEADER_WAIT_MS);
         raft.wait(Some(leader_wait))
@@ -259,15 +307,18 @@ impl RegionGroup {
                 .await
                 .map_err(|e| Error::Raft(format!("initialize: {e}")))?;
         }
+        tokio::spawn(heartbeats(raft.clone()));
         let (jobs, rx) = mpsc::channel(QUEUE_COMMANDS_MAX);
         let stats = Arc::new(CommitStats::default());
-        tokio::spawn(write_loop(raft.clone(), rx, stats.clone()));
+        let written = Arc::new(Mutex::new(VecDeque::new()));
+        tokio::spawn(write_loop(raft.clone(), rx, stats.clone(), written.clone()));
         Ok(RegionGroup {
             inner: Arc::new(Inner {
                 raft,
                 state_machine,
                 jobs,
                 stats,
+                written,
             }),
         })
     }
@@ -314,6 +365,52 @@ impl RegionGroup {
         }
     }
 
+    /// Adds `node` as a learner without waiting for it: the leader streams the log
+    /// (or a snapshot) to it from now on. A member already is left as it is. Only
+    /// the leader can; elsewhere `NotLeader`.
+    pub async fn add_streaming_learner(&self, node: NodeId, info: NodeInfo) -> Result<(), Error> {
+        match self.inner.raft.add_learner(node, info, false).await {
+            Ok(_) => Ok(()),
+            Err(e) => Err(membership_error(e)),
+        }
+    }
+
+    /// On the leader, how far the best of `replicas` trails it: `None` elsewhere,
+    /// or while none of them is replicated to.
+    pub fn lag_of(&self, replicas: &[NodeId]) -> Option<Lag> {
+        let metrics = self.inner.raft.metrics().borrow().clone();
+        let replication = metrics.replication.as_ref()?;
+        let matched = replicas
+            .iter()
+            .filter_map(|id| replication.get(id))
+            .map(|m| m.map_or(0, |l| l.index))
+            .max()?;
+        let last = metrics.last_log_index.unwrap_or(0);
+        if matched >= last {
+            return Some(Lag {
+                matched_index: matched,
+                commands: 0,
+                seconds: 0.0,
+            });
+        }
+        let written = self.inner.written.lock().expect("not poisoned");
+        let behind = written.iter().filter(|w| w.index > matched);
+        let (mut commands, mut oldest, mut entries) = (0u64, None, 0u64);
+        for w in behind {
+            commands += w.commands;
+            entries += 1;
+            oldest = Some(oldest.map_or(w.at, |o: Instant| o.min(w.at)));
+        }
+        // Entries this member did not write (a predecessor's, Raft's own) count
+        // as one command each.
+        commands += (last - matched).saturating_sub(entries);
+        Some(Lag {
+            matched_index: matched,
+            commands,
+            seconds: oldest.map_or(0.0, |at| at.elapsed().as_secs_f64()),
+        })
+    }
+
     /// Makes `node`, a member already (a learner that caught up), a voter. Only
     /// the leader can; elsewhere `NotLeader`.
     pub async fn add_voter(&self, node: NodeId) -> Result<(), Error> {
@@ -338,6 +435,17 @@ impl RegionGroup {
             Ok(_) => Ok(()),
             Err(e) => Err(membership_error(e)),
         }
+    }
+
+    /// Purges this replica's log up to `index` (only entries behind its last
+    /// snapshot ever go; openraft postpones what a replication still reads).
+    pub async fn purge_upto(&self, index: u64) -> Result<(), Error> {
+        self.inner
+            .raft
+            .trigger()
+            .purge_log(index)
+            .await
+            .map_err(|e| Error::Raft(format!("purge: {e}")))
     }
 
     /// The group's voters and learners as this member knows them.
@@ -403,7 +511,12 @@ impl RegionGroup {
 
 /// Gathers waiting commands into one entry at a time until the queue closes or the
 /// Raft instance stops.
-async fn write_loop(raft: RegionRaft, mut jobs: mpsc::Receiver<Job>, stats: Arc<CommitStats>) {
+async fn write_loop(
+    raft: RegionRaft,
+    mut jobs: mpsc::Receiver<Job>,
+    stats: Arc<CommitStats>,
+    written: Arc<Mutex<VecDeque<Written>>>,
+) {
     let mut pending: Vec<Job> = Vec::with_capacity(BATCH_COMMANDS_MAX);
     while let Some(first) = jobs.recv().await {
         pending.push(first);
@@ -418,7 +531,7 @@ async fn write_loop(raft: RegionRaft, mut jobs: mpsc::Receiver<Job>, stats: Arc<
         };
         let started = Instant::now();
         let wait = Duration::from_millis(REGION_WRITE_WAIT_MS);
-        let Ok(written) = tokio::time::timeout(wait, raft.client_write(batch)).await else {
+        let Ok(outcome) = tokio::time::timeout(wait, raft.client_write(batch)).await else {
             // A leader cut off from its peers neither commits nor learns it was
             // deposed until it hears from them: answer rather than hold every
             // later command behind this entry. Whether it commits later is
@@ -432,15 +545,18 @@ async fn write_loop(raft: RegionRaft, mut jobs: mpsc::Receiver<Job>, stats: Arc<
             }
             continue;
         };
-        let answers = match written {
-            Ok(response) => match response.data {
-                EntryOutcome::Commands(answers) if answers.len() == pending.len() => answers,
-                other => {
-                    tracing::error!(?other, "a command entry answered unlike its commands");
-                    fail(&stats, &mut pending);
-                    return;
+        let answers = match outcome {
+            Ok(response) => {
+                remember(&written, response.log_id.index, pending.len(), started);
+                match response.data {
+                    EntryOutcome::Commands(answers) if answers.len() == pending.len() => answers,
+                    other => {
+                        tracing::error!(?other, "a command entry answered unlike its commands");
+                        fail(&stats, &mut pending);
+                        return;
+                    }
                 }
-            },
+            }
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
                 // Another member leads (or nobody yet): nothing of this entry was
                 // appended here; the callers may go to the leader.
@@ -465,6 +581,32 @@ async fn write_loop(raft: RegionRaft, mut jobs: mpsc::Receiver<Job>, stats: Arc<
             let _ = job.reply.send(Ok(answer));
         }
     }
+}
+
+/// Sends the leader's heartbeats every `REGION_HEARTBEAT_INTERVAL_MS` (a no-op on
+/// followers) until the Raft instance stops.
+async fn heartbeats(raft: RegionRaft) {
+    let mut ticker = tokio::time::interval(Duration::from_millis(REGION_HEARTBEAT_INTERVAL_MS));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        if raft.trigger().heartbeat().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Keeps the last `WRITTEN_ENTRIES_KEPT_MAX` entries this writer appended.
+fn remember(written: &Mutex<VecDeque<Written>>, index: u64, commands: usize, at: Instant) {
+    let mut log = written.lock().expect("not poisoned");
+    if log.len() >= WRITTEN_ENTRIES_KEPT_MAX {
+        log.pop_front();
+    }
+    log.push_back(Written {
+        index,
+        commands: commands as u64,
+        at,
+    });
 }
 
 fn membership_error(e: RaftError<NodeId, ClientWriteError<NodeId, NodeInfo>>) -> Error {

@@ -28,7 +28,7 @@ use std::path::Path;
 use keyhold_raftlog::{LogTrees, NodeId, NodeInfo};
 use serde::{Deserialize, Serialize};
 
-pub use self::group::{Bootstrap, GroupOptions, Leadership, RegionGroup};
+pub use self::group::{Bootstrap, GroupOptions, Lag, Leadership, Purge, RegionGroup};
 pub use self::state_machine::RegionStateMachine;
 use crate::command::{Applied, Command};
 use crate::limits::SLED_FLUSH_EVERY_MS;
