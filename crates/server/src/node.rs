@@ -461,6 +461,7 @@ async fn open_store(
         .collect();
     let options = GroupOptions {
         snapshot_entries: config.region_snapshot_entries,
+        tree_cache_bytes: config.store_cache_bytes,
     };
     let bootstrap = match config.start {
         // A node that was not among the first members joins as one later.

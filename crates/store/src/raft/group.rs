@@ -36,7 +36,7 @@ use crate::command::{Applied, Command};
 use crate::limits::{
     BATCH_COMMANDS_MAX, QUEUE_COMMANDS_MAX, REGION_ELECTION_TIMEOUT_MAX_MS,
     REGION_ELECTION_TIMEOUT_MIN_MS, REGION_HEARTBEAT_INTERVAL_MS, REGION_LEADER_WAIT_MS,
-    REGION_SNAPSHOT_LOGS_SINCE_LAST, REGION_WRITE_WAIT_MS,
+    REGION_SNAPSHOT_LOGS_SINCE_LAST, REGION_TREE_CACHE_BYTES_DEFAULT, REGION_WRITE_WAIT_MS,
 };
 use crate::stats::CommitStats;
 use crate::{Error, Job};
@@ -74,12 +74,17 @@ pub struct GroupOptions {
     /// many entries behind it (a follower that lags less catches up from the
     /// log; one that lags more, or a new member, by the snapshot).
     pub snapshot_entries: u64,
+    /// sled's cache of the region tree, in bytes of cached pages as sled counts
+    /// them (serialized size; the memory they take is a few times this). At
+    /// least `REGION_TREE_CACHE_BYTES_MIN`.
+    pub tree_cache_bytes: u64,
 }
 
 impl Default for GroupOptions {
     fn default() -> Self {
         GroupOptions {
             snapshot_entries: REGION_SNAPSHOT_LOGS_SINCE_LAST,
+            tree_cache_bytes: REGION_TREE_CACHE_BYTES_DEFAULT,
         }
     }
 }
@@ -240,10 +245,11 @@ impl RegionGroup {
     ) -> Result<RegionGroup, Error> {
         let owned_dir = dir.to_path_buf();
         let owned_group = member.group.clone();
-        let (log, state_machine) =
-            tokio::task::spawn_blocking(move || super::open(&owned_dir, &owned_group))
-                .await
-                .map_err(|e| Error::Raft(format!("open task: {e}")))??;
+        let (log, state_machine) = tokio::task::spawn_blocking(move || {
+            super::open_with(&owned_dir, &owned_group, options)
+        })
+        .await
+        .map_err(|e| Error::Raft(format!("open task: {e}")))??;
         let config = Arc::new(raft_config(&member.group, options)?);
         let raft = RegionRaft::new(member.node, config, network, log, state_machine.clone())
             .await
