@@ -32,6 +32,12 @@ pub const REGION_TREE_CACHE_BYTES_DEFAULT: u64 = 256 * 1024 * 1024;
 pub const REGION_TREE_CACHE_BYTES_MIN: u64 = 1024 * 1024;
 pub const REGION_TREE_CACHE_BYTES_MAX: u64 = 256 * 1024 * 1024 * 1024;
 
+/// Collections of crossbeam-epoch's garbage after each applied entry: each
+/// frees up to 512 objects (8 bags of 64) that no reader can still see, so this
+/// covers the nodes an entry of a full page of writes replaces, with room for
+/// those of the log's appends.
+pub const EPOCH_COLLECTS_PER_ENTRY: usize = 64;
+
 /// The largest command (or imported payload) the store decodes; a length prefix
 /// claiming more is refused before anything is allocated for it. Above the
 /// largest command the server builds: a move's import page (64 MiB body).
