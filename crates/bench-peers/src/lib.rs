@@ -10,8 +10,10 @@
 //!
 //! [`orders`] holds what the two stores share: the loose request checks, the
 //! fingerprint (keyhold's own `Spec::orders()`), the order body and the
-//! problem+json answers. Nothing here is used by keyhold itself.
+//! problem+json answers; [`chart`] what the chart binaries share. Nothing here
+//! is used by keyhold itself.
 
+pub mod chart;
 pub mod floor;
 pub mod orders;
 pub mod pg;

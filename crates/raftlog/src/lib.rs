@@ -31,6 +31,15 @@ pub enum Error {
     Storage(#[from] sled::Error),
 }
 
+/// The configuration of a sled `Db` in `path` that holds Raft logs: sled's cache
+/// bounded to `limits::LOG_DB_CACHE_BYTES`, since a log is read back only near
+/// its tail (sled would otherwise cache up to 1 GiB of it).
+pub fn log_db_config(path: &std::path::Path) -> sled::Config {
+    sled::Config::new()
+        .path(path)
+        .cache_capacity(limits::LOG_DB_CACHE_BYTES)
+}
+
 /// Opens (or creates) the sled `Db` that `config` describes. Blocking. If a previous
 /// instance in this process was just dropped, sled's flusher thread may still hold the
 /// directory lock for a moment; the open is retried for up to

@@ -71,6 +71,12 @@ pub const NAME_BYTES_MAX: usize = 128;
 /// Shortest node credential accepted: 32 bytes is 192 bits of base64 or 128 of hex.
 pub const NODE_CREDENTIAL_BYTES_MIN: usize = 32;
 
+/// sled's cache of each of a registry replica's two `Db`s (log and state). The
+/// registry holds regions, tenants, operations and nodes: small and read
+/// through the applied state, so a small cache does; sled's 1 GiB default per
+/// `Db` would let it grow with the log until a snapshot purges it.
+pub const DB_CACHE_BYTES: u64 = 16 * 1024 * 1024;
+
 /// On-disk format version of everything this crate writes to sled (bincode 2,
 /// `config::standard()`); bumped on any incompatible change to a stored type or layout.
 /// 2: the Raft log and the applied state in separate sled `Db`s (1: one `Db`, which

@@ -111,6 +111,11 @@ pub struct Config {
     /// an entry has no standby.
     #[serde(default)]
     pub standbys: std::collections::BTreeMap<String, String>,
+    /// sled's cache of the region store's tree, in bytes as sled counts them
+    /// (pages' serialized size; the process holds a few times this). The node's
+    /// memory stays near this bound however much the store holds.
+    #[serde(default = "d_store_cache_bytes")]
+    pub store_cache_bytes: u64,
 }
 
 /// How a node with an empty data dir enters its groups.
@@ -136,6 +141,9 @@ pub struct Member {
 
 fn d_region_snapshot_entries() -> u64 {
     keyhold_store::raft::GroupOptions::default().snapshot_entries
+}
+fn d_store_cache_bytes() -> u64 {
+    keyhold_store::raft::GroupOptions::default().tree_cache_bytes
 }
 fn d_node_id() -> u64 {
     1
@@ -254,6 +262,7 @@ impl Config {
             start: Start::Create,
             region_snapshot_entries: d_region_snapshot_entries(),
             standbys: Default::default(),
+            store_cache_bytes: d_store_cache_bytes(),
         }
     }
 
@@ -346,6 +355,16 @@ impl Config {
             return Err(Error::Config(
                 "region_snapshot_entries must be at least 1".into(),
             ));
+        }
+        let cache_bytes = keyhold_store::limits::REGION_TREE_CACHE_BYTES_MIN
+            ..=keyhold_store::limits::REGION_TREE_CACHE_BYTES_MAX;
+        if !cache_bytes.contains(&self.store_cache_bytes) {
+            return Err(Error::Config(format!(
+                "store_cache_bytes must be from {} (1 MiB) to {} (256 GiB), not {}",
+                cache_bytes.start(),
+                cache_bytes.end(),
+                self.store_cache_bytes
+            )));
         }
         let several_nodes = self.members.len() > 1;
         if several_nodes
@@ -494,6 +513,31 @@ mod tests {
             e.contains("psp_key_retention (1day) must be at least processed_ttl (35days)"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn store_cache_bytes_parses_and_is_bounded() {
+        let base = "region='a'\ndata_dir='x'\nadmin_token='0123456789abcdef0123'\n";
+        let c = Config::from_toml(base).unwrap();
+        assert_eq!(
+            c.store_cache_bytes,
+            keyhold_store::limits::REGION_TREE_CACHE_BYTES_DEFAULT
+        );
+        let c = Config::from_toml(&format!("{base}store_cache_bytes = 67108864")).unwrap();
+        assert_eq!(c.store_cache_bytes, 64 * 1024 * 1024);
+        c.validate().unwrap();
+        for bad in ["0", "1048575", "1099511627776"] {
+            let c = Config::from_toml(&format!("{base}store_cache_bytes = {bad}")).unwrap();
+            let e = c.validate().unwrap_err().to_string();
+            assert!(
+                e.contains("store_cache_bytes must be from 1048576 (1 MiB)"),
+                "{bad}: {e}"
+            );
+        }
+        let e = Config::from_toml(&format!("{base}store_cache_bytes = -1"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("store_cache_bytes"), "{e}");
     }
 
     #[test]

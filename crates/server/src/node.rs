@@ -493,6 +493,7 @@ async fn open_store(
     let options = GroupOptions {
         snapshot_entries: config.region_snapshot_entries,
         purge,
+        tree_cache_bytes: config.store_cache_bytes,
     };
     let bootstrap = match config.start {
         // A node that was not among the first members joins as one later.
@@ -549,6 +550,7 @@ async fn open_standby_copies(
         let options = GroupOptions {
             snapshot_entries: config.region_snapshot_entries,
             purge: Purge::Automatic,
+            tree_cache_bytes: config.store_cache_bytes,
         };
         let dir = config.data_dir.join(format!("standby-{region}"));
         let store = Store::open_replica(&dir, member, network, Bootstrap::Joiner, options).await?;

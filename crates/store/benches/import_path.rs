@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use keyhold_core::{Item, TenantId, UnixMillis};
+use keyhold_core::TenantId;
 use keyhold_store::{Applied, Command, ExportEntry, GuardOutcome, Store};
 
 #[path = "../tests/common/mod.rs"]
@@ -78,27 +78,6 @@ async fn import(dest: &Store, tenant: &TenantId, pages: &[Vec<u8>]) -> (u64, Dur
     (imported, decode)
 }
 
-/// An order of `tenant` like the ones `keyhold loadgen` creates (one item line).
-fn order(tenant: &str, n: u64) -> Command {
-    let mut command = common::create(
-        &format!("key-{tenant}-{n}"),
-        &format!("client-{tenant}-{n}"),
-        "sha256:0f4e2a6c1b3d5f7e9a8c6b4d2f0e1a3c5b7d9f8e6a4c2b0d1f3e5a7c9b8d6f4e",
-        &format!("ord_{tenant}_{n:012}"),
-        UnixMillis(common::T0.0 + n),
-    );
-    if let Command::CreateOrder { scope, order, .. } = &mut command {
-        let t = TenantId::parse(tenant).expect("tenant id");
-        scope.tenant = t.clone();
-        order.tenant = t;
-        order.request.items = vec![Item {
-            sku: "sku-1".into(),
-            quantity: 1,
-        }];
-    }
-    command
-}
-
 /// `clients` tasks creating `orders` orders of `tenant` in all.
 async fn fill(store: &Store, tenant: &'static str, orders: u64) -> Duration {
     let per_client = orders / FILL_CLIENTS;
@@ -108,7 +87,9 @@ async fn fill(store: &Store, tenant: &'static str, orders: u64) -> Duration {
         let store = store.clone();
         tasks.spawn(async move {
             for i in 0..per_client {
-                let answer = store.execute(order(tenant, client * per_client + i)).await;
+                let answer = store
+                    .execute(common::tenant_order(tenant, client * per_client + i))
+                    .await;
                 assert!(matches!(answer, Ok(Applied::Order(_))), "{answer:?}");
             }
         });
@@ -148,7 +129,7 @@ async fn other_tenant(store: Store, stop: Arc<AtomicBool>, base: u64) -> (u64, D
             let mut i = 0;
             while !stop.load(Ordering::Relaxed) {
                 let n = base + client * 1_000_000 + i;
-                let answer = store.execute(order("t2", n)).await;
+                let answer = store.execute(common::tenant_order("t2", n)).await;
                 assert!(matches!(answer, Ok(Applied::Order(_))), "{answer:?}");
                 created.fetch_add(1, Ordering::Relaxed);
                 i += 1;

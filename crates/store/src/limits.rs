@@ -21,6 +21,23 @@ pub const SWEEP_DEFER_MS: u64 = 3_600_000;
 /// entries a restart applies again.
 pub const SLED_FLUSH_EVERY_MS: u64 = 5_000;
 
+/// sled's cache of the region tree when the node's config does not set
+/// `store_cache_bytes` (sled's own default is 1 GiB per `Db`). sled counts what
+/// it caches by the pages' serialized size, so the memory it takes is a few
+/// times this; large enough that the recent part of the tree (new keys, the
+/// outbox tail, records being replayed) stays in memory.
+pub const REGION_TREE_CACHE_BYTES_DEFAULT: u64 = 256 * 1024 * 1024;
+/// The smallest and largest region tree cache a config may set: below the
+/// minimum every read goes to disk; above the maximum is a typo, not a machine.
+pub const REGION_TREE_CACHE_BYTES_MIN: u64 = 1024 * 1024;
+pub const REGION_TREE_CACHE_BYTES_MAX: u64 = 256 * 1024 * 1024 * 1024;
+
+/// Collections of crossbeam-epoch's garbage after each applied entry: each
+/// frees up to 512 objects (8 bags of 64) that no reader can still see, so this
+/// covers the nodes an entry of a full page of writes replaces, with room for
+/// those of the log's appends.
+pub const EPOCH_COLLECTS_PER_ENTRY: usize = 64;
+
 /// The largest command (or imported payload) the store decodes; a length prefix
 /// claiming more is refused before anything is allocated for it. Above the
 /// largest command the server builds: a move's import page (64 MiB body).
@@ -79,6 +96,8 @@ pub const REGION_LEADER_WAIT_MS: u64 = 30_000;
 pub const REGION_SNAPSHOT_LOGS_SINCE_LAST: u64 = 10_000;
 
 const _: () = assert!(BATCH_COMMANDS_MAX <= QUEUE_COMMANDS_MAX);
+const _: () = assert!(REGION_TREE_CACHE_BYTES_MIN <= REGION_TREE_CACHE_BYTES_DEFAULT);
+const _: () = assert!(REGION_TREE_CACHE_BYTES_DEFAULT <= REGION_TREE_CACHE_BYTES_MAX);
 const _: () = assert!(REGION_HEARTBEAT_INTERVAL_MS * 3 <= REGION_ELECTION_TIMEOUT_MIN_MS);
 const _: () = assert!(REGION_ELECTION_TIMEOUT_MIN_MS < REGION_ELECTION_TIMEOUT_MAX_MS);
 const _: () = assert!(REGION_HEARTBEAT_INTERVAL_MS < REGION_RPC_TIMEOUT_MS);

@@ -6,7 +6,6 @@
 use anyhow::Context;
 use clap::Parser;
 use plotters::prelude::*;
-use plotters::style::{register_font, FontStyle};
 use serde::Deserialize;
 use std::path::PathBuf;
 
@@ -75,15 +74,7 @@ fn series<'a>(rows: &'a [Row], system: &str, kind: &str) -> Vec<&'a Row> {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let font = std::fs::read(&args.font)
-        .with_context(|| format!("cannot read font {}", args.font.display()))?;
-    // ab_glyph keeps the font for the whole run: leak it once.
-    register_font(
-        "sans-serif",
-        FontStyle::Normal,
-        Box::leak(font.into_boxed_slice()),
-    )
-    .map_err(|_| anyhow::anyhow!("{} is not a usable font", args.font.display()))?;
+    keyhold_bench_peers::chart::use_font(&args.font)?;
     let text = std::fs::read_to_string(&args.results)
         .with_context(|| format!("cannot read {}", args.results.display()))?;
     let rows: Vec<Row> = text

@@ -34,7 +34,7 @@ pub use self::state_machine::StateMachineStore;
 use keyhold_raftlog::LogTrees;
 
 use crate::codec;
-use crate::limits::STORAGE_FORMAT_VERSION;
+use crate::limits::{DB_CACHE_BYTES, STORAGE_FORMAT_VERSION};
 use crate::types::TypeConfig;
 use crate::Error;
 
@@ -92,9 +92,16 @@ fn log_trees() -> LogTrees {
     }
 }
 
+/// Opens one of the replica's `Db`s with sled's cache bounded to
+/// `DB_CACHE_BYTES` (sled's default, 1 GiB per `Db`, would let a node's memory
+/// grow with the registry's log and state up to that much each).
 fn open_db(path: &Path) -> Result<sled::Db, Error> {
-    keyhold_raftlog::open_db(&sled::Config::new().path(path))
-        .map_err(|e| Error::Storage(format!("{}: {e}", path.display())))
+    keyhold_raftlog::open_db(
+        &sled::Config::new()
+            .path(path)
+            .cache_capacity(DB_CACHE_BYTES),
+    )
+    .map_err(|e| Error::Storage(format!("{}: {e}", path.display())))
 }
 
 fn io_error(path: &Path, e: std::io::Error) -> Error {

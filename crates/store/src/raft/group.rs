@@ -37,7 +37,7 @@ use crate::limits::{
     BATCH_COMMANDS_MAX, QUEUE_COMMANDS_MAX, REGION_APPEND_ENTRIES_MAX,
     REGION_ELECTION_TIMEOUT_MAX_MS, REGION_ELECTION_TIMEOUT_MIN_MS, REGION_HEARTBEAT_INTERVAL_MS,
     REGION_LEADER_WAIT_MS, REGION_RPC_TIMEOUT_MS, REGION_SNAPSHOT_LOGS_SINCE_LAST,
-    REGION_WRITE_WAIT_MS, WRITTEN_ENTRIES_KEPT_MAX,
+    REGION_TREE_CACHE_BYTES_DEFAULT, REGION_WRITE_WAIT_MS, WRITTEN_ENTRIES_KEPT_MAX,
 };
 use crate::stats::CommitStats;
 use crate::{Error, Job};
@@ -77,6 +77,10 @@ pub struct GroupOptions {
     pub snapshot_entries: u64,
     /// Who purges the log behind a snapshot.
     pub purge: Purge,
+    /// sled's cache of the region tree, in bytes of cached pages as sled counts
+    /// them (serialized size; the memory they take is a few times this). At
+    /// least `REGION_TREE_CACHE_BYTES_MIN`.
+    pub tree_cache_bytes: u64,
 }
 
 /// Who purges a group's log behind its snapshots.
@@ -94,6 +98,7 @@ impl Default for GroupOptions {
         GroupOptions {
             snapshot_entries: REGION_SNAPSHOT_LOGS_SINCE_LAST,
             purge: Purge::Automatic,
+            tree_cache_bytes: REGION_TREE_CACHE_BYTES_DEFAULT,
         }
     }
 }
@@ -144,7 +149,7 @@ type RpcError<E = openraft::error::Infallible> = RPCError<NodeId, NodeInfo, Raft
 
 /// The network of a group without peers: there is nobody to reach.
 #[derive(Debug, Clone, Copy)]
-struct NoPeers;
+pub struct NoPeers;
 
 fn unreachable<E: std::error::Error>(target: NodeId) -> RPCError<NodeId, NodeInfo, E> {
     let reason = format!("node {target} is not a member of this single-voter region group");
@@ -161,7 +166,7 @@ impl RaftNetworkFactory<RegionConfig> for NoPeers {
 
 /// A connection that never connects.
 #[derive(Debug)]
-struct NoPeersClient {
+pub struct NoPeersClient {
     target: NodeId,
 }
 
@@ -288,10 +293,11 @@ impl RegionGroup {
     ) -> Result<RegionGroup, Error> {
         let owned_dir = dir.to_path_buf();
         let owned_group = member.group.clone();
-        let (log, state_machine) =
-            tokio::task::spawn_blocking(move || super::open(&owned_dir, &owned_group))
-                .await
-                .map_err(|e| Error::Raft(format!("open task: {e}")))??;
+        let (log, state_machine) = tokio::task::spawn_blocking(move || {
+            super::open_with(&owned_dir, &owned_group, options)
+        })
+        .await
+        .map_err(|e| Error::Raft(format!("open task: {e}")))??;
         let config = Arc::new(raft_config(&member.group, options)?);
         let raft = RegionRaft::new(member.node, config, network, log, state_machine.clone())
             .await

@@ -7,11 +7,14 @@
 //!
 //! Directory layout of one replica of a region group (`open`):
 //! - `log/`: a sled `Db` holding the group's Raft log (`{group}/raft_log`,
-//!   `{group}/raft_meta`); flushed on every append and vote.
+//!   `{group}/raft_meta`); flushed on every append and vote; a small fixed sled
+//!   cache (`keyhold_raftlog::limits::LOG_DB_CACHE_BYTES`).
 //! - `db/`: the region's sled `Db`, tree `region` (the same tree the store has always
 //!   used); never flushed per entry, because the log carries durability: it is
 //!   flushed when a snapshot is built (before openraft may purge the log behind it)
-//!   and when one is installed.
+//!   and when one is installed. Its sled cache is `GroupOptions::tree_cache_bytes`
+//!   (the node's `store_cache_bytes`): sled's default of 1 GiB per `Db` let a
+//!   node's memory grow with the stored data.
 //! - `snapshots/`: `current.snap`, the last snapshot built or installed, and
 //!   `install.pending` while an installation is under way.
 //!
@@ -28,10 +31,10 @@ use std::path::Path;
 use keyhold_raftlog::{LogTrees, NodeId, NodeInfo};
 use serde::{Deserialize, Serialize};
 
-pub use self::group::{Bootstrap, GroupOptions, Lag, Leadership, Purge, RegionGroup};
+pub use self::group::{Bootstrap, GroupOptions, Lag, Leadership, NoPeers, Purge, RegionGroup};
 pub use self::state_machine::RegionStateMachine;
 use crate::command::{Applied, Command};
-use crate::limits::SLED_FLUSH_EVERY_MS;
+use crate::limits::{REGION_TREE_CACHE_BYTES_MIN, SLED_FLUSH_EVERY_MS};
 use crate::Error;
 
 /// The payload of one region log entry: the commands one group commit gathered,
@@ -105,12 +108,27 @@ pub const REGION_TREE: &str = "region";
 /// `region-eu`) in `dir`: its log store and its state machine, ready for
 /// `openraft::Raft::new`. Blocking; recovers an interrupted snapshot installation.
 pub fn open(dir: &Path, group: &str) -> Result<(RegionLogStore, RegionStateMachine), Error> {
+    open_with(dir, group, GroupOptions::default())
+}
+
+/// `open` with the region tree's sled cache of `options` (`tree_cache_bytes`); the
+/// log's `Db` always has the small fixed cache of `keyhold_raftlog::log_db_config`.
+pub fn open_with(
+    dir: &Path,
+    group: &str,
+    options: GroupOptions,
+) -> Result<(RegionLogStore, RegionStateMachine), Error> {
+    assert!(
+        options.tree_cache_bytes >= REGION_TREE_CACHE_BYTES_MIN,
+        "the region tree's cache is at least REGION_TREE_CACHE_BYTES_MIN"
+    );
     std::fs::create_dir_all(dir).map_err(Error::Io)?;
-    let log_db = keyhold_raftlog::open_db(&sled::Config::new().path(dir.join("log")))?;
+    let log_db = keyhold_raftlog::open_db(&keyhold_raftlog::log_db_config(&dir.join("log")))?;
     let log = RegionLogStore::open(&log_db, &LogTrees::for_group(group))?;
     let db = keyhold_raftlog::open_db(
         &sled::Config::new()
             .path(dir.join("db"))
+            .cache_capacity(options.tree_cache_bytes)
             .flush_every_ms(Some(SLED_FLUSH_EVERY_MS)),
     )?;
     let tree = db.open_tree(REGION_TREE)?;

@@ -5,7 +5,7 @@
 
 use keyhold_core::scope::Namespace;
 use keyhold_core::{
-    IdempotencyKey, Operation, Order, OrderRequest, OrderStatus, Scope, TenantId, UnixMillis,
+    IdempotencyKey, Item, Operation, Order, OrderRequest, OrderStatus, Scope, TenantId, UnixMillis,
 };
 use keyhold_store::Command;
 
@@ -64,6 +64,28 @@ pub fn new_order(n: u64) -> Command {
         &format!("ord_{n}"),
         UnixMillis(T0.0 + n),
     )
+}
+
+/// An order of `tenant` numbered `n` like the ones `keyhold loadgen` creates (one
+/// item line), with the tenant in its key, ids and client order id.
+pub fn tenant_order(tenant: &str, n: u64) -> Command {
+    let mut command = create(
+        &format!("key-{tenant}-{n}"),
+        &format!("client-{tenant}-{n}"),
+        "sha256:0f4e2a6c1b3d5f7e9a8c6b4d2f0e1a3c5b7d9f8e6a4c2b0d1f3e5a7c9b8d6f4e",
+        &format!("ord_{tenant}_{n:012}"),
+        UnixMillis(T0.0 + n),
+    );
+    if let Command::CreateOrder { scope, order, .. } = &mut command {
+        let t = TenantId::parse(tenant).expect("tenant id");
+        scope.tenant = t.clone();
+        order.tenant = t;
+        order.request.items = vec![Item {
+            sku: "sku-1".into(),
+            quantity: 1,
+        }];
+    }
+    command
 }
 
 /// Re-runs this test binary as a child process that runs only the test `test`, with
