@@ -25,9 +25,23 @@ use tokio::sync::watch;
 #[derive(Debug, Default)]
 pub struct Lease {
     contact: Mutex<Option<Instant>>,
+    /// Woken whenever a contact is recorded.
+    renewed: tokio::sync::Notify,
 }
 
 impl Lease {
+    /// True if the lease holds now or is renewed within `wait`: a node that just
+    /// started (no contact yet) or whose lease lapsed a moment ago answers once
+    /// its next probe succeeds, instead of refusing at once.
+    pub async fn holds_within(&self, wait: Duration) -> bool {
+        let renewed = self.renewed.notified();
+        if self.holds() {
+            return true;
+        }
+        let _ = tokio::time::timeout(wait, renewed).await;
+        self.holds()
+    }
+
     /// True while the last contact is younger than the lease.
     pub fn holds(&self) -> bool {
         self.age()
@@ -48,6 +62,8 @@ impl Lease {
         if contact.is_none_or(|known| at > known) {
             *contact = Some(at);
         }
+        drop(contact);
+        self.renewed.notify_waiters();
     }
 }
 

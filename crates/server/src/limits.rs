@@ -132,6 +132,9 @@ pub const REGION_LEADER_WAIT_MS: u64 = 5_000;
 pub const REGION_LEASE_MS: u64 = 8_000;
 /// How often a node renews its contact with the registry majority.
 pub const REGISTRY_CONTACT_PROBE_MS: u64 = 500;
+/// How long a tenant request waits for the lease to be renewed when it does not
+/// hold (a node just started, or a probe came late) before it is refused.
+pub const REGION_LEASE_RENEWAL_WAIT_MS: u64 = 2 * REGISTRY_CONTACT_PROBE_MS;
 /// How long one contact probe may take.
 pub const REGISTRY_CONTACT_TIMEOUT_MS: u64 = 1_000;
 const _: () = assert!(4 * REGISTRY_CONTACT_PROBE_MS <= REGION_LEASE_MS);

@@ -41,7 +41,8 @@ use std::time::Duration;
 async fn run_local(node: &Node, tenant: &Tenant, request: Request, next: Next) -> Response {
     // A region cut off from the registry majority stops executing within its
     // lease: a failover may already be giving its tenants to another region.
-    if !node.lease().holds() {
+    let wait = Duration::from_millis(crate::limits::REGION_LEASE_RENEWAL_WAIT_MS);
+    if !node.lease().holds_within(wait).await {
         metrics::counter!("keyhold_lease_refused_total").increment(1);
         return ApiError::new(Problem::OwnerUnreachable)
             .detail("this region has lost contact with the registry's majority")
