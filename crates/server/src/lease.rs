@@ -34,7 +34,12 @@ impl Lease {
     /// started (no contact yet) or whose lease lapsed a moment ago answers once
     /// its next probe succeeds, instead of refusing at once.
     pub async fn holds_within(&self, wait: Duration) -> bool {
+        // The common case first, without arming a waiter on every request.
+        if self.holds() {
+            return true;
+        }
         let renewed = self.renewed.notified();
+        // A renewal between the check and arming the waiter is seen here.
         if self.holds() {
             return true;
         }
