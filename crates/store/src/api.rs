@@ -78,6 +78,15 @@ impl Answer for StandbyMatched {
     }
 }
 
+/// How the owner of a claim says its work ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Completion {
+    pub outcome: Outcome,
+    /// The answer to replay for the scope, if the work produced one.
+    pub response: Option<StoredResponse>,
+    pub resource_id: Option<String>,
+}
+
 impl Answer for ReplayOutcome {
     fn take(applied: Applied) -> Result<Self, Box<Applied>> {
         match applied {
@@ -143,19 +152,20 @@ impl Store {
         .await
     }
 
-    /// The owner `token` finishes its work on `scope` with `outcome`.
-    // One argument per field of the command.
-    #[allow(clippy::too_many_arguments)]
+    /// The owner `token` finishes its work on `scope` with `completion`.
     pub async fn complete(
         &self,
         scope: Scope,
         token: OwnerToken,
-        outcome: Outcome,
-        response: Option<StoredResponse>,
-        resource_id: Option<String>,
+        completion: Completion,
         now: UnixMillis,
         policy: &Policy,
     ) -> Result<CompleteOutcome, Error> {
+        let Completion {
+            outcome,
+            response,
+            resource_id,
+        } = completion;
         self.run(Command::Complete {
             scope,
             token,
@@ -530,9 +540,11 @@ mod tests {
             .complete(
                 job.clone(),
                 token,
-                Outcome::Succeeded,
-                Some(response.clone()),
-                None,
+                Completion {
+                    outcome: Outcome::Succeeded,
+                    response: Some(response.clone()),
+                    resource_id: None,
+                },
                 T0.plus_ms(2),
                 &POLICY,
             )
@@ -571,9 +583,11 @@ mod tests {
             .complete(
                 job,
                 token,
-                Outcome::Succeeded,
-                Some(response),
-                None,
+                Completion {
+                    outcome: Outcome::Succeeded,
+                    response: Some(response),
+                    resource_id: None,
+                },
                 T0,
                 &POLICY,
             )

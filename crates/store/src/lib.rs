@@ -26,7 +26,7 @@ extern crate self as keyhold_store;
 mod test_common;
 
 mod api;
-pub use api::StandbyMatched;
+pub use api::{Completion, StandbyMatched};
 mod codec;
 pub mod command;
 mod consumer;

@@ -250,15 +250,14 @@ pub async fn complete(
             format!("resource_id must be at most {RESOURCE_ID_LENGTH_MAX} bytes"),
         ));
     }
-    let completed = node.store().complete(
-        scope,
-        token,
+    let completion = keyhold_store::Completion {
         outcome,
         response,
-        req.resource_id,
-        now(),
-        node.policy(),
-    );
+        resource_id: req.resource_id,
+    };
+    let completed = node
+        .store()
+        .complete(scope, token, completion, now(), node.policy());
     match completed.await? {
         CompleteOutcome::Completed { state } | CompleteOutcome::AlreadyCompleted { state } => {
             Ok(json(200, serde_json::json!({ "state": state.as_str() })))
