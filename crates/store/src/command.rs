@@ -158,6 +158,38 @@ pub enum Command {
     /// that comes back after a failover still holds what its standby lacked.
     /// Recorded only forward.
     StandbyMatched { index: u64 },
+    /// A failover `operation_id` carries `tenant`'s outbox events over from the
+    /// failed region's promoted copy (the events some consumer there had not
+    /// handled), at the tenant's guard `epoch` (`Importing`, as `Import`):
+    /// each becomes a new event of this outbox with the same event id,
+    /// marked processed for the consumers in its `handled_by`, so only the
+    /// others deliver it. An event id imported before is skipped, so the
+    /// command can be repeated. `now` dates those processed entries.
+    ImportEvents {
+        tenant: TenantId,
+        operation_id: String,
+        epoch: u64,
+        events: Vec<CarriedEvent>,
+        now: UnixMillis,
+    },
+    /// The registry gives this region `tenant` at `epoch` by the failover
+    /// `operation_id`, which imported it here at that same epoch: the store
+    /// owns it (as `Own`), its `Importing` guard of that operation and epoch
+    /// giving way too. A move's import is of an earlier epoch than the one
+    /// its completion gives, so `Own` suffices there; a failover's is not.
+    OwnImported {
+        tenant: TenantId,
+        operation_id: String,
+        epoch: u64,
+    },
+}
+
+/// An outbox event a failover carries from the failed region's copy, with
+/// the consumers that handled it there already.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CarriedEvent {
+    pub event: OutboxEvent,
+    pub handled_by: Vec<Consumer>,
 }
 
 /// The move whose copy a store tracks a tenant's changes for.
@@ -450,7 +482,8 @@ pub enum Applied {
     Replayed {
         events: u64,
     },
-    /// `Fence`, `Import`, `ImportChanges`, `Own` or `TrackChanges`.
+    /// `Fence`, `Import`, `ImportChanges`, `Own`, `TrackChanges`,
+    /// `ImportEvents` (`imported`: the events new here) or `OwnImported`.
     Guard(GuardOutcome),
     /// `EraseTenant` or `EndTracking` removed `entries`; `more` when it
     /// stopped at its limit.
