@@ -192,6 +192,17 @@ pub struct CarriedEvent {
     pub handled_by: Vec<Consumer>,
 }
 
+impl CarriedEvent {
+    /// The wire form of one page of carried events (bincode 2, standard config).
+    pub fn encode_page(events: &[CarriedEvent]) -> Vec<u8> {
+        crate::codec::encode_plain(&events)
+    }
+
+    pub fn decode_page(bytes: &[u8]) -> Result<Vec<CarriedEvent>, crate::Error> {
+        crate::codec::decode_plain(bytes)
+    }
+}
+
 /// The move whose copy a store tracks a tenant's changes for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Tracking {

@@ -480,6 +480,9 @@ impl Machine {
             return Ok(Ok(outcome));
         };
         for (index, entry) in entries.iter().enumerate() {
+            if self.has_settled(tenant, entry)? {
+                continue;
+            }
             if let Err(rejection) = import(w, tenant, index, entry) {
                 return Ok(Err(rejection));
             }
@@ -565,6 +568,28 @@ impl Machine {
             guard,
             imported: fresh.len() as u64,
         }))
+    }
+
+    /// True when `entry` is an order of `tenant` still `Confirmed` whose
+    /// payment this store already settled (`Paid` or `PaymentFailed`): the
+    /// import keeps the settled order. A failover's import may be repeated
+    /// after this store's payments consumer handled the order's carried
+    /// event; its processed entry stops a second delivery, so overwriting
+    /// the status would lose the payment's result for good. (A move never
+    /// meets this: the new home gets no event before it owns the tenant.)
+    fn has_settled(&self, tenant: &TenantId, entry: &ExportEntry) -> Result<bool, Error> {
+        if entry.key.first() != Some(&keys::ORDER) {
+            return Ok(false);
+        }
+        let Ok(imported) = decode_plain::<Order>(&entry.payload) else {
+            return Ok(false);
+        };
+        if &imported.tenant != tenant || imported.status != OrderStatus::Confirmed {
+            return Ok(false);
+        }
+        Ok(self
+            .get::<Order>(&entry.key)?
+            .is_some_and(|here| &here.tenant == tenant && here.status != OrderStatus::Confirmed))
     }
 
     /// A page of `Command::EndTracking`: the tracking of `operation_id` stops

@@ -158,6 +158,45 @@ async fn unhandled_events_are_carried_once_and_the_failover_owns_the_tenant() {
     ));
 }
 
+/// A repeated import keeps an order whose payment this store settled
+/// meanwhile (the carried event was delivered here between the two imports).
+#[tokio::test]
+async fn a_repeated_import_keeps_an_order_settled_here() {
+    let (source_dir, target_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let source = common::open(source_dir.path()).await;
+    let target = common::open(target_dir.path()).await;
+    source.execute(common::new_order(1)).await.unwrap();
+    let (entries, _) = source
+        .export_tenant(&tenant(), None, usize::MAX)
+        .await
+        .unwrap();
+    let import = || target.import(tenant(), "f1".into(), 2, entries.clone());
+    assert!(matches!(
+        guard(import().await).await,
+        GuardOutcome::Accepted { .. }
+    ));
+    let paid = Command::ConsumePayment {
+        event_id: "evt_ord_1".into(),
+        order_id: "ord_1".into(),
+        charge_id: "ch_1".into(),
+        paid: true,
+        now: common::T0,
+        processed_ttl_ms: common::HOUR_MS,
+    };
+    target.execute(paid).await.unwrap();
+    assert!(matches!(
+        guard(import().await).await,
+        GuardOutcome::Accepted { .. }
+    ));
+    let order = target.order("ord_1").await.unwrap().unwrap();
+    assert_eq!(order.status, keyhold_core::OrderStatus::Paid);
+    // The record and marker were written again all the same.
+    assert_eq!(
+        target.tenant_entry_count(&tenant()).unwrap(),
+        entries.len() as u64
+    );
+}
+
 /// Events of other tenants are never carried, and an event of another tenant
 /// in an import is refused as a rejection.
 #[tokio::test]
