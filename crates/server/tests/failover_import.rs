@@ -72,14 +72,14 @@ async fn provider(dir: &Path) -> (String, oneshot::Sender<()>) {
     (base, stop)
 }
 
-/// Nodes 1, 2, 3 in regions a, b, c; a's standby is b. Node 1's payment
-/// provider cannot be reached; node 2's is `psp`.
-async fn start_cluster(dir: &Path, psp: &str) -> Vec<TestNode> {
+/// One node per entry of `regions` (ids from 1: a first, then b's, then c);
+/// a's standby is b. a's payment provider cannot be reached; b's is `psp`.
+async fn start_cluster(dir: &Path, psp: &str, regions: &[&str]) -> Vec<TestNode> {
     let credential_file: PathBuf = dir.join("node-credential");
     std::fs::write(&credential_file, CREDENTIAL).unwrap();
     let mut listeners = Vec::new();
     let mut members = Vec::new();
-    for (id, region) in (1u64..).zip(["a", "b", "c"]) {
+    for (id, region) in (1u64..).zip(regions) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let raft = tokio::net::TcpListener::bind(free_addr()).await.unwrap();
         members.push(Member {
@@ -105,9 +105,9 @@ async fn start_cluster(dir: &Path, psp: &str) -> Vec<TestNode> {
         config.raft_listen = member.raft_addr.clone();
         config.members = members.clone();
         config.node_credential_file = Some(credential_file.clone());
-        config.psp_url = match id {
-            1 => Some(dead_psp.clone()),
-            2 => Some(psp.to_owned()),
+        config.psp_url = match member.region.as_str() {
+            "a" => Some(dead_psp.clone()),
+            "b" => Some(psp.to_owned()),
             _ => None,
         };
         let api_addr = listener.local_addr().unwrap();
@@ -225,7 +225,7 @@ async fn outbox_ids(store: &Store) -> Vec<String> {
 async fn a_failover_imports_the_promoted_copy_once_and_the_tenant_executes_in_the_standby() {
     let dir = tempfile::tempdir().unwrap();
     let (psp, psp_stop) = provider(dir.path()).await;
-    let mut nodes = start_cluster(dir.path(), &psp).await;
+    let mut nodes = start_cluster(dir.path(), &psp, &["a", "b", "c"]).await;
     for node in &nodes {
         wait_until("every node ready", || ready(&node.api)).await;
     }
@@ -250,6 +250,12 @@ async fn a_failover_imports_the_promoted_copy_once_and_the_tenant_executes_in_th
         copy.store.applied_index().unwrap() >= a_applied
     })
     .await;
+    wait_until("b's copy knows its lag", || async {
+        let copy = b.standby_copy("a").unwrap();
+        let known = copy.lag.lock().unwrap().is_some();
+        known
+    })
+    .await;
     let a_entries = tenant_entries(a.store()).await;
     assert!(!a_entries.is_empty());
 
@@ -270,7 +276,8 @@ async fn a_failover_imports_the_promoted_copy_once_and_the_tenant_executes_in_th
     assert!(position["last_log_index"].as_u64().unwrap() >= a_applied);
     assert!(position["applied_index"].as_u64().unwrap() >= a_applied);
     assert_eq!(position["promoted"], json!(false));
-    assert!(position.get("lag").is_some(), "{position}");
+    assert!(position["lag"]["commands"].is_u64(), "{position}");
+    assert!(position["lag"]["seconds"].is_f64(), "{position}");
     // No copy of c here; and nothing is promoted without a running failover.
     let (status, _) = internal(
         reqwest::Method::GET,
@@ -442,6 +449,142 @@ async fn a_failover_imports_the_promoted_copy_once_and_the_tenant_executes_in_th
     assert_eq!(position["promoted"], json!(false));
 
     drop(b);
+    for node in nodes {
+        node.stop().await;
+    }
+    let _ = psp_stop.send(());
+}
+
+/// Region b of two nodes: the import on b's leader reads the copy of the
+/// other node of b over HTTP (promoting that copy, not its own), and the
+/// tenant is then served through either node of b.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_import_reads_the_copy_another_node_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let (psp, psp_stop) = provider(dir.path()).await;
+    let mut nodes = start_cluster(dir.path(), &psp, &["a", "b", "b", "c"]).await;
+    for node in &nodes {
+        wait_until("every node ready", || ready(&node.api)).await;
+    }
+    let token = create_tenant(&nodes[0].api).await;
+    let mut acknowledged = Vec::new();
+    for n in 0..ORDERS {
+        let key = format!("order-{n}");
+        let (status, _, body) = order(&nodes[0].api, &token, &key).await;
+        assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+        acknowledged.push((key, body));
+    }
+    let a = nodes[0].node.clone();
+    let a_applied = a.store().applied_index().unwrap();
+    let a_entries = tenant_entries(a.store()).await;
+    wait_until("b's leader is known", || async {
+        nodes[1].node.leads_region() || nodes[2].node.leads_region()
+    })
+    .await;
+    let (leader, source) = if nodes[1].node.leads_region() {
+        (nodes[1].node.clone(), nodes[2].node.clone())
+    } else {
+        (nodes[2].node.clone(), nodes[1].node.clone())
+    };
+    for node in [&leader, &source] {
+        wait_until("both copies hold all of a", || async {
+            let copy = node.standby_copy("a").unwrap();
+            copy.store.applied_index().unwrap() >= a_applied
+        })
+        .await;
+    }
+    nodes.remove(0).stop().await;
+    drop(a);
+
+    let begun = leader
+        .registry()
+        .write(Request::BeginFailover {
+            operation_id: "fo-2".into(),
+            region: "a".into(),
+            to: "b".into(),
+            now_ms: keyhold_server_now(),
+        })
+        .await
+        .unwrap();
+    for node in [&leader, &source] {
+        node.registry()
+            .wait_applied(begun.log_index, WAIT)
+            .await
+            .unwrap();
+    }
+    let api_of = |node: &Arc<Node>| {
+        let addr = node.registry().node().api_addr.clone();
+        format!("http://{addr}")
+    };
+    let (leader_api, source_api) = (api_of(&leader), api_of(&source));
+    let source_id = source.config().node_id;
+    // Only the leader imports.
+    let path = format!("/internal/v1/failover/a/import?operation_id=fo-2&source={source_id}");
+    let (status, _) = internal(reqwest::Method::POST, format!("{source_api}{path}")).await;
+    assert_eq!(status, 503);
+    let (status, answer) = internal(reqwest::Method::POST, format!("{leader_api}{path}")).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["tenants"], json!(1));
+    assert_eq!(answer["entries"], json!(a_entries.len()));
+    assert_eq!(answer["events"], json!(ORDERS));
+    let at = answer["at"].as_u64().unwrap();
+    let promoted = source.standby_copy("a").unwrap();
+    assert_eq!(promoted.store.promoted().unwrap(), Some(at));
+    let own = leader.standby_copy("a").unwrap();
+    assert_eq!(
+        own.store.promoted().unwrap(),
+        None,
+        "the leader's copy stays"
+    );
+    let copied = tenant_entries(&promoted.store).await;
+    let here = tenant_entries(leader.store()).await;
+    assert_eq!(
+        copied.iter().map(|e| &e.key).collect::<Vec<_>>(),
+        here.iter().map(|e| &e.key).collect::<Vec<_>>()
+    );
+    drop((promoted, own));
+    assert_eq!(outbox_ids(leader.store()).await.len(), ORDERS);
+
+    let completed = leader
+        .registry()
+        .write(Request::CompleteFailover {
+            operation_id: "fo-2".into(),
+            at,
+            estimated_lost: LostEstimate::default(),
+            now_ms: keyhold_server_now(),
+        })
+        .await
+        .unwrap();
+    for node in [&leader, &source] {
+        node.registry()
+            .wait_applied(completed.log_index, WAIT)
+            .await
+            .unwrap();
+    }
+    // Through either node of b, what a acknowledged replays.
+    for api in [&leader_api, &source_api] {
+        for (key, body) in &acknowledged {
+            let deadline = Instant::now() + WAIT;
+            let (status, replayed, replay) = loop {
+                let answer = order(api, &token, key).await;
+                if answer.0 != 503 || Instant::now() > deadline {
+                    break answer;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            };
+            assert_eq!(status, 201, "{}", String::from_utf8_lossy(&replay));
+            assert!(replayed, "{key} replays via {api}");
+            assert_eq!(&replay, body, "{key} via {api}");
+        }
+    }
+    wait_until("the source's copy is reset", || async {
+        source
+            .standby_copy("a")
+            .is_some_and(|copy| copy.store.promoted().unwrap().is_none())
+    })
+    .await;
+
+    drop((leader, source));
     for node in nodes {
         node.stop().await;
     }
