@@ -83,6 +83,13 @@ enum Command {
         #[command(flatten)]
         admin: AdminArgs,
     },
+    /// Whole-region administration: an unplanned failover.
+    Region {
+        #[command(subcommand)]
+        action: RegionAction,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
     /// The cluster as a node sees it: registry leader, regions, nodes.
     Cluster {
         #[command(subcommand)]
@@ -247,6 +254,23 @@ enum TenantAction {
 }
 
 #[derive(Subcommand)]
+enum RegionAction {
+    /// Fail a lost region over to its standby (or --to, which must hold a
+    /// copy): its tenants move there with what the copy held, and the loss is
+    /// estimated. Refused while the region is healthy unless --force.
+    Failover {
+        #[arg(long)]
+        region: String,
+        #[arg(long)]
+        to: Option<String>,
+        /// Fail over a region that still answers (a drill, or a region that
+        /// is up but must be given up).
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+#[derive(Subcommand)]
 enum ClusterAction {
     /// Print the cluster view of the node at --url.
     Status,
@@ -329,6 +353,12 @@ fn main() -> ExitCode {
                     .await
             }
             TenantAction::Delete { id } => a.delete_tenant(&id).await,
+        }),
+        Command::Region {
+            action: RegionAction::Failover { region, to, force },
+            admin,
+        } => admin_call(admin, async move |a| {
+            a.fail_over(&region, to.as_deref(), force).await
         }),
         Command::Cluster {
             action: ClusterAction::Status,

@@ -15,6 +15,7 @@ mod copies;
 mod demo;
 mod downstream;
 mod erase;
+mod failover;
 mod http;
 mod inflight;
 mod lease;
@@ -151,6 +152,7 @@ pub async fn serve(
     let purge = tokio::spawn(standby::purge_behind_standby(node.clone(), stop_rx.clone()));
     let copies = tokio::spawn(copies::run(node.clone(), stop_rx.clone()));
     let move_watch = tokio::spawn(mover::resume_stalled(node.clone(), stop_rx.clone()));
+    let failovers = tokio::spawn(failover::run(node.clone(), stop_rx.clone()));
     let sweeper = tokio::spawn(sweeper::run(node.clone(), stop_rx.clone()));
     let eraser = tokio::spawn(erase::run(node.clone(), stop_rx.clone()));
     let relays: Vec<_> = downstream::consumers(&node)
@@ -185,6 +187,7 @@ pub async fn serve(
     let _ = purge.await;
     let _ = copies.await;
     let _ = move_watch.await;
+    let _ = failovers.await;
     for relay in relays {
         let _ = relay.await;
     }
