@@ -14,7 +14,10 @@
 //! settled. After `CompleteFailover` the tenant executes in b: an order
 //! acknowledged by a replays byte for byte, new orders are taken, each
 //! payment is charged exactly once (by b), and b's promoted copy is deleted
-//! and created again empty.
+//! and created again empty. (The lead's driver would do the same after
+//! waiting out a's lease, `FAILOVER_FENCE_WAIT_MS`; these steps take far less.)
+//! A second test reads the copy of another node of b, and a third lets the
+//! driver do it all, opened through the admin route.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -193,6 +196,53 @@ async fn order(api: &str, token: &str, key: &str) -> (u16, bool, Vec<u8>) {
     (status, replayed, response.bytes().await.unwrap().to_vec())
 }
 
+/// `order`, sent again while the answer is 503 (the region lease may lapse
+/// for a moment while the registry elects a leader without a's node).
+async fn order_settled(api: &str, token: &str, key: &str) -> (u16, bool, Vec<u8>) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let answer = order(api, token, key).await;
+        if answer.0 != 503 || Instant::now() > deadline {
+            return answer;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until `node`'s registry replica knows a leader other than node 1
+/// (a's, stopped): writes then go to it at once.
+async fn wait_registry_without_a(node: &Node) {
+    wait_until("a registry leader other than a", || async {
+        node.registry()
+            .metrics()
+            .current_leader
+            .is_some_and(|leader| leader != 1)
+    })
+    .await;
+}
+
+/// Writes `request` through `node`'s registry (retrying while the registry
+/// elects a leader), waits until `node`'s replica applied it, and returns
+/// its log index.
+async fn write(node: &Node, request: Request) -> u64 {
+    let deadline = Instant::now() + WAIT;
+    let written = loop {
+        match node.registry().write(request.clone()).await {
+            Ok(written) => break written,
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("registry write not yet: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("registry write: {e}"),
+        }
+    };
+    node.registry()
+        .wait_applied(written.log_index, WAIT)
+        .await
+        .unwrap();
+    written.log_index
+}
+
 /// An internal call with the node credential; status and JSON body.
 async fn internal(method: reqwest::Method, url: String) -> (u16, Value) {
     let response = client()
@@ -264,6 +314,8 @@ async fn a_failover_imports_the_promoted_copy_once_and_the_tenant_executes_in_th
     a_node.stop().await;
     drop(a);
     let (b_api, b_id) = (nodes[0].api.clone(), b.config().node_id);
+    wait_until("b ready without a", || ready(&b_api)).await;
+    wait_registry_without_a(&b).await;
 
     // The copy's position, before any failover.
     let (status, position) = internal(
@@ -297,20 +349,16 @@ async fn a_failover_imports_the_promoted_copy_once_and_the_tenant_executes_in_th
     assert_eq!(status, 409, "no failover operation yet");
 
     // The driver's part: begin, import, complete.
-    let begun = b
-        .registry()
-        .write(Request::BeginFailover {
+    write(
+        &b,
+        Request::BeginFailover {
             operation_id: "fo-1".into(),
             region: "a".into(),
             to: "b".into(),
             now_ms: keyhold_server_now(),
-        })
-        .await
-        .unwrap();
-    b.registry()
-        .wait_applied(begun.log_index, WAIT)
-        .await
-        .unwrap();
+        },
+    )
+    .await;
     let (status, first) = internal(reqwest::Method::POST, import_url.clone()).await;
     assert_eq!(status, 200, "{first}");
     let at = first["at"].as_u64().unwrap();
@@ -379,20 +427,16 @@ async fn a_failover_imports_the_promoted_copy_once_and_the_tenant_executes_in_th
         assert_eq!(order.status, keyhold_core::OrderStatus::Paid, "order {n}");
     }
 
-    let completed = b
-        .registry()
-        .write(Request::CompleteFailover {
+    write(
+        &b,
+        Request::CompleteFailover {
             operation_id: "fo-1".into(),
             at,
             estimated_lost: LostEstimate::default(),
             now_ms: keyhold_server_now(),
-        })
-        .await
-        .unwrap();
-    b.registry()
-        .wait_applied(completed.log_index, WAIT)
-        .await
-        .unwrap();
+        },
+    )
+    .await;
     assert_eq!(b.registry().tenant(TENANT).unwrap().home_region, "b");
     wait_until("b's store owns the tenant", || async {
         b.store().guard(&tenant).unwrap() == Some(TenantGuard::Owned { epoch: 2 })
@@ -400,12 +444,12 @@ async fn a_failover_imports_the_promoted_copy_once_and_the_tenant_executes_in_th
     .await;
     // What a acknowledged replays from b byte for byte; new orders are taken.
     for (key, body) in &acknowledged {
-        let (status, replayed, replay) = order(&b_api, &token, key).await;
-        assert_eq!(status, 201);
+        let (status, replayed, replay) = order_settled(&b_api, &token, key).await;
+        assert_eq!(status, 201, "{}", String::from_utf8_lossy(&replay));
         assert!(replayed, "{key} replays");
         assert_eq!(&replay, body, "{key}");
     }
-    let (status, _, body) = order(&b_api, &token, "after-failover").await;
+    let (status, _, body) = order_settled(&b_api, &token, "after-failover").await;
     assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
     // b delivers each carried payment once, and the new order's.
     wait_until("b's payments consumer is done", || async {
@@ -495,23 +539,20 @@ async fn the_import_reads_the_copy_another_node_holds() {
     }
     nodes.remove(0).stop().await;
     drop(a);
-
-    let begun = leader
-        .registry()
-        .write(Request::BeginFailover {
-            operation_id: "fo-2".into(),
-            region: "a".into(),
-            to: "b".into(),
-            now_ms: keyhold_server_now(),
-        })
-        .await
-        .unwrap();
-    for node in [&leader, &source] {
-        node.registry()
-            .wait_applied(begun.log_index, WAIT)
-            .await
-            .unwrap();
+    for node in &nodes {
+        wait_until("every node ready without a", || ready(&node.api)).await;
+        wait_registry_without_a(&node.node).await;
     }
+
+    let begin = Request::BeginFailover {
+        operation_id: "fo-2".into(),
+        region: "a".into(),
+        to: "b".into(),
+        now_ms: keyhold_server_now(),
+    };
+    let index = write(&leader, begin).await;
+    // The source acts only once its replica shows the failover.
+    source.registry().wait_applied(index, WAIT).await.unwrap();
     let api_of = |node: &Arc<Node>| {
         let addr = node.registry().node().api_addr.clone();
         format!("http://{addr}")
@@ -545,33 +586,18 @@ async fn the_import_reads_the_copy_another_node_holds() {
     drop((promoted, own));
     assert_eq!(outbox_ids(leader.store()).await.len(), ORDERS);
 
-    let completed = leader
-        .registry()
-        .write(Request::CompleteFailover {
-            operation_id: "fo-2".into(),
-            at,
-            estimated_lost: LostEstimate::default(),
-            now_ms: keyhold_server_now(),
-        })
-        .await
-        .unwrap();
-    for node in [&leader, &source] {
-        node.registry()
-            .wait_applied(completed.log_index, WAIT)
-            .await
-            .unwrap();
-    }
+    let complete = Request::CompleteFailover {
+        operation_id: "fo-2".into(),
+        at,
+        estimated_lost: LostEstimate::default(),
+        now_ms: keyhold_server_now(),
+    };
+    let index = write(&leader, complete).await;
+    source.registry().wait_applied(index, WAIT).await.unwrap();
     // Through either node of b, what a acknowledged replays.
     for api in [&leader_api, &source_api] {
         for (key, body) in &acknowledged {
-            let deadline = Instant::now() + WAIT;
-            let (status, replayed, replay) = loop {
-                let answer = order(api, &token, key).await;
-                if answer.0 != 503 || Instant::now() > deadline {
-                    break answer;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            };
+            let (status, replayed, replay) = order_settled(api, &token, key).await;
             assert_eq!(status, 201, "{}", String::from_utf8_lossy(&replay));
             assert!(replayed, "{key} replays via {api}");
             assert_eq!(&replay, body, "{key} via {api}");
@@ -585,6 +611,71 @@ async fn the_import_reads_the_copy_another_node_holds() {
     .await;
 
     drop((leader, source));
+    for node in nodes {
+        node.stop().await;
+    }
+    let _ = psp_stop.send(());
+}
+
+/// The lead's driver end to end: the admin route opens the failover, b's
+/// leader waits the lease out, asks for the copy's position, imports through
+/// this import route and completes; the registry keeps the result, the tenant
+/// is served by b and b's copy is reset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_driver_completes_a_failover_through_the_import() {
+    let dir = tempfile::tempdir().unwrap();
+    let (psp, psp_stop) = provider(dir.path()).await;
+    let mut nodes = start_cluster(dir.path(), &psp, &["a", "b", "c"]).await;
+    for node in &nodes {
+        wait_until("every node ready", || ready(&node.api)).await;
+    }
+    let token = create_tenant(&nodes[0].api).await;
+    let (status, _, acknowledged) = order(&nodes[0].api, &token, "before").await;
+    assert_eq!(status, 201);
+    let (a, b) = (nodes[0].node.clone(), nodes[1].node.clone());
+    let a_applied = a.store().applied_index().unwrap();
+    wait_until("b's copy holds all of a", || async {
+        let copy = b.standby_copy("a").unwrap();
+        copy.store.applied_index().unwrap() >= a_applied
+    })
+    .await;
+    nodes.remove(0).stop().await;
+    drop(a);
+    let b_api = nodes[0].api.clone();
+    wait_until("b ready without a", || ready(&b_api)).await;
+    wait_registry_without_a(&b).await;
+    let response = client()
+        .post(format!("{b_api}/admin/v1/regions/a/failover"))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    let status = response.status();
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(status, 202, "{body}");
+    let operation_id = body["operation_id"].as_str().unwrap().to_owned();
+    wait_until("the failover is done", || async {
+        b.registry()
+            .read(|s| s.failover_result(&operation_id).is_some())
+    })
+    .await;
+    let result = b
+        .registry()
+        .read(|s| s.failover_result(&operation_id).cloned())
+        .unwrap();
+    assert!(result.at >= a_applied);
+    assert_eq!(result.tenants, vec![TENANT.to_string()]);
+    let (status, replayed, replay) = order_settled(&b_api, &token, "before").await;
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&replay));
+    assert!(replayed);
+    assert_eq!(replay, acknowledged);
+    wait_until("b's copy of a is reset", || async {
+        b.standby_copy("a")
+            .is_some_and(|copy| copy.store.promoted().unwrap().is_none())
+    })
+    .await;
+    drop(b);
     for node in nodes {
         node.stop().await;
     }
