@@ -499,9 +499,10 @@ async fn a_failover_imports_the_promoted_copy_once_and_the_tenant_executes_in_th
     let _ = psp_stop.send(());
 }
 
-/// Region b of two nodes: the import on b's leader reads the copy of the
-/// other node of b over HTTP (promoting that copy, not its own), and the
-/// tenant is then served through either node of b.
+/// Region b of two nodes: the import, sent to b's follower and passed on to
+/// b's leader, reads the copy of the follower over HTTP (promoting that copy,
+/// not the leader's own), and the tenant is then served through either node
+/// of b.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_import_reads_the_copy_another_node_holds() {
     let dir = tempfile::tempdir().unwrap();
@@ -559,12 +560,23 @@ async fn the_import_reads_the_copy_another_node_holds() {
     };
     let (leader_api, source_api) = (api_of(&leader), api_of(&source));
     let source_id = source.config().node_id;
-    // Only the leader imports.
+    // Only the leader imports: a follower sends the call on once, and a
+    // call sent on to a node that does not lead is refused.
     let path = format!("/internal/v1/failover/a/import?operation_id=fo-2&source={source_id}");
-    let (status, _) = internal(reqwest::Method::POST, format!("{source_api}{path}")).await;
-    assert_eq!(status, 503);
-    let (status, answer) = internal(reqwest::Method::POST, format!("{leader_api}{path}")).await;
+    let hop = client()
+        .post(format!("{source_api}{path}"))
+        .header(NODE_CREDENTIAL_HEADER, CREDENTIAL)
+        .header("keyhold-hop", "region")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(hop.status(), 503);
+    assert!(hop.headers().contains_key("keyhold-not-leader"));
+    let (status, answer) = internal(reqwest::Method::POST, format!("{source_api}{path}")).await;
     assert_eq!(status, 200, "{answer}");
+    let (status, again) = internal(reqwest::Method::POST, format!("{leader_api}{path}")).await;
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again, answer);
     assert_eq!(answer["tenants"], json!(1));
     assert_eq!(answer["entries"], json!(a_entries.len()));
     assert_eq!(answer["events"], json!(ORDERS));

@@ -17,7 +17,7 @@
 //! running (a promoted copy leaves r's group until it is reset, `copies.rs`).
 //!
 //! On `to`'s region leader: `POST /internal/v1/failover/{r}/import`, the
-//! driver's step. For every tenant the registry shows homed in r, it copies
+//! driver's step (a follower sends it on to the leader once). For every tenant the registry shows homed in r, it copies
 //! the tenant's entries and unhandled events from the source's copy (read
 //! directly when the source is this node) into this region's store, under the
 //! guard `Importing { operation_id, epoch + 1 }`, the epoch the tenant gets
@@ -28,10 +28,14 @@
 use super::internal::{
     entry_bytes, guard_answer, ok_json, page_response, split_by_bytes, tenant_param, NEXT_CURSOR,
 };
-use crate::limits::{FAILOVER_CALL_TIMEOUT_MS, MOVE_IMPORT_COMMAND_BYTES_MAX, MOVE_PAGE_BYTES_MAX};
+use crate::limits::{
+    FAILOVER_CALL_TIMEOUT_MS, FAILOVER_IMPORT_TIMEOUT_MS, MOVE_IMPORT_COMMAND_BYTES_MAX,
+    MOVE_PAGE_BYTES_MAX,
+};
 use crate::node::{now, Node, StandbyCopy};
 use crate::problem::ApiError;
 use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, Uri};
 use axum::response::Response;
 use axum::routing::{get, post};
 use axum::Router;
@@ -39,6 +43,7 @@ use keyhold_core::{Problem, TenantId};
 use keyhold_registry::{
     NodeId, OperationKind, OperationState, TenantRecord, TenantState, NODE_CREDENTIAL_HEADER,
 };
+use keyhold_store::raft::Leadership;
 use keyhold_store::{CarriedEvent, ExportEntry, Store};
 use serde::Deserialize;
 use std::sync::Arc;
@@ -373,11 +378,13 @@ fn tenants_homed_in(node: &Node, region: &str) -> Vec<TenantRecord> {
 /// (entries and events the copy holds for them, the same on a repeat).
 async fn import(
     State(node): State<Arc<Node>>,
+    headers: HeaderMap,
+    uri: Uri,
     Path(region): Path<String>,
     Query(q): Query<ImportQuery>,
 ) -> Result<Response, ApiError> {
     if !node.leads_region() {
-        return Ok(super::leader::not_leader());
+        return import_at_leader(&node, &headers, &uri).await;
     }
     if check_import(&node, &region, &q.operation_id).is_err() {
         // The replica may not have applied `BeginFailover` yet.
@@ -416,6 +423,58 @@ async fn import(
         "entries": entries,
         "events": events,
     })))
+}
+
+/// On a node that does not lead its region: sends the import on to the
+/// leader once (`Keyhold-Hop: region`, as `leader::at_region_leader` does,
+/// but waiting as long as an import may take, `FAILOVER_IMPORT_TIMEOUT_MS`,
+/// where a tenant request's hop gives up after seconds) and relays its
+/// answer. A hop that reaches a node that does not lead, or a region without
+/// a known leader, is 503 with `Keyhold-Not-Leader`: nothing was imported, the
+/// driver tries again.
+async fn import_at_leader(
+    node: &Node,
+    headers: &HeaderMap,
+    uri: &Uri,
+) -> Result<Response, ApiError> {
+    if super::leader::Arrival::of(node, headers) == super::leader::Arrival::RegionHop {
+        return Ok(super::leader::not_leader());
+    }
+    let Leadership::Follower(Some((_, leader))) = node.store().leadership() else {
+        return Ok(super::leader::not_leader());
+    };
+    let path = uri.path_and_query().map_or("/", |p| p.as_str());
+    let answer = node
+        .http()
+        .post(format!("http://{}{path}", leader.api_addr))
+        .header(NODE_CREDENTIAL_HEADER, node.credentials().current())
+        .header(super::leader::KEYHOLD_HOP, super::leader::HOP_REGION)
+        .timeout(Duration::from_millis(FAILOVER_IMPORT_TIMEOUT_MS))
+        .send()
+        .await;
+    let answer = match answer {
+        Ok(answer) => answer,
+        Err(e) if e.is_connect() => return Ok(super::leader::not_leader()),
+        Err(e) => {
+            return Err(ApiError::new(Problem::StoreUnavailable).detail(format!(
+                "the region's leader did not answer the import: {e}"
+            )))
+        }
+    };
+    let status = answer.status();
+    let mut relayed = Response::builder().status(status);
+    for (name, value) in answer.headers() {
+        if !super::leader::HOP_BY_HOP.contains(&name.as_str()) {
+            relayed = relayed.header(name, value);
+        }
+    }
+    let body = answer.bytes().await.map_err(|e| {
+        ApiError::new(Problem::StoreUnavailable)
+            .detail(format!("the import's answer was cut off: {e}"))
+    })?;
+    Ok(relayed
+        .body(axum::body::Body::from(body))
+        .expect("a relayed status and headers are valid"))
 }
 
 /// The failover and the guard epoch one tenant is imported under.
