@@ -3,6 +3,7 @@
 
 mod cmd_admin;
 mod cmd_chaos;
+mod cmd_drill;
 mod cmd_fingerprint;
 
 use anyhow::Context;
@@ -76,6 +77,10 @@ enum Command {
     /// Seeded chaos runs: local clusters, client traffic and faults from one
     /// seed each, judged by the history checker.
     Chaos(cmd_chaos::ChaosArgs),
+    /// A region failover drill on a cluster started by `keyhold up`: steady
+    /// traffic, the fault, the failover, the return, the reconciliation, and
+    /// a report; fails on any unlisted loss or duplicate.
+    Drill(cmd_drill::DrillArgs),
     /// Tenant administration through any node's admin API.
     Tenant {
         #[command(subcommand)]
@@ -366,6 +371,7 @@ fn main() -> ExitCode {
         } => admin_call(admin, async move |a| a.cluster_status().await),
         Command::Loadgen(args) => loadgen(args),
         Command::Chaos(args) => cmd_chaos::run(args),
+        Command::Drill(args) => cmd_drill::run(args),
         Command::Up(args) => up(args, log),
         Command::Fakepsp {
             listen,
