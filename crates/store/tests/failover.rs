@@ -84,6 +84,9 @@ async fn unhandled_events_are_carried_once_and_the_failover_owns_the_tenant() {
         ]
     );
 
+    // The target has an event of its own tenant already: the carried ones
+    // follow it.
+    target.execute(common::tenant_order("t2", 7)).await.unwrap();
     let now = UnixMillis(common::T0.0 + 10);
     let import =
         |events: Vec<CarriedEvent>| target.import_events(tenant(), "f1".into(), 2, events, now);
@@ -100,8 +103,24 @@ async fn unhandled_events_are_carried_once_and_the_failover_owns_the_tenant() {
     );
     let outbox = target.outbox_after(0, 100).await.unwrap();
     let ids: Vec<_> = outbox.iter().map(|e| e.event_id.as_str()).collect();
-    assert_eq!(ids, ["evt_ord_1", "evt_ord_2", "evt_ord_3", "evt_ord_4"]);
-    assert_eq!(target.tenant_last_event_seq(&tenant()).unwrap(), 4);
+    assert_eq!(
+        ids,
+        [
+            "evt_ord_t2_000000000007",
+            "evt_ord_1",
+            "evt_ord_2",
+            "evt_ord_3",
+            "evt_ord_4"
+        ]
+    );
+    let seqs: Vec<_> = outbox.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, [1, 2, 3, 4, 5]);
+    assert_eq!(target.tenant_last_event_seq(&tenant()).unwrap(), 5);
+    assert_eq!(
+        outbox[1].payload,
+        source.outbox_after(0, 1).await.unwrap()[0].payload,
+        "an event keeps its payload"
+    );
     for (event, consumer, handled) in [
         ("evt_ord_1", Consumer::Inventory, true),
         ("evt_ord_1", Consumer::Payments, false),
