@@ -16,8 +16,9 @@
 //! payment is charged exactly once (by b), and b's promoted copy is deleted
 //! and created again empty. (The lead's driver would do the same after
 //! waiting out a's lease, `FAILOVER_FENCE_WAIT_MS`; these steps take far less.)
-//! A second test reads the copy of another node of b, and a third lets the
-//! driver do it all, opened through the admin route.
+//! A second test reads the copy of another node of b, a third lets the
+//! driver do it all, opened through the admin route, and a fourth restarts b
+//! between two imports.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -93,46 +94,71 @@ async fn start_cluster(dir: &Path, psp: &str, regions: &[&str]) -> Vec<TestNode>
         });
         listeners.push((id, listener, raft));
     }
-    let dead_psp = format!("http://{}", free_addr());
     let mut nodes = Vec::new();
     for (id, listener, raft) in listeners {
-        let member = members.iter().find(|m| m.id == id).unwrap().clone();
-        let mut config = Config::new(
-            &member.region,
-            dir.join(format!("node-{id}")),
-            ADMIN_TOKEN.into(),
-        );
-        config.regions = vec!["a".into(), "b".into(), "c".into()];
-        config.standbys = [("a".to_string(), "b".to_string())].into();
-        config.node_id = id;
-        config.raft_listen = member.raft_addr.clone();
-        config.members = members.clone();
-        config.node_credential_file = Some(credential_file.clone());
-        config.psp_url = match member.region.as_str() {
-            "a" => Some(dead_psp.clone()),
-            "b" => Some(psp.to_owned()),
-            _ => None,
-        };
-        let api_addr = listener.local_addr().unwrap();
-        let raft_addr = raft.local_addr().unwrap();
-        let node = Arc::new(Node::open(config, api_addr, raft_addr).await.unwrap());
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(keyhold_server::serve(
-            node.clone(),
-            listener,
-            raft,
-            async move {
-                let _ = stopped.await;
-            },
-        ));
-        nodes.push(TestNode {
-            node,
-            api: format!("http://{api_addr}"),
-            stop: Some(stop),
-            task,
-        });
+        nodes.push(start_node(dir, &members, id, psp, listener, raft).await);
     }
     nodes
+}
+
+/// Starts node `id` of `members` on its listeners, with its data under
+/// `dir/node-<id>`.
+async fn start_node(
+    dir: &Path,
+    members: &[Member],
+    id: u64,
+    psp: &str,
+    listener: tokio::net::TcpListener,
+    raft: tokio::net::TcpListener,
+) -> TestNode {
+    let member = members.iter().find(|m| m.id == id).unwrap().clone();
+    let mut config = Config::new(
+        &member.region,
+        dir.join(format!("node-{id}")),
+        ADMIN_TOKEN.into(),
+    );
+    config.regions = vec!["a".into(), "b".into(), "c".into()];
+    config.standbys = [("a".to_string(), "b".to_string())].into();
+    config.node_id = id;
+    config.raft_listen = member.raft_addr.clone();
+    config.members = members.to_vec();
+    config.node_credential_file = Some(dir.join("node-credential"));
+    config.psp_url = match member.region.as_str() {
+        // Nothing listens there.
+        "a" => Some(format!("http://{}", free_addr())),
+        "b" => Some(psp.to_owned()),
+        _ => None,
+    };
+    let api_addr = listener.local_addr().unwrap();
+    let raft_addr = raft.local_addr().unwrap();
+    let node = Arc::new(Node::open(config, api_addr, raft_addr).await.unwrap());
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(keyhold_server::serve(
+        node.clone(),
+        listener,
+        raft,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    TestNode {
+        node,
+        api: format!("http://{api_addr}"),
+        stop: Some(stop),
+        task,
+    }
+}
+
+/// Starts node `id` again on the addresses it had.
+async fn restart_node(dir: &Path, members: &[Member], id: u64, psp: &str) -> TestNode {
+    let member = members.iter().find(|m| m.id == id).unwrap();
+    let listener = tokio::net::TcpListener::bind(&member.api_addr)
+        .await
+        .unwrap();
+    let raft = tokio::net::TcpListener::bind(&member.raft_addr)
+        .await
+        .unwrap();
+    start_node(dir, members, id, psp, listener, raft).await
 }
 
 fn client() -> reqwest::Client {
@@ -678,6 +704,97 @@ async fn the_driver_completes_a_failover_through_the_import() {
         .unwrap();
     assert!(result.at >= a_applied);
     assert_eq!(result.tenants, vec![TENANT.to_string()]);
+    let (status, replayed, replay) = order_settled(&b_api, &token, "before").await;
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&replay));
+    assert!(replayed);
+    assert_eq!(replay, acknowledged);
+    wait_until("b's copy of a is reset", || async {
+        b.standby_copy("a")
+            .is_some_and(|copy| copy.store.promoted().unwrap().is_none())
+    })
+    .await;
+    drop(b);
+    for node in nodes {
+        node.stop().await;
+    }
+    let _ = psp_stop.send(());
+}
+
+/// b restarts between two imports: its copy stays promoted at the same index
+/// (it does not rejoin a's group), the import answers as before without a
+/// second copy of any event, and once the failover is done the copy is reset;
+/// a copy a reset had set aside when the node stopped is removed at start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_promoted_copy_survives_a_restart_of_its_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let (psp, psp_stop) = provider(dir.path()).await;
+    let mut nodes = start_cluster(dir.path(), &psp, &["a", "b", "c"]).await;
+    for node in &nodes {
+        wait_until("every node ready", || ready(&node.api)).await;
+    }
+    let members = nodes[0].node.config().members.clone();
+    let token = create_tenant(&nodes[0].api).await;
+    let (status, _, acknowledged) = order(&nodes[0].api, &token, "before").await;
+    assert_eq!(status, 201);
+    let a = nodes[0].node.clone();
+    let a_applied = a.store().applied_index().unwrap();
+    let b = nodes[1].node.clone();
+    wait_until("b's copy holds all of a", || async {
+        let copy = b.standby_copy("a").unwrap();
+        copy.store.applied_index().unwrap() >= a_applied
+    })
+    .await;
+    nodes.remove(0).stop().await;
+    drop(a);
+    let b_api = nodes[0].api.clone();
+    wait_until("b ready without a", || ready(&b_api)).await;
+    wait_registry_without_a(&b).await;
+    write(
+        &b,
+        Request::BeginFailover {
+            operation_id: "fo-4".into(),
+            region: "a".into(),
+            to: "b".into(),
+            now_ms: keyhold_server_now(),
+        },
+    )
+    .await;
+    let import_url = format!("{b_api}/internal/v1/failover/a/import?operation_id=fo-4&source=2");
+    let (status, first) = internal(reqwest::Method::POST, import_url.clone()).await;
+    assert_eq!(status, 200, "{first}");
+    let at = first["at"].as_u64().unwrap();
+    let events = outbox_ids(b.store()).await;
+    assert_eq!(events.len(), 1);
+
+    // b stops (with a leftover of an interrupted reset) and starts again.
+    drop(b);
+    nodes.remove(0).stop().await;
+    let aside = dir.path().join("node-2").join("standby-a.reset");
+    std::fs::create_dir_all(aside.join("db")).unwrap();
+    std::fs::write(aside.join("db").join("leftover"), b"x").unwrap();
+    nodes.insert(0, restart_node(dir.path(), &members, 2, &psp).await);
+    let b = nodes[0].node.clone();
+    assert!(!aside.exists(), "the set-aside copy is removed at start");
+    wait_until("b ready again", || ready(&b_api)).await;
+    let copy = b.standby_copy("a").unwrap();
+    assert_eq!(copy.store.promoted().unwrap(), Some(at));
+    assert_eq!(copy.store.last_log_index().unwrap(), at);
+    drop(copy);
+    let (status, again) = internal(reqwest::Method::POST, import_url.clone()).await;
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again, first);
+    assert_eq!(outbox_ids(b.store()).await, events);
+
+    write(
+        &b,
+        Request::CompleteFailover {
+            operation_id: "fo-4".into(),
+            at,
+            estimated_lost: LostEstimate::default(),
+            now_ms: keyhold_server_now(),
+        },
+    )
+    .await;
     let (status, replayed, replay) = order_settled(&b_api, &token, "before").await;
     assert_eq!(status, 201, "{}", String::from_utf8_lossy(&replay));
     assert!(replayed);
