@@ -158,6 +158,16 @@ pub enum Command {
     /// that comes back after a failover still holds what its standby lacked.
     /// Recorded only forward.
     StandbyMatched { index: u64 },
+    /// Stores the report of a failover away from this region (its orphans),
+    /// unless one is stored for that failover already: the first stays, since
+    /// the orphans cannot be read again once the lost tenants' data is being
+    /// erased. Answers the stored report.
+    RecordReconciliation {
+        reconciliation: Box<crate::reconcile::Reconciliation>,
+    },
+    /// The lost tenants' data of the recorded reconciliation `operation_id` is
+    /// erased: it is done. Refused when none is recorded.
+    FinishReconciliation { operation_id: String },
 }
 
 /// The move whose copy a store tracks a tenant's changes for.
@@ -430,6 +440,9 @@ pub enum Rejection {
     /// foreign import).
     #[error("completed order record without a response")]
     RecordWithoutResponse,
+    /// `FinishReconciliation` of a failover whose report is not recorded.
+    #[error("no reconciliation recorded for failover {operation_id}")]
+    UnknownReconciliation { operation_id: String },
 }
 
 /// What applying a command produced; one variant per kind of outcome, plus
@@ -462,4 +475,6 @@ pub enum Applied {
     StandbyMatched {
         index: u64,
     },
+    /// `RecordReconciliation` or `FinishReconciliation`: the stored report.
+    Reconciliation(Box<crate::reconcile::Reconciliation>),
 }

@@ -36,6 +36,7 @@ mod keys;
 pub mod limits;
 mod machine;
 pub mod raft;
+mod reconcile;
 mod stats;
 
 pub use command::{
@@ -46,6 +47,7 @@ pub use command::{
 };
 pub use consumer::Consumer;
 pub use format::STORAGE_FORMAT;
+pub use reconcile::{Orphan, OrphanKind, Reconciliation};
 pub use stats::CommitStats;
 
 use keyhold_core::{Order, Record, Scope, TenantId, UnixMillis};
