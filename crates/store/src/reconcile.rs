@@ -261,6 +261,12 @@ mod tests {
         );
         assert_eq!(claim.created_at, T0.plus_ms(10));
 
+        // The new home answers `duplicate_of` from its marker by client order id.
+        let by_marker = store.order_id_by_marker(&t("t1"), "client-t1-3").await;
+        assert_eq!(by_marker.unwrap().as_deref(), Some("ord_t1_000000000003"));
+        let unknown = store.order_id_by_marker(&t("t1"), "client-t1-9").await;
+        assert_eq!(unknown.unwrap(), None);
+
         // At the last position nothing is an orphan; at 0 every record is.
         let (none, _) = store.orphans(&[t("t1")], applied_index(&store)).unwrap();
         assert!(none.is_empty(), "{none:?}");
