@@ -7,8 +7,8 @@
 //! the suffix the failover lost. A client's retry of one of them creates it again
 //! in b. When a is back, its region leader publishes the report at
 //! `GET /admin/v1/regions/a/reconciliation` (asked through another region's
-//! node): the lost orders as orphans, `duplicate_of` naming b's order for the
-//! retried one; then a's store holds nothing of the tenant, so a planned move
+//! node): the lost orders as orphans, charged (a's payments consumer charged
+//! them before a stopped), `duplicate_of` naming b's order for the retried one; then a's store holds nothing of the tenant, so a planned move
 //! brings the tenant back to a with b's orders and none of the stale ones.
 
 use std::net::SocketAddr;
@@ -58,6 +58,7 @@ fn start_node(
     member: &Member,
     members: &[Member],
     listener: tokio::net::TcpListener,
+    psp_url: &str,
 ) -> TestNode {
     let node_dir = dir.join(format!("node-{}", member.id));
     let mut config = Config::new(&member.region, node_dir.clone(), ADMIN_TOKEN.into());
@@ -68,6 +69,7 @@ fn start_node(
     config.members = members.to_vec();
     config.node_credential_file = Some(dir.join("node-credential"));
     config.start = Start::Create;
+    config.psp_url = Some(psp_url.to_owned());
     let api = format!("http://{}", listener.local_addr().unwrap());
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(keyhold_server::run(config, listener, async move {
@@ -205,6 +207,17 @@ async fn registry_write(
 async fn a_returning_region_lists_its_orphans_erases_them_and_takes_its_tenant_back() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("node-credential"), CREDENTIAL).unwrap();
+    // The payment provider every region's payments consumer charges.
+    let psp_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let psp = format!("http://{}", psp_listener.local_addr().unwrap());
+    let (stop_psp, psp_stopped) = oneshot::channel::<()>();
+    let psp_task = tokio::spawn(keyhold_fakepsp::run(
+        keyhold_fakepsp::PspConfig::new(dir.path().join("psp")),
+        psp_listener,
+        async move {
+            let _ = psp_stopped.await;
+        },
+    ));
     let mut listeners = Vec::new();
     let mut members = Vec::new();
     for (id, region) in (1u64..).zip(["a", "b", "c"]) {
@@ -220,7 +233,7 @@ async fn a_returning_region_lists_its_orphans_erases_them_and_takes_its_tenant_b
     let mut nodes: Vec<TestNode> = members
         .iter()
         .zip(listeners)
-        .map(|(m, l)| start_node(dir.path(), m, &members, l))
+        .map(|(m, l)| start_node(dir.path(), m, &members, l, &psp))
         .collect();
     let (a, b, c) = (
         nodes[0].api.clone(),
@@ -260,6 +273,18 @@ async fn a_returning_region_lists_its_orphans_erases_them_and_takes_its_tenant_b
     let mut lost = Vec::new();
     for i in 0..3 {
         lost.push(order(&a, &token, &format!("after-{i}")).await);
+    }
+    // a's payments consumer charges them before a is lost.
+    for order_id in &lost {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let (_, body) = get_order(&a, &token, order_id).await;
+            if body["status"] == json!("PAID") {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{order_id} not charged: {body}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     // a is lost; the failover to b commits in the registry (b and c are a
@@ -303,7 +328,10 @@ async fn a_returning_region_lists_its_orphans_erases_them_and_takes_its_tenant_b
     let listener = tokio::net::TcpListener::bind(&a_member.api_addr)
         .await
         .unwrap();
-    nodes.insert(0, start_node(dir.path(), &a_member, &members, listener));
+    nodes.insert(
+        0,
+        start_node(dir.path(), &a_member, &members, listener, &psp),
+    );
     let report = admin_get_until(&c, "/admin/v1/regions/a/reconciliation", |r| {
         r["state"] == json!("done")
     })
@@ -319,7 +347,7 @@ async fn a_returning_region_lists_its_orphans_erases_them_and_takes_its_tenant_b
         assert_eq!(orphan["order_id"], json!(lost[i]));
         assert_eq!(orphan["client_order_id"], json!(format!("co-after-{i}")));
         assert!(orphan["created_at"].is_string(), "{orphan}");
-        assert_eq!(orphan["charged"], json!(false));
+        assert_eq!(orphan["charged"], json!(true), "{orphan}");
         let duplicate = if i == 1 { json!(retried) } else { Value::Null };
         assert_eq!(orphan["duplicate_of"], duplicate, "{orphan}");
     }
@@ -380,4 +408,6 @@ async fn a_returning_region_lists_its_orphans_erases_them_and_takes_its_tenant_b
     for node in nodes {
         node.stop().await;
     }
+    let _ = stop_psp.send(());
+    psp_task.await.unwrap().unwrap();
 }
