@@ -11,7 +11,9 @@
 //! 1. fence each lost tenant in r's store under the failover's operation id
 //!    (through the apply loop: from then on nothing of theirs can change here,
 //!    so the orphans read next are final even on a stale registry replica);
-//! 2. read the orphans (`Store::orphans`: records stamped above `at`) and ask
+//! 2. wait until this region's consumers have handled the tenants' outbox
+//!    events (so `charged` is final: a charge in flight when r went down, or
+//!    delivered since it is back, is on the order), then read the orphans (`Store::orphans`: records stamped above `at`) and ask
 //!    the tenant's new home, from its business markers, which orders it holds
 //!    under the orphans' client order ids (`duplicate_of`: a client's retry
 //!    created the order again there);
@@ -129,6 +131,9 @@ async fn reconcile(node: &Node, failover: &Failover) -> Result<(), String> {
             for tenant in &tenants {
                 fence(node, tenant, op).await?;
             }
+            for tenant in &tenants {
+                events_settled(node, tenant).await?;
+            }
             let (mut orphans, omitted) = store
                 .orphans(&tenants, failover.at)
                 .map_err(|e| e.to_string())?;
@@ -193,6 +198,27 @@ async fn fence(node: &Node, tenant: &TenantId, operation_id: &str) -> Result<(),
             tenant.as_str()
         )),
     }
+}
+
+/// Ok once every consumer of this region has handled `tenant`'s newest outbox
+/// event, so the orders' payment results (`charged`) are final; else the pass
+/// is tried again later (a payment provider that is down keeps the report
+/// pending). Nothing new of the tenant's enters the outbox behind the fence.
+async fn events_settled(node: &Node, tenant: &TenantId) -> Result<(), String> {
+    let store = node.store();
+    let head = store
+        .tenant_last_event_seq(tenant)
+        .map_err(|e| e.to_string())?;
+    for consumer in crate::downstream::consumers(node) {
+        let cursor = store.cursor(consumer).await.map_err(|e| e.to_string())?;
+        if cursor < head {
+            return Err(format!(
+                "consumer {consumer} has not handled tenant {}'s events yet ({cursor} < {head})",
+                tenant.as_str()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Fills `duplicate_of` of every orphan order with a client order id, asking

@@ -7,8 +7,10 @@
 //! the suffix the failover lost. A client's retry of one of them creates it again
 //! in b. When a is back, its region leader publishes the report at
 //! `GET /admin/v1/regions/a/reconciliation` (asked through another region's
-//! node): the lost orders as orphans, charged (a's payments consumer charged
-//! them before a stopped), `duplicate_of` naming b's order for the retried one; then a's store holds nothing of the tenant, so a planned move
+//! node): the lost orders as orphans, charged (the payment provider is down
+//! until a has been back a while, and the report waits until a's payments
+//! consumer has charged them), `duplicate_of` naming b's order for the retried
+//! one; then a's store holds nothing of the tenant, so a planned move
 //! brings the tenant back to a with b's orders and none of the stale ones.
 
 use std::net::SocketAddr;
@@ -207,17 +209,11 @@ async fn registry_write(
 async fn a_returning_region_lists_its_orphans_erases_them_and_takes_its_tenant_back() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("node-credential"), CREDENTIAL).unwrap();
-    // The payment provider every region's payments consumer charges.
-    let psp_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let psp = format!("http://{}", psp_listener.local_addr().unwrap());
-    let (stop_psp, psp_stopped) = oneshot::channel::<()>();
-    let psp_task = tokio::spawn(keyhold_fakepsp::run(
-        keyhold_fakepsp::PspConfig::new(dir.path().join("psp")),
-        psp_listener,
-        async move {
-            let _ = psp_stopped.await;
-        },
-    ));
+    // The payment provider every region's payments consumer charges: down
+    // until region a is back and has waited a while, so a charges nothing
+    // before.
+    let psp_addr = free_addr();
+    let psp = format!("http://{psp_addr}");
     let mut listeners = Vec::new();
     let mut members = Vec::new();
     for (id, region) in (1u64..).zip(["a", "b", "c"]) {
@@ -274,21 +270,13 @@ async fn a_returning_region_lists_its_orphans_erases_them_and_takes_its_tenant_b
     for i in 0..3 {
         lost.push(order(&a, &token, &format!("after-{i}")).await);
     }
-    // a's payments consumer charges them before a is lost.
-    for order_id in &lost {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let (_, body) = get_order(&a, &token, order_id).await;
-            if body["status"] == json!("PAID") {
-                break;
-            }
-            assert!(Instant::now() < deadline, "{order_id} not charged: {body}");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
 
     // a is lost; the failover to b commits in the registry (b and c are a
     // majority of its voters).
+    for order_id in &lost {
+        let (_, body) = get_order(&a, &token, order_id).await;
+        assert_eq!(body["status"], json!("CONFIRMED"), "charged early: {body}");
+    }
     let (a_member, _) = nodes.remove(0).stop().await;
     let raft_addrs: Vec<String> = members[1..].iter().map(|m| m.raft_addr.clone()).collect();
     let begin = Request::BeginFailover {
@@ -332,6 +320,21 @@ async fn a_returning_region_lists_its_orphans_erases_them_and_takes_its_tenant_b
         0,
         start_node(dir.path(), &a_member, &members, listener, &psp),
     );
+    // Its payments consumer cannot charge the lost orders yet: the report
+    // waits, as `charged` is not final.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (_, waiting) = admin_get(&c, "/admin/v1/regions/a/reconciliation").await;
+    assert_eq!(waiting["state"], json!("pending"), "{waiting}");
+    assert_eq!(waiting["orphans"], json!([]), "{waiting}");
+    let psp_listener = tokio::net::TcpListener::bind(psp_addr).await.unwrap();
+    let (stop_psp, psp_stopped) = oneshot::channel::<()>();
+    let psp_task = tokio::spawn(keyhold_fakepsp::run(
+        keyhold_fakepsp::PspConfig::new(dir.path().join("psp")),
+        psp_listener,
+        async move {
+            let _ = psp_stopped.await;
+        },
+    ));
     let report = admin_get_until(&c, "/admin/v1/regions/a/reconciliation", |r| {
         r["state"] == json!("done")
     })
