@@ -10,8 +10,10 @@
 //! node): the lost orders as orphans, charged (the payment provider is down
 //! until a has been back a while, and the report waits until a's payments
 //! consumer has charged them), `duplicate_of` naming b's order for the retried
-//! one; then a's store holds nothing of the tenant, so a planned move
-//! brings the tenant back to a with b's orders and none of the stale ones.
+//! one. A move back while the report is pending fails (a refuses to import the
+//! tenant over its stale data); once it is done a's store holds nothing of the
+//! tenant, so a planned move brings the tenant back to a with b's orders and
+//! none of the stale ones.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -166,6 +168,27 @@ async fn get_order(api: &str, token: &str, order_id: &str) -> (u16, Value) {
         .unwrap();
     let status = response.status().as_u16();
     (status, response.json().await.unwrap_or(Value::Null))
+}
+
+/// Moves the tenant to `to` through `api` and returns the operation once it
+/// ended (done or failed).
+async fn move_tenant(api: &str, to: &str) -> Value {
+    let moved = client()
+        .post(format!("{api}/admin/v1/tenants/shop/move"))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({ "to": to }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(moved.status(), 202);
+    let operation = moved.json::<Value>().await.unwrap()["operation_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    admin_get_until(api, &format!("/admin/v1/operations/{operation}"), |op| {
+        op["state"] == json!("done") || op["state"] == json!("failed")
+    })
+    .await
 }
 
 fn now_ms() -> u64 {
@@ -326,6 +349,16 @@ async fn a_returning_region_lists_its_orphans_erases_them_and_takes_its_tenant_b
     let (_, waiting) = admin_get(&c, "/admin/v1/regions/a/reconciliation").await;
     assert_eq!(waiting["state"], json!("pending"), "{waiting}");
     assert_eq!(waiting["orphans"], json!([]), "{waiting}");
+    // A move back now would meet a's stale data: a refuses the import and the
+    // move fails, leaving the tenant in b.
+    let early = move_tenant(&c, "a").await;
+    assert_eq!(early["state"], json!("failed"), "{early}");
+    let error = early["error"].as_str().unwrap_or("");
+    assert!(error.contains("has not reconciled"), "{early}");
+    admin_get_until(&c, "/admin/v1/tenants/shop", |t| {
+        t["home_region"] == json!("b")
+    })
+    .await;
     let psp_listener = tokio::net::TcpListener::bind(psp_addr).await.unwrap();
     let (stop_psp, psp_stopped) = oneshot::channel::<()>();
     let psp_task = tokio::spawn(keyhold_fakepsp::run(
@@ -366,22 +399,7 @@ async fn a_returning_region_lists_its_orphans_erases_them_and_takes_its_tenant_b
 
     // A planned move brings the tenant back to a, whose store kept nothing of
     // it: b's order arrives, the lost ones stay gone.
-    let moved = client()
-        .post(format!("{c}/admin/v1/tenants/shop/move"))
-        .bearer_auth(ADMIN_TOKEN)
-        .json(&json!({"to": "a"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(moved.status(), 202);
-    let operation = moved.json::<Value>().await.unwrap()["operation_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let done = admin_get_until(&c, &format!("/admin/v1/operations/{operation}"), |op| {
-        op["state"] == json!("done") || op["state"] == json!("failed")
-    })
-    .await;
+    let done = move_tenant(&c, "a").await;
     assert_eq!(done["state"], json!("done"), "{done}");
     admin_get_until(&a, "/admin/v1/tenants/shop", |t| {
         t["home_region"] == json!("a")
