@@ -13,7 +13,9 @@
 //!    so the orphans read next are final even on a stale registry replica);
 //! 2. wait until this region's consumers have handled the tenants' outbox
 //!    events (so `charged` is final: a charge in flight when r went down, or
-//!    delivered since it is back, is on the order), then read the orphans (`Store::orphans`: records stamped above `at`) and ask
+//!    delivered since it is back, is on the order), then read the orphans
+//!    (of the zone-survival tenants: a region-survival tenant's suffix was
+//!    never acknowledged) (`Store::orphans`: records stamped above `at`) and ask
 //!    the tenant's new home, from its business markers, which orders it holds
 //!    under the orphans' client order ids (`duplicate_of`: a client's retry
 //!    created the order again there);
@@ -32,7 +34,7 @@
 use crate::limits::{FORWARD_TIMEOUT_MS, RECONCILE_MARKER_IDS_MAX, RECONCILE_RETRY_MS};
 use crate::node::Node;
 use keyhold_core::TenantId;
-use keyhold_registry::NODE_CREDENTIAL_HEADER;
+use keyhold_registry::{Survival, NODE_CREDENTIAL_HEADER};
 use keyhold_store::limits::ERASE_ENTRIES_MAX;
 use keyhold_store::{GuardOutcome, OrphanKind, Reconciliation};
 use serde::{Deserialize, Serialize};
@@ -134,8 +136,19 @@ async fn reconcile(node: &Node, failover: &Failover) -> Result<(), String> {
             for tenant in &tenants {
                 events_settled(node, tenant).await?;
             }
+            // A region-survival tenant's answers wait until its standby holds
+            // the command, so the promoted copy (the best one) holds all it
+            // acknowledged: what this region wrote for it after `at` was never
+            // acknowledged, and is no orphan. Its data is erased all the same.
+            let acknowledged_only_here: Vec<TenantId> = node.registry().read(|state| {
+                tenants
+                    .iter()
+                    .filter(|t| state.survival_of(t.as_str()) != Survival::Region)
+                    .cloned()
+                    .collect()
+            });
             let (mut orphans, omitted) = store
-                .orphans(&tenants, failover.at)
+                .orphans(&acknowledged_only_here, failover.at)
                 .map_err(|e| e.to_string())?;
             find_duplicates(node, &mut orphans).await?;
             let computed = Reconciliation {
