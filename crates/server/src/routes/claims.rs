@@ -143,7 +143,8 @@ pub async fn claim(
             now(),
             node.policy(),
         )
-        .await?;
+        .await?
+        .value;
     match outcome {
         ClaimOutcome::Acquired {
             token,
@@ -258,7 +259,7 @@ pub async fn complete(
     let completed = node
         .store()
         .complete(scope, token, completion, now(), node.policy());
-    match completed.await? {
+    match completed.await?.value {
         CompleteOutcome::Completed { state } | CompleteOutcome::AlreadyCompleted { state } => {
             Ok(json(200, serde_json::json!({ "state": state.as_str() })))
         }
@@ -280,6 +281,7 @@ pub async fn heartbeat(
         .store()
         .heartbeat(scope, token, lease_ms, now())
         .await?
+        .value
     {
         HeartbeatOutcome::Extended { lease_expires_at } => Ok(json(
             200,

@@ -182,7 +182,8 @@ async fn execute(node: &Node, p: &Prepared) -> Result<Response, ApiError> {
     let outcome = node
         .store()
         .create_order(scope, fingerprint, order, at, node.policy())
-        .await?;
+        .await?
+        .value;
     Ok(match outcome {
         OrderOutcome::Created { response } => {
             count("new");
