@@ -29,6 +29,7 @@ mod codec;
 mod config;
 pub mod credential;
 mod error;
+mod failover;
 pub mod limits;
 pub mod network;
 pub mod state;
@@ -49,8 +50,9 @@ pub use crate::credential::{NodeCredentials, NODE_CREDENTIAL_HEADER};
 pub use crate::error::Error;
 pub use crate::network::{group_router, raft_router, HttpNetwork, NodeGroup};
 pub use crate::state::{
-    DriverLease, Operation, OperationKind, OperationState, RegionRecord, RegistryState, Rejection,
-    Request, Response, RetiredToken, TenantRecord, TenantState,
+    DriverLease, FailoverResult, LostEstimate, Operation, OperationKind, OperationState,
+    RegionRecord, RegistryState, Rejection, Request, Response, RetiredToken, Survival,
+    TenantRecord, TenantState,
 };
 pub use crate::types::{NodeId, NodeInfo, RaftMetrics};
 

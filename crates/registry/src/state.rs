@@ -14,6 +14,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::failover::{FailoverResult, LostEstimate, Survival};
 use crate::limits::NAME_BYTES_MAX;
 use crate::types::{NodeId, NodeInfo, StoredMembership};
 
@@ -80,12 +81,16 @@ impl TenantRecord {
     }
 }
 
-/// What an operation does. A single kind today; the enum keeps the wire name in one
-/// place.
+/// What an operation does; the enum keeps the wire name in one place. New kinds
+/// go last: the position is the encoding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum OperationKind {
     #[serde(rename = "tenant-move")]
     TenantMove,
+    /// An unplanned failover of a whole region (`tenant_id` is empty, `from`
+    /// is the failed region). Its result is `RegistryState::failovers[id]`.
+    #[serde(rename = "failover")]
+    Failover,
 }
 
 impl OperationKind {
@@ -93,6 +98,7 @@ impl OperationKind {
     pub fn as_str(self) -> &'static str {
         match self {
             OperationKind::TenantMove => "tenant-move",
+            OperationKind::Failover => "failover",
         }
     }
 }
@@ -159,6 +165,13 @@ pub struct RegistryState {
     pub operations: BTreeMap<String, Operation>,
     /// The driver lease of each move operation that has had a driver.
     pub drivers: BTreeMap<String, DriverLease>,
+    /// Tenants whose survival is not the default `Zone`. Kept beside
+    /// `TenantRecord` (not in it) so that records and log entries written
+    /// before survival existed still decode.
+    pub survival: BTreeMap<String, Survival>,
+    /// The result of each done failover operation, by operation id (beside
+    /// `Operation` for the same reason).
+    pub failovers: BTreeMap<String, FailoverResult>,
 }
 
 /// A change to the registry, replicated through the Raft log. Times are inputs, never
@@ -251,6 +264,39 @@ pub enum Request {
         error: Option<String>,
         now_ms: u64,
     },
+    /// `CreateTenant` with a survival other than the default, in one entry.
+    CreateTenantWith {
+        record: TenantRecord,
+        survival: Survival,
+    },
+    /// Changes a live tenant's survival.
+    SetSurvival {
+        tenant_id: String,
+        survival: Survival,
+    },
+    /// Opens failover `operation_id` of `region` to `to` (running). From then
+    /// on `region` is fenced: none of its nodes may count a registry contact,
+    /// so it stops executing within its lease (see `failover_running_from`).
+    BeginFailover {
+        operation_id: String,
+        region: String,
+        to: String,
+        now_ms: u64,
+    },
+    /// Re-homes every tenant of the failed region in `to` with epoch + 1 (a
+    /// move out of it fails) and finishes the operation with its result.
+    CompleteFailover {
+        operation_id: String,
+        at: u64,
+        estimated_lost: LostEstimate,
+        now_ms: u64,
+    },
+    /// Fails the failover; the region is no longer fenced and keeps its tenants.
+    FailFailover {
+        operation_id: String,
+        error: String,
+        now_ms: u64,
+    },
 }
 
 /// The result of applying one `Request` (or of a blank/membership entry: `Ok`).
@@ -321,6 +367,11 @@ pub enum Rejection {
         operation_id: String,
         generation: u64,
     },
+    #[error("region {region} is failing over (operation {operation_id})")]
+    RegionFailingOver {
+        region: String,
+        operation_id: String,
+    },
 }
 
 impl Response {
@@ -344,11 +395,14 @@ pub(crate) enum StateKey {
     Tenant(String),
     Operation(String),
     Driver(String),
+    Survival(String),
+    Failover(String),
 }
 
 impl Request {
-    /// Keys this request may change, whether or not it is accepted.
-    pub(crate) fn touched_keys(&self) -> Vec<StateKey> {
+    /// Keys this request may change, whether or not it is accepted, given the
+    /// state before it applies.
+    pub(crate) fn touched_keys(&self, state: &RegistryState) -> Vec<StateKey> {
         match self {
             Request::AddRegion { name, .. } => vec![StateKey::Region(name.clone())],
             Request::CreateTenant { record } => vec![StateKey::Tenant(record.tenant_id.clone())],
@@ -392,6 +446,18 @@ impl Request {
                 StateKey::Tenant(tenant_id.clone()),
                 StateKey::Operation(operation_id.clone()),
             ],
+            Request::CreateTenantWith { record, .. } => vec![
+                StateKey::Tenant(record.tenant_id.clone()),
+                StateKey::Survival(record.tenant_id.clone()),
+            ],
+            Request::SetSurvival { tenant_id, .. } => vec![StateKey::Survival(tenant_id.clone())],
+            Request::BeginFailover { operation_id, .. }
+            | Request::FailFailover { operation_id, .. } => {
+                vec![StateKey::Operation(operation_id.clone())]
+            }
+            Request::CompleteFailover { operation_id, .. } => {
+                state.failover_touched_keys(operation_id)
+            }
         }
     }
 
@@ -472,11 +538,34 @@ impl fmt::Display for Request {
                 "FinishMove({tenant_id}, {operation_id}, generation {generation}, {})",
                 if error.is_some() { "abort" } else { "complete" }
             ),
+            Request::CreateTenantWith { record, survival } => write!(
+                f,
+                "CreateTenant({} in {}, survival {})",
+                record.tenant_id,
+                record.home_region,
+                survival.as_str()
+            ),
+            Request::SetSurvival {
+                tenant_id,
+                survival,
+            } => write!(f, "SetSurvival({tenant_id}, {})", survival.as_str()),
+            Request::BeginFailover {
+                operation_id,
+                region,
+                to,
+                ..
+            } => write!(f, "BeginFailover({region} -> {to}, {operation_id})"),
+            Request::CompleteFailover {
+                operation_id, at, ..
+            } => write!(f, "CompleteFailover({operation_id}, at {at})"),
+            Request::FailFailover { operation_id, .. } => {
+                write!(f, "FailFailover({operation_id})")
+            }
         }
     }
 }
 
-fn check_name(what: &str, name: &str) -> Result<(), Rejection> {
+pub(crate) fn check_name(what: &str, name: &str) -> Result<(), Rejection> {
     if name.is_empty() || name.len() > NAME_BYTES_MAX {
         return Err(Rejection::Invalid {
             reason: format!("{what} must be 1 to {NAME_BYTES_MAX} bytes"),
@@ -570,6 +659,30 @@ impl RegistryState {
             } => self
                 .check_driver(operation_id, *generation)
                 .and_then(|_| self.finish_move(tenant_id, operation_id, error.as_ref(), *now_ms)),
+            Request::CreateTenantWith { record, survival } => {
+                self.create_tenant_with(record, *survival)
+            }
+            Request::SetSurvival {
+                tenant_id,
+                survival,
+            } => self.set_survival(tenant_id, *survival),
+            Request::BeginFailover {
+                operation_id,
+                region,
+                to,
+                now_ms,
+            } => self.begin_failover(operation_id, region, to, *now_ms),
+            Request::CompleteFailover {
+                operation_id,
+                at,
+                estimated_lost,
+                now_ms,
+            } => self.complete_failover(operation_id, *at, estimated_lost, *now_ms),
+            Request::FailFailover {
+                operation_id,
+                error,
+                now_ms,
+            } => self.fail_failover(operation_id, error, *now_ms),
         };
         result.unwrap_or_else(Response::rejected)
     }
@@ -593,7 +706,7 @@ impl RegistryState {
         Ok(Response::Ok)
     }
 
-    fn create_tenant(&mut self, record: &TenantRecord) -> Result<Response, Rejection> {
+    pub(crate) fn create_tenant(&mut self, record: &TenantRecord) -> Result<Response, Rejection> {
         check_name("tenant_id", &record.tenant_id)?;
         check_sha256_hex(&record.token_sha256)?;
         if let Some(existing) = self.tenants.get(&record.tenant_id) {
@@ -612,6 +725,7 @@ impl RegistryState {
                 region: record.home_region.clone(),
             });
         }
+        self.check_not_failing_over(&record.home_region)?;
         if !record.is_active() {
             return Err(Rejection::Invalid {
                 reason: "a new tenant must be Active".to_string(),
@@ -625,7 +739,7 @@ impl RegistryState {
     }
 
     /// The live (not deleted) tenant a lifecycle request names.
-    fn live_tenant(&mut self, tenant_id: &str) -> Result<&mut TenantRecord, Rejection> {
+    pub(crate) fn live_tenant(&mut self, tenant_id: &str) -> Result<&mut TenantRecord, Rejection> {
         let tenant = self
             .tenants
             .get_mut(tenant_id)
@@ -784,6 +898,8 @@ impl RegistryState {
                 region: to.to_string(),
             });
         }
+        self.check_not_failing_over(&tenant.home_region)?;
+        self.check_not_failing_over(to)?;
         let operation = Operation {
             operation_id: operation_id.to_string(),
             kind: OperationKind::TenantMove,
@@ -910,7 +1026,7 @@ impl RegistryState {
     }
 
     /// The operation, unless it is unknown or finished.
-    fn running(&self, operation_id: &str) -> Result<&Operation, Rejection> {
+    pub(crate) fn running(&self, operation_id: &str) -> Result<&Operation, Rejection> {
         let operation =
             self.operations
                 .get(operation_id)
@@ -999,12 +1115,13 @@ impl RegistryState {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     const TOKEN: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
 
-    fn tenant(id: &str, home: &str) -> TenantRecord {
+    /// An active tenant of `home` at epoch 1.
+    pub(crate) fn tenant(id: &str, home: &str) -> TenantRecord {
         TenantRecord {
             tenant_id: id.to_string(),
             home_region: home.to_string(),

@@ -34,6 +34,8 @@ const PREFIX_REGION: &str = "region/";
 const PREFIX_TENANT: &str = "tenant/";
 const PREFIX_OPERATION: &str = "operation/";
 const PREFIX_DRIVER: &str = "driver/";
+const PREFIX_SURVIVAL: &str = "survival/";
+const PREFIX_FAILOVER: &str = "failover/";
 const PREFIX_NODE: &[u8] = b"node/";
 const KEY_SNAPSHOT: &[u8] = b"current";
 
@@ -118,6 +120,14 @@ fn stage_key(
             text_key(PREFIX_DRIVER, id),
             state.drivers.get(id).map(codec::encode).transpose()?,
         ),
+        StateKey::Survival(id) => (
+            text_key(PREFIX_SURVIVAL, id),
+            state.survival.get(id).map(codec::encode).transpose()?,
+        ),
+        StateKey::Failover(id) => (
+            text_key(PREFIX_FAILOVER, id),
+            state.failovers.get(id).map(codec::encode).transpose()?,
+        ),
     };
     match value {
         Some(value) => batch.insert(db_key, value),
@@ -140,7 +150,14 @@ fn stage_all(batch: &mut sled::Batch, applied: &Applied) -> Result<(), EncodeErr
                 .keys()
                 .map(|k| StateKey::Operation(k.clone())),
         )
-        .chain(state.drivers.keys().map(|k| StateKey::Driver(k.clone())));
+        .chain(state.drivers.keys().map(|k| StateKey::Driver(k.clone())))
+        .chain(state.survival.keys().map(|k| StateKey::Survival(k.clone())))
+        .chain(
+            state
+                .failovers
+                .keys()
+                .map(|k| StateKey::Failover(k.clone())),
+        );
     for key in keys {
         stage_key(batch, state, &key)?;
     }
@@ -191,6 +208,14 @@ fn load(tree: &sled::Tree) -> Result<Applied, crate::Error> {
             let id = String::from_utf8_lossy(id).into_owned();
             let lease = decode_value(&value).map_err(corrupt)?;
             applied.state.drivers.insert(id, lease);
+        } else if let Some(id) = key.strip_prefix(PREFIX_SURVIVAL.as_bytes()) {
+            let id = String::from_utf8_lossy(id).into_owned();
+            let survival = decode_value(&value).map_err(corrupt)?;
+            applied.state.survival.insert(id, survival);
+        } else if let Some(id) = key.strip_prefix(PREFIX_FAILOVER.as_bytes()) {
+            let id = String::from_utf8_lossy(id).into_owned();
+            let result = decode_value(&value).map_err(corrupt)?;
+            applied.state.failovers.insert(id, result);
         } else {
             return Err(crate::Error::Storage(format!(
                 "unknown state key {}",
@@ -199,6 +224,37 @@ fn load(tree: &sled::Tree) -> Result<Applied, crate::Error> {
         }
     }
     Ok(applied)
+}
+
+/// `RegistryState` as snapshots before survival and failover encoded it (its
+/// first five fields, positionally).
+#[derive(Deserialize)]
+#[cfg_attr(test, derive(Serialize))]
+struct RegistryStateV1 {
+    regions: std::collections::BTreeMap<String, crate::state::RegionRecord>,
+    nodes: std::collections::BTreeMap<crate::types::NodeId, crate::types::NodeInfo>,
+    tenants: std::collections::BTreeMap<String, crate::state::TenantRecord>,
+    operations: std::collections::BTreeMap<String, crate::state::Operation>,
+    drivers: std::collections::BTreeMap<String, crate::state::DriverLease>,
+}
+
+/// A snapshot's state, in today's encoding or in the one before survival and
+/// failover (a node that upgraded sends or keeps such a snapshot).
+fn decode_snapshot_state(data: &[u8]) -> Result<RegistryState, bincode::error::DecodeError> {
+    match codec::decode::<RegistryState>(data) {
+        Ok(state) => Ok(state),
+        Err(current) => match codec::decode::<RegistryStateV1>(data) {
+            Ok(v1) => Ok(RegistryState {
+                regions: v1.regions,
+                nodes: v1.nodes,
+                tenants: v1.tenants,
+                operations: v1.operations,
+                drivers: v1.drivers,
+                ..RegistryState::default()
+            }),
+            Err(_) => Err(current),
+        },
+    }
 }
 
 impl StateMachineStore {
@@ -334,7 +390,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 let response = match entry.payload {
                     EntryPayload::Blank => Response::Ok,
                     EntryPayload::Normal(request) => {
-                        touched.extend(request.touched_keys());
+                        touched.extend(request.touched_keys(&applied.state));
                         applied.state.apply(&request)
                     }
                     EntryPayload::Membership(membership) => {
@@ -383,7 +439,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     ) -> Result<(), StorageError> {
         let signature = Some(meta.signature());
         let data = snapshot.into_inner();
-        let mut state: RegistryState = codec::decode(&data)
+        let mut state = decode_snapshot_state(&data)
             .map_err(|e| StorageIOError::read_snapshot(signature.clone(), &e))?;
         // The membership in the meta is authoritative for the node table.
         state.set_membership(&meta.last_membership);
@@ -435,5 +491,35 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             meta: stored.meta,
             snapshot: Box::new(Cursor::new(stored.data)),
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_snapshot_from_before_survival_and_failover_still_installs() {
+        let mut state = RegistryState::default();
+        state.apply(&crate::state::Request::AddRegion {
+            name: "a".into(),
+            now_ms: 1,
+        });
+        let v1 = RegistryStateV1 {
+            regions: state.regions.clone(),
+            nodes: Default::default(),
+            tenants: Default::default(),
+            operations: Default::default(),
+            drivers: Default::default(),
+        };
+        let old = codec::encode(&v1).expect("encodes");
+        assert_eq!(decode_snapshot_state(&old).expect("decodes"), state);
+        let current = codec::encode(&state).expect("encodes");
+        assert_ne!(
+            old, current,
+            "the encodings differ, so the fallback is exercised"
+        );
+        assert_eq!(decode_snapshot_state(&current).expect("decodes"), state);
+        assert!(decode_snapshot_state(&[7, 7, 7]).is_err());
     }
 }
