@@ -24,6 +24,7 @@ mod node;
 mod problem;
 mod routes;
 mod standby;
+mod survival;
 mod sweeper;
 pub mod tenants;
 
