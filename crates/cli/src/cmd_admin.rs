@@ -1,13 +1,13 @@
-//! `keyhold tenant create|show|move|rotate-token|set-limits|delete` and
-//! `keyhold cluster status`: the admin API
+//! `keyhold tenant create|show|move|rotate-token|set-limits|delete`,
+//! `keyhold region failover` and `keyhold cluster status`: the admin API
 //! from the command line. Any node answers (admin calls act through the
-//! registry); a move is followed to its end with a progress bar.
+//! registry); a move or a failover is followed to its end with a progress bar.
 
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
 use std::time::Duration;
 
-/// How often a move's operation is polled, and for how long at most.
+/// How often a move's or failover's operation is polled, and for how long at most.
 const MOVE_POLL_MS: u64 = 200;
 const MOVE_WAIT_S_MAX: u64 = 3_600;
 
@@ -134,6 +134,30 @@ impl Admin {
         let (_, started) = self
             .call(self.http.post(url).json(&json!({"to": to})))
             .await?;
+        self.follow(&started, format!("{id} -> {to}")).await
+    }
+
+    /// Fails `region` over (to its standby unless `to` names it) and follows
+    /// the operation until done or failed; prints the result (the copy's
+    /// position and the estimated loss).
+    pub async fn fail_over(
+        &self,
+        region: &str,
+        to: Option<&str>,
+        force: bool,
+    ) -> anyhow::Result<()> {
+        let url = format!("{}/admin/v1/regions/{region}/failover", self.base);
+        let mut body = json!({ "force": force });
+        if let Some(to) = to {
+            body["to"] = json!(to);
+        }
+        let (_, started) = self.call(self.http.post(url).json(&body)).await?;
+        self.follow(&started, format!("{region} failover")).await
+    }
+
+    /// Polls the operation `started` names, with a progress bar, until it is
+    /// done (printed) or failed (an error).
+    async fn follow(&self, started: &Value, label: String) -> anyhow::Result<()> {
         let op = started["operation_id"]
             .as_str()
             .context("the answer names no operation")?
@@ -144,7 +168,7 @@ impl Admin {
                 .expect("valid template")
                 .progress_chars("=> "),
         );
-        bar.set_message(format!("{id} -> {to}"));
+        bar.set_message(label);
         let url = format!("{}/admin/v1/operations/{op}", self.base);
         let deadline = std::time::Instant::now() + Duration::from_secs(MOVE_WAIT_S_MAX);
         loop {
@@ -160,7 +184,7 @@ impl Admin {
                 Some("failed") => {
                     bar.abandon_with_message("failed");
                     bail!(
-                        "move failed: {}",
+                        "operation {op} failed: {}",
                         status["error"].as_str().unwrap_or("no reason given")
                     );
                 }

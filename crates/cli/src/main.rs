@@ -3,6 +3,7 @@
 
 mod cmd_admin;
 mod cmd_chaos;
+mod cmd_drill;
 mod cmd_fingerprint;
 
 use anyhow::Context;
@@ -76,10 +77,21 @@ enum Command {
     /// Seeded chaos runs: local clusters, client traffic and faults from one
     /// seed each, judged by the history checker.
     Chaos(cmd_chaos::ChaosArgs),
+    /// A region failover drill on a cluster started by `keyhold up`: steady
+    /// traffic, the fault, the failover, the return, the reconciliation, and
+    /// a report; fails on any unlisted loss or duplicate.
+    Drill(cmd_drill::DrillArgs),
     /// Tenant administration through any node's admin API.
     Tenant {
         #[command(subcommand)]
         action: TenantAction,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Whole-region administration: an unplanned failover.
+    Region {
+        #[command(subcommand)]
+        action: RegionAction,
         #[command(flatten)]
         admin: AdminArgs,
     },
@@ -251,6 +263,23 @@ enum TenantAction {
 }
 
 #[derive(Subcommand)]
+enum RegionAction {
+    /// Fail a lost region over to its standby (or --to, which must hold a
+    /// copy): its tenants move there with what the copy held, and the loss is
+    /// estimated. Refused while the region is healthy unless --force.
+    Failover {
+        #[arg(long)]
+        region: String,
+        #[arg(long)]
+        to: Option<String>,
+        /// Fail over a region that still answers (a drill, or a region that
+        /// is up but must be given up).
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+#[derive(Subcommand)]
 enum ClusterAction {
     /// Print the cluster view of the node at --url.
     Status,
@@ -336,12 +365,19 @@ fn main() -> ExitCode {
             }
             TenantAction::Delete { id } => a.delete_tenant(&id).await,
         }),
+        Command::Region {
+            action: RegionAction::Failover { region, to, force },
+            admin,
+        } => admin_call(admin, async move |a| {
+            a.fail_over(&region, to.as_deref(), force).await
+        }),
         Command::Cluster {
             action: ClusterAction::Status,
             admin,
         } => admin_call(admin, async move |a| a.cluster_status().await),
         Command::Loadgen(args) => loadgen(args),
         Command::Chaos(args) => cmd_chaos::run(args),
+        Command::Drill(args) => cmd_drill::run(args),
         Command::Up(args) => up(args, log),
         Command::Fakepsp {
             listen,

@@ -11,6 +11,14 @@
 //! contact is and counts its contact from the moment it sent that question,
 //! minus that age. A leader cut off from its quorum confirms nothing, and a node
 //! that cannot reach any leader learns nothing: both leases expire.
+//!
+//! Two more rules make a failover safe. A region being failed over is fenced:
+//! the leader refuses its nodes' probes and a leader in it counts no contact
+//! of its own, so it stops within one lease of the fence's commit, which is
+//! what the failover waits out. And a contact counts only once this node's
+//! registry replica has applied what the leader had applied when it answered:
+//! a region coming back from isolation must not execute on a replica that
+//! has not seen its tenants re-homed.
 
 use crate::limits::{REGION_LEASE_MS, REGISTRY_CONTACT_PROBE_MS, REGISTRY_CONTACT_TIMEOUT_MS};
 use crate::node::Node;
@@ -77,15 +85,44 @@ impl Lease {
 pub struct QuorumAge {
     /// Milliseconds since a quorum of the registry last confirmed the leader.
     pub millis_since_quorum_ack: u64,
+    /// The leader's applied registry index when it answered: the asker counts
+    /// the contact once its own replica has applied it. (Absent from leaders
+    /// of before failover: 0, no wait.)
+    #[serde(default)]
+    pub registry_index: u64,
 }
 
-/// The age of this node's own contact, when it leads the registry and has one.
-pub fn quorum_age(node: &Node) -> Option<QuorumAge> {
+/// Why the registry leader gives no contact to a prober.
+#[derive(Debug, PartialEq, Eq)]
+pub enum NoContact {
+    /// This node does not lead the registry (or has no contact itself).
+    NotLeader,
+    /// The prober's region is being failed over: it must stop executing.
+    Fenced { operation_id: String },
+}
+
+/// On the registry leader: the age of its own contact, for a prober of
+/// `region` (when the prober named it).
+pub fn quorum_age(node: &Node, region: Option<&str>) -> Result<QuorumAge, NoContact> {
     if !leads_registry(node) {
-        return None;
+        return Err(NoContact::NotLeader);
     }
-    node.lease().age().map(|age| QuorumAge {
+    if let Some(operation_id) = region.and_then(|r| fenced(node, r)) {
+        return Err(NoContact::Fenced { operation_id });
+    }
+    let age = node.lease().age().ok_or(NoContact::NotLeader)?;
+    Ok(QuorumAge {
         millis_since_quorum_ack: u64::try_from(age.as_millis()).unwrap_or(u64::MAX),
+        registry_index: node.registry().applied_index(),
+    })
+}
+
+/// The running failover that fences `region`, by this node's replica.
+fn fenced(node: &Node, region: &str) -> Option<String> {
+    node.registry().read(|state| {
+        state
+            .failover_running_from(region)
+            .map(|op| op.operation_id.clone())
     })
 }
 
@@ -111,6 +148,9 @@ pub async fn run(node: Arc<Node>, stop: watch::Receiver<bool>) {
 async fn probe(node: &Node) -> Option<Instant> {
     let sent = Instant::now();
     let wait = Duration::from_millis(REGISTRY_CONTACT_TIMEOUT_MS);
+    if fenced(node, node.region()).is_some() {
+        return None;
+    }
     if leads_registry(node) {
         let confirmed = tokio::time::timeout(wait, node.registry().raft().ensure_linearizable());
         return matches!(confirmed.await, Ok(Ok(_))).then_some(sent);
@@ -120,8 +160,9 @@ async fn probe(node: &Node) -> Option<Instant> {
     let answer = node
         .http()
         .get(format!(
-            "http://{}/internal/v1/registry/quorum-age",
-            info.api_addr
+            "http://{}/internal/v1/registry/quorum-age?region={}",
+            info.api_addr,
+            node.region()
         ))
         .header(NODE_CREDENTIAL_HEADER, node.credentials().current())
         .timeout(wait)
@@ -132,5 +173,15 @@ async fn probe(node: &Node) -> Option<Instant> {
         return None;
     }
     let age: QuorumAge = answer.json().await.ok()?;
+    // Counted only with a replica at least as new as the leader's answer, and
+    // only if that replica does not show this region fenced by then.
+    let left = wait.saturating_sub(sent.elapsed());
+    node.registry()
+        .wait_applied(age.registry_index, left)
+        .await
+        .ok()?;
+    if fenced(node, node.region()).is_some() {
+        return None;
+    }
     sent.checked_sub(Duration::from_millis(age.millis_since_quorum_ack))
 }

@@ -14,6 +14,7 @@ pub mod config;
 mod demo;
 mod downstream;
 mod erase;
+mod failover;
 mod http;
 mod inflight;
 mod lease;
@@ -143,6 +144,7 @@ pub async fn serve(
     let standby = tokio::spawn(standby::run(node.clone(), stop_rx.clone()));
     let purge = tokio::spawn(standby::purge_behind_standby(node.clone(), stop_rx.clone()));
     let move_watch = tokio::spawn(mover::resume_stalled(node.clone(), stop_rx.clone()));
+    let failovers = tokio::spawn(failover::run(node.clone(), stop_rx.clone()));
     let sweeper = tokio::spawn(sweeper::run(node.clone(), stop_rx.clone()));
     let eraser = tokio::spawn(erase::run(node.clone(), stop_rx.clone()));
     let relays: Vec<_> = downstream::consumers(&node)
@@ -176,6 +178,7 @@ pub async fn serve(
     let _ = standby.await;
     let _ = purge.await;
     let _ = move_watch.await;
+    let _ = failovers.await;
     for relay in relays {
         let _ = relay.await;
     }

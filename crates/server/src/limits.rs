@@ -143,6 +143,24 @@ const _: () = assert!(
     keyhold_registry::limits::ELECTION_TIMEOUT_MAX_MS_DEFAULT + REGISTRY_CONTACT_TIMEOUT_MS
         < REGION_LEASE_MS
 );
+/// How often the failover driver looks for running failovers to its region.
+pub const FAILOVER_CHECK_MS: u64 = 500;
+/// Waited beyond the failed region's lease before a failover reads a copy:
+/// covers the moment between the registry leader's commit of the fence and its
+/// apply, and clocks that run at slightly different rates.
+pub const FAILOVER_LEASE_MARGIN_MS: u64 = 1_000;
+/// How long one node may take to say where its copy stands.
+pub const FAILOVER_COPY_TIMEOUT_MS: u64 = 2_000;
+/// How long the promotion and import of a copy may take (it is proportional
+/// to the failed region's data).
+pub const FAILOVER_IMPORT_TIMEOUT_MS: u64 = 600_000;
+/// Attempts of a failover before the driver fails it (each a whole run, one
+/// `FAILOVER_CHECK_MS` apart at least).
+pub const FAILOVER_DRIVE_ATTEMPTS_MAX: u32 = 20;
+/// How long the admin route waits for a node of the region to fail over to say
+/// it is ready (a ready region is healthy: refused unless forced).
+pub const FAILOVER_HEALTH_PROBE_MS: u64 = 1_000;
+const _: () = assert!(FAILOVER_HEALTH_PROBE_MS < REGION_LEASE_MS);
 /// How often a region's leader adds its standby region's nodes as learners
 /// (new ones, or after a change of leader) and samples the standby's lag.
 pub const STANDBY_CHECK_MS: u64 = 1_000;

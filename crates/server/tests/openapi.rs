@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 /// The router of `src/routes/mod.rs`, written out by hand. Update it together with
 /// the router, docs/openapi.json and docs/api.md.
-const ROUTES: [(&str, &str); 26] = [
+const ROUTES: [(&str, &str); 27] = [
     ("POST", "/v1/orders"),
     ("GET", "/v1/orders"),
     ("GET", "/v1/orders/{order_id}"),
@@ -31,6 +31,7 @@ const ROUTES: [(&str, &str); 26] = [
     ("GET", "/admin/v1/cluster"),
     ("POST", "/admin/v1/outbox/replay"),
     ("GET", "/admin/v1/inventory/reservations"),
+    ("POST", "/admin/v1/regions/{region}/failover"),
     ("POST", "/admin/v1/nodes"),
     ("POST", "/admin/v1/nodes/{node_id}/remove"),
     ("GET", "/healthz"),

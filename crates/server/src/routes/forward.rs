@@ -43,13 +43,33 @@ async fn run_local(node: &Node, tenant: &Tenant, request: Request, next: Next) -
     // lease: a failover may already be giving its tenants to another region.
     let wait = Duration::from_millis(crate::limits::REGION_LEASE_RENEWAL_WAIT_MS);
     if !node.lease().holds_within(wait).await {
-        metrics::counter!("keyhold_lease_refused_total").increment(1);
-        return ApiError::new(Problem::OwnerUnreachable)
-            .detail("this region has lost contact with the registry's majority")
+        return lease_lost();
+    }
+    // The placement was made before the lease check, which may have waited
+    // for a renewal that brought the replica up to date (a region back from
+    // isolation learning that a failover re-homed the tenant): place again.
+    let current = node.registry().tenant(tenant.id().as_str());
+    let still_here = current.as_ref().is_some_and(|record| {
+        record.home_region == node.region() && record.epoch == tenant.record.epoch
+    });
+    if !still_here {
+        return ApiError::new(Problem::TenantMoving)
+            .detail("the tenant's home changed while this request waited")
             .into_response();
     }
     match node.ensure_owned(tenant.id(), tenant.record.epoch).await {
-        Ok(true) => next.run(request).await,
+        Ok(true) => {
+            let response = next.run(request).await;
+            // An answer is given only inside the lease: a failover waits the
+            // lease out before it commits, so nothing this region executed is
+            // acknowledged after the failover is done. The command may have
+            // taken effect; the client's retry finds it, or the region's
+            // reconciliation lists it.
+            if !node.lease().holds() {
+                return lease_lost();
+            }
+            response
+        }
         Ok(false) if !tenant.record.is_active() => ApiError::new(Problem::TenantMoving)
             .detail("the tenant's move is switching it to its new home")
             .into_response(),
@@ -58,6 +78,14 @@ async fn run_local(node: &Node, tenant: &Tenant, request: Request, next: Next) -
             .into_response(),
         Err(e) => ApiError::from(e).into_response(),
     }
+}
+
+/// 503 `owner-unreachable`: this region's lease has lapsed.
+fn lease_lost() -> Response {
+    metrics::counter!("keyhold_lease_refused_total").increment(1);
+    ApiError::new(Problem::OwnerUnreachable)
+        .detail("this region has lost contact with the registry's majority")
+        .into_response()
 }
 
 /// Executes in this region: here when this node leads the region's store, else

@@ -44,12 +44,26 @@ pub const NEXT_CURSOR: HeaderName = HeaderName::from_static("keyhold-next-cursor
 /// a tenant for a move: the one way tests lose the old home mid-move.
 const FAULT_ABORT_AFTER_FENCE: &str = "KEYHOLD_FAULT_ABORT_AFTER_FENCE";
 
-/// `GET /internal/v1/registry/quorum-age`: on the registry's leader, how long ago
-/// a quorum last acknowledged it; elsewhere 503 with `Keyhold-Not-Leader`.
-async fn quorum_age(State(node): State<Arc<Node>>) -> Response {
-    match crate::lease::quorum_age(&node) {
-        Some(age) => json_response(200, serde_json::to_vec(&age).expect("json")),
-        None => super::leader::not_leader(),
+#[derive(Deserialize)]
+struct ProberQuery {
+    /// The prober's region.
+    #[serde(default)]
+    region: Option<String>,
+}
+
+/// `GET /internal/v1/registry/quorum-age?region=R`: on the registry's leader,
+/// how long ago a quorum last acknowledged it; elsewhere 503 with
+/// `Keyhold-Not-Leader`; 409 `conflict` while R is fenced by a failover.
+async fn quorum_age(State(node): State<Arc<Node>>, Query(q): Query<ProberQuery>) -> Response {
+    use crate::lease::NoContact;
+    match crate::lease::quorum_age(&node, q.region.as_deref()) {
+        Ok(age) => json_response(200, serde_json::to_vec(&age).expect("json")),
+        Err(NoContact::NotLeader) => super::leader::not_leader(),
+        Err(NoContact::Fenced { operation_id }) => ApiError::new(Problem::Conflict)
+            .detail(format!(
+                "this region is being failed over (operation {operation_id})"
+            ))
+            .into_response(),
     }
 }
 

@@ -12,6 +12,7 @@ mod members;
 mod meta;
 mod moves;
 mod orders;
+mod regions;
 
 pub(crate) use internal::Pass;
 
@@ -78,6 +79,10 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/admin/v1/cluster", get(admin::cluster))
         .route("/admin/v1/outbox/replay", post(admin::replay_outbox))
         .route("/admin/v1/inventory/reservations", get(admin::reservations))
+        .route(
+            "/admin/v1/regions/{region}/failover",
+            post(regions::start_failover),
+        )
         .route("/admin/v1/nodes", post(members::add_node))
         .route(
             "/admin/v1/nodes/{node_id}/remove",

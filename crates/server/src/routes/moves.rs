@@ -13,13 +13,17 @@ use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::Response;
 use keyhold_core::{Problem, UnixMillis};
-use keyhold_registry::{Operation, Rejection, Request, Response as RegistryResponse};
+use keyhold_registry::{
+    FailoverResult, Operation, OperationKind, Rejection, Request, Response as RegistryResponse,
+};
 use serde::Deserialize;
 use std::sync::Arc;
 use std::time::Duration;
 
-fn operation_json(op: &Operation) -> serde_json::Value {
-    serde_json::json!({
+/// An operation as the admin API shows it; a done failover carries its
+/// `result` (contract section 10), a move names its tenant.
+fn operation_json(op: &Operation, failover: Option<&FailoverResult>) -> serde_json::Value {
+    let mut json = serde_json::json!({
         "operation_id": op.operation_id,
         "kind": op.kind.as_str(),
         "state": op.state.as_str(),
@@ -29,7 +33,30 @@ fn operation_json(op: &Operation) -> serde_json::Value {
         "from": op.from,
         "to": op.to,
         "updated_at": UnixMillis(op.updated_at_ms).to_rfc3339(),
-    })
+    });
+    if op.kind == OperationKind::Failover {
+        json["tenant_id"] = serde_json::Value::Null;
+        json["result"] = match failover {
+            Some(result) => serde_json::json!({
+                "from": op.from,
+                "to": op.to,
+                "at": result.at,
+                "estimated_lost": {
+                    "commands": result.estimated_lost.commands,
+                    "seconds": result.estimated_lost.seconds,
+                },
+                "tenants": result.tenants.len(),
+            }),
+            None => serde_json::Value::Null,
+        };
+    }
+    json
+}
+
+/// `operation_json` of `op`, with its failover result from this replica.
+fn operation_view(node: &Node, op: &Operation) -> serde_json::Value {
+    node.registry()
+        .read(|s| operation_json(op, s.failover_result(&op.operation_id)))
 }
 
 #[derive(Deserialize)]
@@ -91,18 +118,22 @@ pub async fn start_move(
         begin_index: written.log_index,
     };
     node.drivers.start(node.clone(), job);
-    // The entry is applied on the leader; wait for this replica too, so that the
-    // Location below answers at once on this node (as tenant creation does). The
-    // move is under way either way, so a slow replica does not fail the request.
+    Ok(accepted(&node, written.log_index, &operation_id).await)
+}
+
+/// 202 `{"operation_id"}` with its `Location`, once this replica applied the
+/// entry at `log_index` that opened the operation (or waited
+/// `REGISTRY_READ_WAIT_MS` for it). The entry is applied on the leader; waiting
+/// for this replica too makes the Location answer at once on this node (as
+/// tenant creation does). The operation is under way either way, so a slow
+/// replica does not fail the request.
+pub async fn accepted(node: &Node, log_index: u64, operation_id: &str) -> Response {
     let applied = node
         .registry()
-        .wait_applied(
-            written.log_index,
-            Duration::from_millis(REGISTRY_READ_WAIT_MS),
-        )
+        .wait_applied(log_index, Duration::from_millis(REGISTRY_READ_WAIT_MS))
         .await;
     if let Err(e) = applied {
-        tracing::warn!(operation_id, error = %e, "move started; this replica lags behind");
+        tracing::warn!(operation_id, error = %e, "operation started; this replica lags behind");
     }
     let mut response = json_response(
         202,
@@ -112,7 +143,7 @@ pub async fn start_move(
         header::LOCATION,
         HeaderValue::from_str(&format!("/admin/v1/operations/{operation_id}")).expect("safe id"),
     );
-    Ok(response)
+    response
 }
 
 /// `GET /admin/v1/operations/{id}`.
@@ -127,7 +158,7 @@ pub async fn get_operation(
     let op = op.ok_or_else(|| ApiError::new(Problem::NotFound))?;
     Ok(json_response(
         200,
-        serde_json::to_vec(&operation_json(&op)).expect("json"),
+        serde_json::to_vec(&operation_view(&node, &op)).expect("json"),
     ))
 }
 
@@ -140,7 +171,11 @@ pub async fn list_operations(State(node): State<Arc<Node>>) -> Result<Response, 
         .read(|s| s.operations.values().cloned().collect());
     ops.sort_by_key(|op| std::cmp::Reverse(op.updated_at_ms));
     let max = crate::limits::ADMIN_LIST_ITEMS_MAX;
-    let data: Vec<serde_json::Value> = ops.iter().take(max).map(operation_json).collect();
+    let data: Vec<serde_json::Value> = ops
+        .iter()
+        .take(max)
+        .map(|op| operation_view(&node, op))
+        .collect();
     let body = serde_json::json!({ "data": data, "truncated": ops.len() > max });
     Ok(json_response(200, serde_json::to_vec(&body).expect("json")))
 }

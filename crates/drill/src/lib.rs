@@ -1,0 +1,453 @@
+//! `keyhold drill`: a region failover drill on a cluster started by `keyhold
+//! up` (contract section 10, "Drill"). Steady order traffic for the drilled
+//! region's tenants enters through every region (`traffic.rs`); then the
+//! fault (every node of the region killed, or the region isolated, through
+//! `up`'s control API), the failover to the region's standby through the
+//! admin API, the return (nodes started again, or the isolation healed), and
+//! the region's reconciliation. The report (`report.rs`) measures what a
+//! person running the drill needs: time to detect, the window of failed
+//! requests, the estimated loss against what the drill's own client saw
+//! acknowledged and then missing, duplicates, orphans, charges per order, the
+//! lag before the fault. It passes only if every acknowledged order is either
+//! present in its new home or listed as an orphan, and every duplicate is
+//! listed.
+//!
+//! The drill judges from its own client's record and the cluster's final
+//! state; it never trusts the failover's estimate for the verdict.
+
+pub mod cluster;
+pub mod limits;
+pub mod report;
+pub mod traffic;
+
+use cluster::{Calls, ClusterFile};
+use limits::*;
+use report::{Charges, Report, Timings};
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use traffic::Traffic;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("invalid drill: {0}")]
+    Invalid(String),
+    #[error("http: {0}")]
+    Http(#[from] reqwest::Error),
+    #[error("cluster: {0}")]
+    Cluster(String),
+    #[error("timed out: {0}")]
+    Timeout(String),
+}
+
+/// The fault a drill injects into the region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Fault {
+    /// SIGKILL every node of the region; the return starts them again.
+    Kill,
+    /// Cut the region off from every other (the registry included); the
+    /// return heals it.
+    Isolate,
+}
+
+impl Fault {
+    pub fn parse(name: &str) -> Result<Fault, Error> {
+        match name {
+            "kill" => Ok(Fault::Kill),
+            "isolate" => Ok(Fault::Isolate),
+            other => Err(Error::Invalid(format!(
+                "--fault must be kill or isolate, not {other:?}"
+            ))),
+        }
+    }
+}
+
+/// One drill.
+#[derive(Debug, Clone)]
+pub struct Drill {
+    pub cluster_file: PathBuf,
+    pub region: String,
+    pub fault: Fault,
+    /// Orders per second over all regions.
+    pub rate: f64,
+    /// Steady traffic before the fault.
+    pub duration: Duration,
+    /// Print a progress line on stderr.
+    pub progress: bool,
+}
+
+/// Runs the drill; the report says whether it passed.
+pub async fn run(drill: Drill) -> Result<Report, Error> {
+    if !(drill.rate > 0.0 && drill.rate <= RATE_MAX) {
+        return Err(Error::Invalid(format!(
+            "--rate must be above 0 and at most {RATE_MAX}"
+        )));
+    }
+    if drill.duration.as_millis() > u128::from(DURATION_MS_MAX) {
+        return Err(Error::Invalid(format!(
+            "--duration must be at most {} s",
+            DURATION_MS_MAX / 1000
+        )));
+    }
+    let file = ClusterFile::read(&drill.cluster_file)?;
+    let region = drill.region.clone();
+    if file.region_url(&region).is_none() {
+        return Err(Error::Invalid(format!(
+            "the cluster has no region {region}"
+        )));
+    }
+    let tenants: Vec<_> = file
+        .tenants
+        .iter()
+        .filter(|t| t.home_region == region)
+        .cloned()
+        .collect();
+    if tenants.is_empty() {
+        return Err(Error::Invalid(format!(
+            "cluster.json lists no tenant homed in {region}"
+        )));
+    }
+    let calls = Calls::new(file)?;
+    let progress = Progress::new(drill.progress);
+    // A node of another region to talk to while the drilled one is down.
+    let other = calls
+        .file
+        .regions
+        .iter()
+        .find(|r| r.name != region)
+        .ok_or_else(|| Error::Invalid("a drill needs at least two regions".into()))?
+        .api_url
+        .clone();
+    let lag_before = standby_lag(&calls, &other, &region).await;
+
+    let mut traffic = Traffic::start(&calls, tenants, drill.rate);
+    progress.phase("steady traffic", &traffic);
+    sleep_with(&progress, &traffic, drill.duration).await;
+
+    let lag_at_fault = standby_lag(&calls, &other, &region).await.or(lag_before);
+    progress.phase(&format!("fault: {:?}", drill.fault), &traffic);
+    let fault_at = Instant::now();
+    inject(&calls, &region, drill.fault).await?;
+
+    progress.phase("failover", &traffic);
+    let operation_id = request_failover(&calls, &other, &region).await?;
+    let failover_requested_at = Instant::now();
+    let done = wait_done(&calls, &other, &operation_id, &progress, &traffic).await?;
+    let done_at = Instant::now();
+    sleep_with(&progress, &traffic, Duration::from_millis(AFTER_DONE_MS)).await;
+
+    progress.phase("return", &traffic);
+    heal(&calls, &region, drill.fault).await?;
+    progress.phase("reconciliation", &traffic);
+    let reconciliation =
+        wait_reconciled(&calls, &other, &region, &operation_id, &progress, &traffic).await?;
+
+    progress.phase("draining", &traffic);
+    traffic.stop_new().await;
+    let drain_until = Instant::now() + Duration::from_millis(DRAIN_WAIT_MS);
+    while traffic.pending.load(std::sync::atomic::Ordering::Relaxed) > 0
+        && Instant::now() < drain_until
+    {
+        tokio::time::sleep(Duration::from_millis(POLL_MS)).await;
+    }
+    traffic.stop();
+
+    progress.phase("verifying", &traffic);
+    let acked = traffic.with_record(|r| r.acked.clone());
+    let timings =
+        traffic.with_record(|r| Timings::measure(r, fault_at, failover_requested_at, done_at));
+    let orphans = reconciliation["orphans"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let verdicts = verify(&calls, &other, &acked, &orphans).await?;
+    let charges = settle_charges(&calls, &verdicts.present).await?;
+    progress.finish();
+    Ok(Report::new(report::Inputs {
+        region,
+        to: done["result"]["to"].as_str().unwrap_or("").to_owned(),
+        fault: drill.fault,
+        operation_id,
+        failover: done,
+        lag_before_fault: lag_at_fault,
+        timings,
+        sent: traffic.sent.load(std::sync::atomic::Ordering::Relaxed),
+        unanswered: traffic.pending.load(std::sync::atomic::Ordering::Relaxed),
+        acked: acked.len() as u64,
+        acked_after_done_in_region: acked
+            .iter()
+            .filter(|a| a.at > done_at && a.executed_in == drill.region)
+            .count() as u64,
+        verdicts,
+        orphans,
+        charges,
+    }))
+}
+
+/// The drilled region's standby lag from the cluster view, as
+/// `{"commands", "seconds"}`.
+async fn standby_lag(calls: &Calls, via: &str, region: &str) -> Option<Value> {
+    let view = calls.admin_get(via, "/admin/v1/cluster").await.ok()?.body;
+    let entry = view["regions"]
+        .as_array()?
+        .iter()
+        .find(|r| r["name"] == region)?
+        .clone();
+    Some(entry["replication_lag"].clone())
+}
+
+async fn inject(calls: &Calls, region: &str, fault: Fault) -> Result<(), Error> {
+    match fault {
+        Fault::Isolate => {
+            calls
+                .control(&format!("/v1/regions/{region}/isolate"))
+                .await
+        }
+        Fault::Kill => {
+            for node in calls.file.nodes.iter().filter(|n| n.region == region) {
+                calls
+                    .control(&format!("/v1/nodes/{}/kill", node.node_id))
+                    .await?;
+            }
+            Ok(())
+        }
+    }
+}
+
+async fn heal(calls: &Calls, region: &str, fault: Fault) -> Result<(), Error> {
+    match fault {
+        Fault::Isolate => calls.control(&format!("/v1/regions/{region}/heal")).await,
+        Fault::Kill => {
+            for node in calls.file.nodes.iter().filter(|n| n.region == region) {
+                calls
+                    .control(&format!("/v1/nodes/{}/start", node.node_id))
+                    .await?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Asks for the failover until it is accepted: right after the fault, the
+/// region may still look healthy (409) for a moment.
+async fn request_failover(calls: &Calls, via: &str, region: &str) -> Result<String, Error> {
+    let until = Instant::now() + Duration::from_millis(FAILOVER_REQUEST_WAIT_MS);
+    loop {
+        let path = format!("/admin/v1/regions/{region}/failover");
+        let answer = calls.admin_post(via, &path, &json!({})).await;
+        match answer {
+            Ok(a) if a.status == 202 => {
+                return a.body["operation_id"]
+                    .as_str()
+                    .map(str::to_owned)
+                    .ok_or_else(|| Error::Cluster(format!("202 without an operation: {}", a.body)))
+            }
+            Ok(a) if a.status == 409 && Instant::now() < until => {}
+            Ok(a) => {
+                return Err(Error::Cluster(format!(
+                    "failover answered {}: {}",
+                    a.status, a.body
+                )))
+            }
+            Err(_) if Instant::now() < until => {}
+            Err(e) => return Err(e.into()),
+        }
+        tokio::time::sleep(Duration::from_millis(POLL_MS)).await;
+    }
+}
+
+async fn wait_done(
+    calls: &Calls,
+    via: &str,
+    operation_id: &str,
+    progress: &Progress,
+    traffic: &Traffic,
+) -> Result<Value, Error> {
+    let until = Instant::now() + Duration::from_millis(FAILOVER_WAIT_MS);
+    let path = format!("/admin/v1/operations/{operation_id}");
+    while Instant::now() < until {
+        if let Ok(a) = calls.admin_get(via, &path).await {
+            match a.body["state"].as_str() {
+                Some("done") => return Ok(a.body),
+                Some("failed") => {
+                    return Err(Error::Cluster(format!("the failover failed: {}", a.body)))
+                }
+                _ => {}
+            }
+        }
+        progress.tick(traffic);
+        tokio::time::sleep(Duration::from_millis(POLL_MS)).await;
+    }
+    Err(Error::Timeout(format!("failover {operation_id} not done")))
+}
+
+/// Polls the region's reconciliation until it is done for this failover.
+async fn wait_reconciled(
+    calls: &Calls,
+    via: &str,
+    region: &str,
+    operation_id: &str,
+    progress: &Progress,
+    traffic: &Traffic,
+) -> Result<Value, Error> {
+    let until = Instant::now() + Duration::from_millis(RECONCILIATION_WAIT_MS);
+    let path = format!("/admin/v1/regions/{region}/reconciliation");
+    while Instant::now() < until {
+        if let Ok(a) = calls.admin_get(via, &path).await {
+            if a.status == 200
+                && a.body["state"] == "done"
+                && a.body["failover_operation_id"] == operation_id
+            {
+                return Ok(a.body);
+            }
+        }
+        progress.tick(traffic);
+        tokio::time::sleep(Duration::from_millis(POLL_MS)).await;
+    }
+    Err(Error::Timeout(format!("region {region} not reconciled")))
+}
+
+/// How the drill's acknowledged orders ended up.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct Verdicts {
+    /// Acknowledged and served by the new home with the acknowledged id.
+    pub present: Vec<String>,
+    /// Acknowledged, missing from the new home, and listed as an orphan.
+    pub lost_listed: Vec<String>,
+    /// Acknowledged, missing from the new home, and not listed: a failure.
+    pub lost_unlisted: Vec<String>,
+    /// Acknowledged, but the new home holds another order for its client
+    /// order id, and the orphan says so (`duplicate_of`).
+    pub duplicate_listed: Vec<String>,
+    /// The same without the orphan saying so: a failure.
+    pub duplicate_unlisted: Vec<String>,
+}
+
+/// Looks every acknowledged order up in its tenant's current home (through
+/// `via`) by its client order id, and judges it against the orphans.
+async fn verify(
+    calls: &Calls,
+    via: &str,
+    acked: &[traffic::Acked],
+    orphans: &[Value],
+) -> Result<Verdicts, Error> {
+    let orphan_of: HashMap<&str, &Value> = orphans
+        .iter()
+        .filter_map(|o| Some((o["order_id"].as_str()?, o)))
+        .collect();
+    let mut v = Verdicts::default();
+    for a in acked {
+        let found = calls.find_order(via, &a.token, &a.client_order_id).await?;
+        let current = match found.status {
+            200 => found.body["order_id"].as_str().map(str::to_owned),
+            404 => None,
+            other => {
+                return Err(Error::Cluster(format!(
+                    "looking up {} answered {other}: {}",
+                    a.client_order_id, found.body
+                )))
+            }
+        };
+        let orphan = orphan_of.get(a.order_id.as_str());
+        match current {
+            Some(id) if id == a.order_id => v.present.push(a.order_id.clone()),
+            Some(id) => {
+                let listed =
+                    orphan.is_some_and(|o| o["duplicate_of"].as_str() == Some(id.as_str()));
+                let into = if listed {
+                    &mut v.duplicate_listed
+                } else {
+                    &mut v.duplicate_unlisted
+                };
+                into.push(a.order_id.clone());
+            }
+            None if orphan.is_some() => v.lost_listed.push(a.order_id.clone()),
+            None => v.lost_unlisted.push(a.order_id.clone()),
+        }
+    }
+    Ok(v)
+}
+
+/// Waits until every surviving order was charged (or the settle wait ends),
+/// then counts charges per order.
+async fn settle_charges(calls: &Calls, present: &[String]) -> Result<Charges, Error> {
+    let until = Instant::now() + Duration::from_millis(CHARGES_SETTLE_WAIT_MS);
+    loop {
+        let mut per_order: HashMap<String, u64> = HashMap::new();
+        for (order_id, _) in calls.charges().await? {
+            *per_order.entry(order_id).or_default() += 1;
+        }
+        let charges = Charges::count(present, &per_order);
+        if charges.not_charged == 0 || Instant::now() >= until {
+            return Ok(charges);
+        }
+        tokio::time::sleep(Duration::from_millis(POLL_MS * 4)).await;
+    }
+}
+
+async fn sleep_with(progress: &Progress, traffic: &Traffic, wait: Duration) {
+    let until = Instant::now() + wait;
+    while Instant::now() < until {
+        progress.tick(traffic);
+        tokio::time::sleep(Duration::from_millis(POLL_MS).min(until - Instant::now())).await;
+    }
+}
+
+/// The progress line: phase, orders sent, acknowledged, failed attempts.
+struct Progress {
+    bar: Option<indicatif::ProgressBar>,
+    started: Instant,
+}
+
+impl Progress {
+    fn new(enabled: bool) -> Progress {
+        let bar = enabled.then(|| {
+            let bar = indicatif::ProgressBar::new_spinner();
+            bar.set_style(
+                indicatif::ProgressStyle::with_template("{spinner} {elapsed:>4} {msg}")
+                    .expect("valid template"),
+            );
+            bar
+        });
+        Progress {
+            bar,
+            started: Instant::now(),
+        }
+    }
+
+    fn phase(&self, name: &str, traffic: &Traffic) {
+        let line = format!(
+            "drill {:>6.1}s  {name}",
+            self.started.elapsed().as_secs_f64()
+        );
+        match &self.bar {
+            Some(bar) => {
+                bar.set_prefix(name.to_owned());
+                bar.println(line);
+            }
+            // Phases go to stderr as lines without a progress bar too, so a
+            // CI log shows where a drill stood.
+            None => eprintln!("{line}"),
+        }
+        self.tick(traffic);
+    }
+
+    fn tick(&self, traffic: &Traffic) {
+        let Some(bar) = &self.bar else { return };
+        let (acked, failed) = traffic.with_record(|r| (r.acked.len(), r.failures.len()));
+        let sent = traffic.sent.load(std::sync::atomic::Ordering::Relaxed);
+        bar.set_message(format!(
+            "{:<16} sent {sent}, acknowledged {acked}, failed attempts {failed}",
+            bar.prefix()
+        ));
+        bar.tick();
+    }
+
+    fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}

@@ -1,0 +1,388 @@
+//! A drill's report: the figures, how they were measured, the verdict, and the
+//! table printed at the end (the same report is written as JSON).
+
+use crate::traffic::Record;
+use crate::{Fault, Verdicts};
+use serde::Serialize;
+use serde_json::Value;
+use std::collections::HashMap;
+use std::fmt::Write;
+use std::time::Instant;
+
+/// Timings from the drill's client's point of view, in seconds.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Timings {
+    /// From the fault to the client's first failed attempt.
+    pub time_to_detect_s: Option<f64>,
+    /// From the first failed attempt after the fault to the last.
+    pub failed_window_s: Option<f64>,
+    /// Failed attempts after the fault (each retried).
+    pub failed_attempts: u64,
+    /// From the fault to the failover's `done`.
+    pub done_after_fault_s: f64,
+    /// From the failover's request to its `done` (mostly the lease wait).
+    pub failover_s: f64,
+}
+
+impl Timings {
+    pub fn measure(
+        record: &Record,
+        fault_at: Instant,
+        failover_requested_at: Instant,
+        done_at: Instant,
+    ) -> Timings {
+        let failures: Vec<Instant> = record
+            .failures
+            .iter()
+            .copied()
+            .filter(|at| *at >= fault_at)
+            .collect();
+        let first = failures.iter().min().copied();
+        let last = failures.iter().max().copied();
+        Timings {
+            time_to_detect_s: first.map(|f| (f - fault_at).as_secs_f64()),
+            failed_window_s: first.zip(last).map(|(f, l)| (l - f).as_secs_f64()),
+            failed_attempts: failures.len() as u64,
+            done_after_fault_s: (done_at - fault_at).as_secs_f64(),
+            failover_s: (done_at - failover_requested_at).as_secs_f64(),
+        }
+    }
+}
+
+/// Charges per surviving (present) order.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Charges {
+    pub orders: u64,
+    pub exactly_once: u64,
+    pub more_than_once: u64,
+    pub not_charged: u64,
+}
+
+impl Charges {
+    pub fn count(present: &[String], per_order: &HashMap<String, u64>) -> Charges {
+        let mut c = Charges {
+            orders: present.len() as u64,
+            ..Charges::default()
+        };
+        for order in present {
+            match per_order.get(order).copied().unwrap_or(0) {
+                0 => c.not_charged += 1,
+                1 => c.exactly_once += 1,
+                _ => c.more_than_once += 1,
+            }
+        }
+        c
+    }
+}
+
+/// Orphans the reconciliation listed.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Orphans {
+    pub listed: u64,
+    pub orders: u64,
+    pub claims: u64,
+    pub charged: u64,
+    pub with_duplicate: u64,
+}
+
+/// What `Report::new` is made from.
+pub struct Inputs {
+    pub region: String,
+    pub to: String,
+    pub fault: Fault,
+    pub operation_id: String,
+    pub failover: Value,
+    pub lag_before_fault: Option<Value>,
+    pub timings: Timings,
+    pub sent: u64,
+    pub unanswered: u64,
+    pub acked: u64,
+    pub acked_after_done_in_region: u64,
+    pub verdicts: Verdicts,
+    pub orphans: Vec<Value>,
+    pub charges: Charges,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub region: String,
+    pub to: String,
+    pub fault: Fault,
+    pub failover_operation_id: String,
+    /// The failover's `result` (`at`, `estimated_lost`).
+    pub failover_result: Value,
+    pub lag_before_fault: Option<Value>,
+    pub timings: Timings,
+    pub orders_sent: u64,
+    pub orders_acknowledged: u64,
+    /// Never acknowledged by the end (still failing when the drill stopped).
+    pub orders_unanswered: u64,
+    /// Acknowledged orders missing from their new home.
+    pub observed_lost: u64,
+    pub lost_unlisted: Vec<String>,
+    /// Acknowledged orders whose client order id the new home holds under
+    /// another order.
+    pub duplicates: u64,
+    pub duplicates_unlisted: Vec<String>,
+    /// Acknowledged by the failed region after the failover was done (split
+    /// brain).
+    pub acknowledged_after_done_in_region: u64,
+    pub orphans: Orphans,
+    pub charges: Charges,
+    pub passed: bool,
+    /// Why it did not pass.
+    pub failures: Vec<String>,
+}
+
+impl Report {
+    pub fn new(i: Inputs) -> Report {
+        let v = &i.verdicts;
+        let mut failures = Vec::new();
+        if !v.lost_unlisted.is_empty() {
+            failures.push(format!(
+                "{} acknowledged orders are missing and not listed as orphans",
+                v.lost_unlisted.len()
+            ));
+        }
+        if !v.duplicate_unlisted.is_empty() {
+            failures.push(format!(
+                "{} duplicates are not listed as orphans",
+                v.duplicate_unlisted.len()
+            ));
+        }
+        if i.acked_after_done_in_region > 0 {
+            failures.push(format!(
+                "{} orders were acknowledged by {} after the failover was done",
+                i.acked_after_done_in_region, i.region
+            ));
+        }
+        if i.charges.more_than_once > 0 {
+            failures.push(format!(
+                "{} orders were charged more than once",
+                i.charges.more_than_once
+            ));
+        }
+        let orphans = Orphans {
+            listed: i.orphans.len() as u64,
+            orders: count(&i.orphans, |o| o["kind"] == "order"),
+            claims: count(&i.orphans, |o| o["kind"] == "claim"),
+            charged: count(&i.orphans, |o| o["charged"] == true),
+            with_duplicate: count(&i.orphans, |o| !o["duplicate_of"].is_null()),
+        };
+        Report {
+            region: i.region,
+            to: i.to,
+            fault: i.fault,
+            failover_operation_id: i.operation_id,
+            failover_result: i.failover["result"].clone(),
+            lag_before_fault: i.lag_before_fault,
+            timings: i.timings,
+            orders_sent: i.sent,
+            orders_acknowledged: i.acked,
+            orders_unanswered: i.unanswered,
+            observed_lost: (v.lost_listed.len() + v.lost_unlisted.len()) as u64,
+            lost_unlisted: v.lost_unlisted.clone(),
+            duplicates: (v.duplicate_listed.len() + v.duplicate_unlisted.len()) as u64,
+            duplicates_unlisted: v.duplicate_unlisted.clone(),
+            acknowledged_after_done_in_region: i.acked_after_done_in_region,
+            orphans,
+            charges: i.charges,
+            passed: failures.is_empty(),
+            failures,
+        }
+    }
+
+    /// The report as the table the CLI prints.
+    pub fn table(&self) -> String {
+        let mut t = String::new();
+        let secs = |s: Option<f64>| s.map_or("-".to_owned(), |s| format!("{s:.2} s"));
+        let lag = |v: &Option<Value>| match v {
+            Some(l) if l.is_object() => {
+                format!("{} commands, {} s", l["commands"], l["seconds"])
+            }
+            _ => "unknown".to_owned(),
+        };
+        let r = &self.failover_result;
+        let rows: Vec<(&str, String)> = vec![
+            (
+                "drill",
+                format!("{} -> {}, fault {:?}", self.region, self.to, self.fault).to_lowercase(),
+            ),
+            (
+                "failover",
+                format!("{} at {}", self.failover_operation_id, r["at"]),
+            ),
+            ("lag before the fault", lag(&self.lag_before_fault)),
+            ("time to detect", secs(self.timings.time_to_detect_s)),
+            (
+                "failed-request window",
+                format!(
+                    "{} ({} failed attempts, each retried)",
+                    secs(self.timings.failed_window_s),
+                    self.timings.failed_attempts
+                ),
+            ),
+            (
+                "failover done",
+                format!(
+                    "{:.2} s after the fault ({:.2} s after the request)",
+                    self.timings.done_after_fault_s, self.timings.failover_s
+                ),
+            ),
+            (
+                "orders",
+                format!(
+                    "{} sent, {} acknowledged, {} never answered",
+                    self.orders_sent, self.orders_acknowledged, self.orders_unanswered
+                ),
+            ),
+            ("estimated lost", lag(&Some(r["estimated_lost"].clone()))),
+            (
+                "observed lost",
+                format!(
+                    "{} acknowledged orders ({} not listed as orphans)",
+                    self.observed_lost,
+                    self.lost_unlisted.len()
+                ),
+            ),
+            (
+                "duplicates",
+                format!(
+                    "{} ({} not listed)",
+                    self.duplicates,
+                    self.duplicates_unlisted.len()
+                ),
+            ),
+            (
+                "orphans listed",
+                format!(
+                    "{} ({} orders, {} claims, {} charged, {} with duplicate_of)",
+                    self.orphans.listed,
+                    self.orphans.orders,
+                    self.orphans.claims,
+                    self.orphans.charged,
+                    self.orphans.with_duplicate
+                ),
+            ),
+            (
+                "charges per order",
+                format!(
+                    "{} surviving orders: {} charged once, {} more than once, {} not charged",
+                    self.charges.orders,
+                    self.charges.exactly_once,
+                    self.charges.more_than_once,
+                    self.charges.not_charged
+                ),
+            ),
+            (
+                "acked by the region after done",
+                self.acknowledged_after_done_in_region.to_string(),
+            ),
+            (
+                "verdict",
+                if self.passed {
+                    "PASS".to_owned()
+                } else {
+                    format!("FAIL: {}", self.failures.join("; "))
+                },
+            ),
+        ];
+        for (name, value) in rows {
+            let _ = writeln!(t, "  {name:<31} {value}");
+        }
+        t
+    }
+}
+
+fn count(items: &[Value], f: impl Fn(&Value) -> bool) -> u64 {
+    items.iter().filter(|o| f(o)).count() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn inputs(verdicts: Verdicts, charges: Charges, after_done: u64) -> Inputs {
+        Inputs {
+            region: "a".into(),
+            to: "b".into(),
+            fault: Fault::Isolate,
+            operation_id: "op_1".into(),
+            failover: serde_json::json!({"result": {"at": 7, "estimated_lost": {"commands": 1, "seconds": 0.1}}}),
+            lag_before_fault: None,
+            timings: Timings::default(),
+            sent: 10,
+            unanswered: 0,
+            acked: 10,
+            acked_after_done_in_region: after_done,
+            verdicts,
+            orphans: vec![
+                serde_json::json!({"kind": "order", "order_id": "o2", "charged": true, "duplicate_of": null}),
+            ],
+            charges,
+        }
+    }
+
+    #[test]
+    fn a_drill_passes_only_with_every_loss_and_duplicate_listed_and_no_late_ack() {
+        let listed = Verdicts {
+            present: vec!["o1".into()],
+            lost_listed: vec!["o2".into()],
+            ..Verdicts::default()
+        };
+        let ok = Report::new(inputs(listed.clone(), Charges::default(), 0));
+        assert!(ok.passed, "{:?}", ok.failures);
+        assert_eq!((ok.observed_lost, ok.orphans.charged), (1, 1));
+        assert!(ok.table().contains("PASS"));
+
+        let unlisted = Verdicts {
+            lost_unlisted: vec!["o3".into()],
+            ..listed.clone()
+        };
+        let lost = Report::new(inputs(unlisted, Charges::default(), 0));
+        assert!(!lost.passed);
+        assert!(lost.table().contains("FAIL"));
+
+        let dup = Verdicts {
+            duplicate_unlisted: vec!["o4".into()],
+            ..listed.clone()
+        };
+        assert!(!Report::new(inputs(dup, Charges::default(), 0)).passed);
+        assert!(!Report::new(inputs(listed.clone(), Charges::default(), 1)).passed);
+        let twice = Charges {
+            more_than_once: 1,
+            ..Charges::default()
+        };
+        assert!(!Report::new(inputs(listed, twice, 0)).passed);
+    }
+
+    #[test]
+    fn timings_start_at_the_fault() {
+        let t0 = Instant::now();
+        let record = Record {
+            acked: Vec::new(),
+            failures: vec![
+                t0,
+                t0 + Duration::from_millis(1500),
+                t0 + Duration::from_millis(4000),
+            ],
+            successes: Vec::new(),
+        };
+        let fault = t0 + Duration::from_millis(1000);
+        let t = Timings::measure(
+            &record,
+            fault,
+            fault + Duration::from_millis(100),
+            fault + Duration::from_millis(9000),
+        );
+        assert_eq!(t.failed_attempts, 2);
+        assert!((t.time_to_detect_s.unwrap() - 0.5).abs() < 1e-6);
+        assert!((t.failed_window_s.unwrap() - 2.5).abs() < 1e-6);
+        assert!((t.done_after_fault_s - 9.0).abs() < 1e-6);
+
+        let per_order = HashMap::from([("o1".to_string(), 1), ("o2".to_string(), 2)]);
+        let c = Charges::count(&["o1".into(), "o2".into(), "o3".into()], &per_order);
+        assert_eq!((c.exactly_once, c.more_than_once, c.not_charged), (1, 1, 1));
+    }
+}

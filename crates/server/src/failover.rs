@@ -1,0 +1,231 @@
+//! The failover driver: on the leader of a region's store, drives every running
+//! failover whose target (`to`) is this region to `done`.
+//!
+//! `BeginFailover` fenced the failed region in the registry: from its commit on
+//! none of that region's nodes can renew its lease (`lease.rs`), so within
+//! `REGION_LEASE_MS` it executes nothing more. The driver therefore waits the
+//! lease out (plus `FAILOVER_LEASE_MARGIN_MS` for clock rates and the moment
+//! between the registry leader's commit and its apply) before it reads any copy:
+//! from then on no copy can grow, and the region that lost its tenants cannot
+//! acknowledge anything new for them. Then it asks every node of this region
+//! where its copy of the failed region's store stands, has the best one
+//! promoted and imported into this region's store (`routes::failover`), and
+//! commits `CompleteFailover` with the copy's position (`at`) and the last lag
+//! that copy knew (`estimated_lost`).
+//!
+//! Every step is idempotent: a new leader of this region runs the failover
+//! again from its first step, and the registry answers a second
+//! `CompleteFailover` as the first.
+
+use crate::limits::{
+    FAILOVER_CHECK_MS, FAILOVER_COPY_TIMEOUT_MS, FAILOVER_DRIVE_ATTEMPTS_MAX,
+    FAILOVER_IMPORT_TIMEOUT_MS, FAILOVER_LEASE_MARGIN_MS, REGION_LEASE_MS,
+};
+use crate::node::{now, Node};
+use keyhold_registry::{
+    LostEstimate, NodeId, Operation, OperationKind, Request, Response as RegistryResponse,
+    NODE_CREDENTIAL_HEADER,
+};
+use serde::Deserialize;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+/// How long the driver waits after it first sees a failover before it reads a
+/// copy: the failed region's lease, and the margin.
+pub const FAILOVER_FENCE_WAIT_MS: u64 = REGION_LEASE_MS + FAILOVER_LEASE_MARGIN_MS;
+
+/// Where one node's copy of the failed region's store stands
+/// (`GET /internal/v1/failover/{region}/copy`).
+#[derive(Debug, Clone, Deserialize)]
+pub struct CopyPosition {
+    pub node_id: NodeId,
+    /// The last log index the copy holds (durably received, applied or not).
+    pub last_log_index: u64,
+    /// The last lag of this copy its region's leader reported, if any.
+    #[serde(default)]
+    pub lag: Option<LostEstimate>,
+}
+
+/// What the import answered (`POST /internal/v1/failover/{region}/import`).
+#[derive(Debug, Deserialize)]
+struct Imported {
+    at: u64,
+    #[serde(default)]
+    tenants: u64,
+    #[serde(default)]
+    entries: u64,
+    #[serde(default)]
+    events: u64,
+}
+
+/// Until `stop`: every `FAILOVER_CHECK_MS`, on the leader of this region's
+/// store, drives the running failovers to this region whose fence wait is
+/// over, one at a time.
+pub async fn run(node: Arc<Node>, stop: watch::Receiver<bool>) {
+    let mut ticker = crate::Ticker::new(Duration::from_millis(FAILOVER_CHECK_MS), stop);
+    // When this node first saw each failover, and how many attempts failed.
+    let mut seen: HashMap<String, (Instant, u32)> = HashMap::new();
+    while ticker.tick().await {
+        let running = failovers_to(&node);
+        seen.retain(|id, _| running.iter().any(|op| &op.operation_id == id));
+        for op in running {
+            let (first_seen, failures) = *seen
+                .entry(op.operation_id.clone())
+                .or_insert((Instant::now(), 0));
+            if !node.leads_region()
+                || first_seen.elapsed() < Duration::from_millis(FAILOVER_FENCE_WAIT_MS)
+            {
+                continue;
+            }
+            match drive(&node, &op).await {
+                Ok(()) => {}
+                Err(error) if failures + 1 >= FAILOVER_DRIVE_ATTEMPTS_MAX => {
+                    tracing::error!(operation = %op.operation_id, error, "failover failed");
+                    fail(&node, &op, error).await;
+                }
+                Err(error) => {
+                    tracing::warn!(operation = %op.operation_id, error, "failover step failed; retrying");
+                    seen.insert(op.operation_id.clone(), (first_seen, failures + 1));
+                }
+            }
+        }
+    }
+}
+
+/// The running failovers whose target is this node's region.
+fn failovers_to(node: &Node) -> Vec<Operation> {
+    node.registry().read(|state| {
+        state
+            .operations
+            .values()
+            .filter(|op| {
+                op.kind == OperationKind::Failover
+                    && !op.state.is_terminal()
+                    && op.to == node.region()
+            })
+            .cloned()
+            .collect()
+    })
+}
+
+/// One attempt at the whole failover, from the copies to the registry.
+async fn drive(node: &Node, op: &Operation) -> Result<(), String> {
+    let started = Instant::now();
+    let best = best_copy(node, &op.from).await?;
+    let imported = import(node, op, best.node_id).await?;
+    tracing::info!(
+        operation = %op.operation_id, from = %op.from, to = %op.to,
+        at = imported.at, tenants = imported.tenants, entries = imported.entries,
+        events = imported.events, "failover copy imported"
+    );
+    let request = Request::CompleteFailover {
+        operation_id: op.operation_id.clone(),
+        at: imported.at,
+        estimated_lost: best.lag.unwrap_or_default(),
+        now_ms: now().0,
+    };
+    let written = node
+        .registry()
+        .write(request)
+        .await
+        .map_err(|e| format!("registry: {e}"))?;
+    match written.response {
+        RegistryResponse::OperationUpdated { .. } => {
+            metrics::histogram!("keyhold_failover_duration_seconds")
+                .record(started.elapsed().as_secs_f64());
+            tracing::info!(operation = %op.operation_id, "failover done");
+            Ok(())
+        }
+        RegistryResponse::Rejected { reason } => Err(format!("registry refused: {reason}")),
+        other => Err(format!("registry answered {other:?}")),
+    }
+}
+
+/// The copy of `region` with the most of its log among this region's nodes
+/// that answer.
+async fn best_copy(node: &Node, region: &str) -> Result<CopyPosition, String> {
+    let mut best: Option<CopyPosition> = None;
+    let mut errors = Vec::new();
+    for (id, info) in node.region_nodes(node.region()) {
+        let url = format!(
+            "http://{}/internal/v1/failover/{region}/copy",
+            info.api_addr
+        );
+        let answer = node
+            .http()
+            .get(url)
+            .header(NODE_CREDENTIAL_HEADER, node.credentials().current())
+            .timeout(Duration::from_millis(FAILOVER_COPY_TIMEOUT_MS))
+            .send()
+            .await;
+        let position = match answer {
+            Ok(r) if r.status().is_success() => r.json::<CopyPosition>().await,
+            Ok(r) => {
+                errors.push(format!("node {id}: {}", r.status()));
+                continue;
+            }
+            Err(e) => {
+                errors.push(format!("node {id}: {e}"));
+                continue;
+            }
+        };
+        match position {
+            Ok(p)
+                if best
+                    .as_ref()
+                    .is_none_or(|b| p.last_log_index > b.last_log_index) =>
+            {
+                best = Some(p)
+            }
+            Ok(_) => {}
+            Err(e) => errors.push(format!("node {id}: {e}")),
+        }
+    }
+    best.ok_or_else(|| {
+        format!(
+            "no node of {} holds a copy of {region}: {}",
+            node.region(),
+            errors.join("; ")
+        )
+    })
+}
+
+/// Has this region's leader (this node, normally) promote the copy on
+/// `source` and import it into this region's store.
+async fn import(node: &Node, op: &Operation, source: NodeId) -> Result<Imported, String> {
+    let path = format!(
+        "/internal/v1/failover/{}/import?operation_id={}&source={source}",
+        op.from, op.operation_id
+    );
+    let answer = node
+        .send_to_region(node.region(), |addr| {
+            node.http()
+                .post(format!("http://{addr}{path}"))
+                .header(NODE_CREDENTIAL_HEADER, node.credentials().current())
+                .timeout(Duration::from_millis(FAILOVER_IMPORT_TIMEOUT_MS))
+        })
+        .await
+        .ok_or("this region has no known node")?
+        .map_err(|e| e.to_string())?;
+    let status = answer.status();
+    if !status.is_success() {
+        let text = answer.text().await.unwrap_or_default();
+        return Err(format!("import answered {status}: {text}"));
+    }
+    answer.json().await.map_err(|e| e.to_string())
+}
+
+/// Fails the operation in the registry: the failed region is no longer fenced
+/// and keeps its tenants.
+async fn fail(node: &Node, op: &Operation, error: String) {
+    let request = Request::FailFailover {
+        operation_id: op.operation_id.clone(),
+        error,
+        now_ms: now().0,
+    };
+    if let Err(e) = node.registry().write(request).await {
+        tracing::error!(operation = %op.operation_id, error = %e, "failover not failed in the registry");
+    }
+}
