@@ -5,12 +5,17 @@
 //! (their `keyhold_raft_applied_index{group="region-a"}`); a standby cut off
 //! does not slow the region (it does not vote) and its lag grows in commands
 //! and seconds, then falls back to zero after the heal.
+//!
+//! A `"survival": "region"` tenant of a (contract section 10, "Survival per
+//! tenant") is answered while b keeps up; with b isolated its order answers
+//! 503 `store-unavailable` after the survival wait while a's zone tenant is
+//! answered at once, and after the heal the retry replays the order.
 
 mod common;
 
 use common::{order_body, unique, Cluster};
-use serde_json::Value;
-use std::time::Duration;
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
 
 /// Region `name`'s entry of the cluster view, read through `via`'s node.
 fn region_view(cluster: &Cluster, via: &str, name: &str) -> Value {
@@ -94,4 +99,59 @@ fn each_region_streams_to_its_standby_and_reports_the_lag() {
             (lag["commands"] == 0 && lag["seconds"] == 0.0).then_some(())
         },
     );
+}
+
+#[test]
+fn a_region_survival_tenant_is_answered_only_while_its_standby_holds_its_orders() {
+    let cluster = Cluster::start("a,b,c", &[]);
+    let a = cluster.api("a");
+    let safe = cluster.create_tenant("a", json!({"survival": "region"}));
+    let zone = cluster.tenant("a");
+    let shown = a
+        .get(
+            &format!("/admin/v1/tenants/{}", safe.tenant_id),
+            Some(&cluster.info.admin_token),
+        )
+        .json();
+    assert_eq!(shown["survival"], "region", "{shown}");
+    common::poll(Duration::from_secs(20), "a streams to b", || {
+        let lag = region_view(&cluster, "a", "a")["replication_lag"].clone();
+        (!lag.is_null()).then_some(())
+    });
+    a.create_order(&safe.token, &unique("k"), &order_body(&unique("co"), 1))
+        .assert_status(201);
+
+    cluster.control("/v1/regions/b/isolate");
+    let started = Instant::now();
+    a.create_order(&zone.token, &unique("k"), &order_body(&unique("co"), 1))
+        .assert_status(201);
+    let zone_took = started.elapsed();
+    let (key, client_order_id) = (unique("k"), unique("co"));
+    let body = order_body(&client_order_id, 1);
+    let started = Instant::now();
+    let unheld = a.create_order(&safe.token, &key, &body);
+    let took = started.elapsed();
+    unheld.assert_problem(503, "store-unavailable");
+    assert_eq!(unheld.header("retry-after").as_deref(), Some("1"));
+    // The 3 s survival wait (`SURVIVAL_WAIT_MS`); the zone tenant waited for nothing.
+    assert!(took >= Duration::from_secs(3), "answered after {took:?}");
+    assert!(
+        zone_took < Duration::from_secs(3),
+        "zone took {zone_took:?}"
+    );
+
+    cluster.control("/v1/regions/b/heal");
+    let replay = common::poll(Duration::from_secs(30), "the retry replays", || {
+        let retry = a.create_order(&safe.token, &key, &body);
+        (retry.status != 503).then_some(retry)
+    });
+    replay.assert_status(201);
+    assert_eq!(
+        replay.header("idempotent-replayed").as_deref(),
+        Some("true")
+    );
+    // The order the first attempt created (its status may have moved on since).
+    let found = a.find_order(&safe.token, &client_order_id);
+    found.assert_status(200);
+    assert_eq!(replay.json()["order_id"], found.json()["order_id"]);
 }

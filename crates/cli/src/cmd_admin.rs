@@ -49,9 +49,17 @@ impl Admin {
         Ok((status, body))
     }
 
-    pub async fn create_tenant(&self, id: &str, home: &str) -> anyhow::Result<()> {
+    pub async fn create_tenant(
+        &self,
+        id: &str,
+        home: &str,
+        survival: Option<&str>,
+    ) -> anyhow::Result<()> {
         let url = format!("{}/admin/v1/tenants", self.base);
-        let body = json!({"tenant_id": id, "home_region": home});
+        let mut body = json!({"tenant_id": id, "home_region": home});
+        if let Some(survival) = survival {
+            body["survival"] = survival.into();
+        }
         let (_, tenant) = self.call(self.http.post(url).json(&body)).await?;
         println!("{}", serde_json::to_string_pretty(&tenant)?);
         eprintln!("the token is shown only this once: keep it");

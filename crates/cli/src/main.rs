@@ -219,6 +219,10 @@ enum TenantAction {
         id: String,
         #[arg(long)]
         home: String,
+        /// `zone` (default) or `region`: with `region` every answer waits until
+        /// the home region's standby holds the command too.
+        #[arg(long, value_parser = ["zone", "region"])]
+        survival: Option<String>,
     },
     /// Show a tenant's home, epoch and state.
     Show {
@@ -345,7 +349,9 @@ fn main() -> ExitCode {
         } => cmd_fingerprint::fingerprint(&spec, file.as_deref(), hmac_key_env.as_deref()),
         Command::Serve { config } => serve(config, log),
         Command::Tenant { action, admin } => admin_call(admin, async move |a| match action {
-            TenantAction::Create { id, home } => a.create_tenant(&id, &home).await,
+            TenantAction::Create { id, home, survival } => {
+                a.create_tenant(&id, &home, survival.as_deref()).await
+            }
             TenantAction::Show { id } => a.show_tenant(&id).await,
             TenantAction::Move { id, to } => a.move_tenant(&id, &to).await,
             TenantAction::RotateToken { id, grace } => a.rotate_token(&id, grace).await,

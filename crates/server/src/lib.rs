@@ -27,6 +27,7 @@ mod problem;
 mod reconcile;
 mod routes;
 mod standby;
+mod survival;
 mod sweeper;
 pub mod tenants;
 

@@ -181,6 +181,16 @@ pub const STANDBY_CHECK_MS: u64 = 1_000;
 /// every replica's log purge) each time the standby got this many entries
 /// further.
 pub const STANDBY_MATCHED_RECORD_ENTRIES: u64 = 64;
+/// How long the answer to a `"survival": "region"` tenant's command waits, on
+/// its home region's leader, for a majority of the standby region's nodes to
+/// hold the command's log entry; past it the answer is 503 `store-unavailable`
+/// (the command stays executed; a retry replays it once the standby has it).
+/// Far above an inter-region round trip (50 ms in the benchmark), so a healthy
+/// standby that is briefly slow does not turn writes into errors; short enough
+/// that a lost standby is reported within one client timeout.
+pub const SURVIVAL_WAIT_MS: u64 = 3_000;
+// The home answers a forwarded request before the forwarding node gives up on it.
+const _: () = assert!(SURVIVAL_WAIT_MS + REGION_LEASE_RENEWAL_WAIT_MS < FORWARD_TIMEOUT_MS);
 /// How long the cluster view waits for a region's leader to report its
 /// standby's lag; past it the lag is shown as unknown (`null`).
 pub const STANDBY_LAG_CALL_TIMEOUT_MS: u64 = 1_000;

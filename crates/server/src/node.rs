@@ -11,7 +11,7 @@ use keyhold_core::{Policy, TenantId, UnixMillis};
 use keyhold_fingerprint::{Fingerprint, Spec, Value};
 use keyhold_registry::{
     NodeCredentials, NodeId, NodeInfo, OperationKind, OperationState, Registry, RegistryConfig,
-    Request, Response, TenantRecord, TenantState,
+    Request, Response, Survival, TenantRecord, TenantState,
 };
 use keyhold_store::raft::{Bootstrap, GroupOptions, Leadership, Member, Purge};
 use keyhold_store::{GuardOutcome, Store, TenantGuard};
@@ -465,6 +465,7 @@ impl Node {
         home_region: &str,
         requests_per_second: u32,
         new_keys_per_second: u32,
+        survival: Survival,
     ) -> Result<(TenantRecord, String), CreateTenantError> {
         let token = tenants::new_token();
         let record = TenantRecord {
@@ -478,9 +479,14 @@ impl Node {
             created_at_ms: now().0,
             previous_token: None,
         };
+        // The default survival keeps the entry every release decodes.
+        let request = match survival {
+            Survival::Zone => Request::CreateTenant { record },
+            survival => Request::CreateTenantWith { record, survival },
+        };
         let written = self
             .registry
-            .write(Request::CreateTenant { record })
+            .write(request)
             .await
             .map_err(CreateTenantError::Registry)?;
         let record = match written.response {

@@ -152,7 +152,7 @@ async fn three_voters_replicate_over_http_and_survive_the_leaders_loss() {
         tokio::spawn(async move { group.execute(common::new_order(n)).await })
     });
     for write in writes.collect::<Vec<_>>() {
-        let answer = write.await.unwrap().expect("write on the leader");
+        let answer = write.await.unwrap().expect("write on the leader").value;
         assert!(
             matches!(answer, Applied::Order(OrderOutcome::Created { .. })),
             "{answer:?}"
@@ -171,7 +171,11 @@ async fn three_voters_replicate_over_http_and_survive_the_leaders_loss() {
     let group = voters[at(&voters, second)].group.clone();
     // Every acknowledged command is on the new leader: each replays.
     for n in 1..=ORDERS {
-        let answer = group.execute(common::new_order(n)).await.expect("replay");
+        let answer = group
+            .execute(common::new_order(n))
+            .await
+            .expect("replay")
+            .value;
         assert!(
             matches!(answer, Applied::Order(OrderOutcome::Replayed { .. })),
             "order {n}: {answer:?}"
@@ -180,7 +184,8 @@ async fn three_voters_replicate_over_http_and_survive_the_leaders_loss() {
     let answer = group
         .execute(common::new_order(ORDERS + 2))
         .await
-        .expect("new write");
+        .expect("new write")
+        .value;
     assert!(
         matches!(answer, Applied::Order(OrderOutcome::Created { .. })),
         "{answer:?}"
@@ -224,7 +229,12 @@ async fn an_empty_learner_catches_up_by_snapshot_over_http() {
         .await
         .unwrap();
     for n in 1..=ORDERS {
-        let answer = leader.group.execute(common::new_order(n)).await.unwrap();
+        let answer = leader
+            .group
+            .execute(common::new_order(n))
+            .await
+            .unwrap()
+            .value;
         assert!(matches!(
             answer,
             Applied::Order(OrderOutcome::Created { .. })
@@ -267,6 +277,34 @@ async fn an_empty_learner_catches_up_by_snapshot_over_http() {
         learner.group.state_machine().entries_for_tests(),
         leader.group.state_machine().entries_for_tests()
     );
+
+    // What a region-survival answer waits for: the learner holds each new
+    // entry on the leader's word; a member that does not exist never does,
+    // and with two replicas a majority is both.
+    let written = leader
+        .group
+        .execute(common::new_order(ORDERS + 1))
+        .await
+        .unwrap();
+    assert!(leader.group.wait_matched(&[2], written.index, WAIT).await);
+    let short = Duration::from_millis(300);
+    assert!(!leader.group.wait_matched(&[3], written.index, short).await);
+    assert!(
+        !leader
+            .group
+            .wait_matched(&[2, 3], written.index, short)
+            .await
+    );
+    assert!(!leader.group.wait_matched(&[], written.index, short).await);
+    // A follower knows nothing of what others hold.
+    assert!(!learner.group.wait_matched(&[2], 1, short).await);
     learner.kill().await;
+    let unheld = leader
+        .group
+        .execute(common::new_order(ORDERS + 2))
+        .await
+        .unwrap();
+    assert!(unheld.index > written.index);
+    assert!(!leader.group.wait_matched(&[2], unheld.index, short).await);
     leader.kill().await;
 }

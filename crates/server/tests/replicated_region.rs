@@ -12,6 +12,13 @@
 //! And three regions of one node each, region a with b as its standby: a purges
 //! its log behind its snapshots only as far as b's copy holds it; while b is
 //! down a keeps everything b lacks, and purges again once b caught up.
+//!
+//! Region survival on the same shape: a `"survival": "region"` tenant of a is
+//! answered once b's copy holds its command (b's log, read after b stopped,
+//! has the entry); with b down its order answers 503 after `SURVIVAL_WAIT_MS`
+//! while a zone tenant of a answers 201 at once; once b is back the retry
+//! replays the order. The admin API refuses a region tenant whose home has no
+//! standby (409) and any other survival (400, pointer `/survival`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -44,7 +51,50 @@ struct TestNode {
     task: tokio::task::JoinHandle<Result<(), keyhold_server::Error>>,
 }
 
+/// A stopped node, to start again on its data dir.
+struct Stopped {
+    id: u64,
+    member: Member,
+    dir: PathBuf,
+}
+
+/// Starts `stopped` again where it was, beside the `running` nodes, with `standbys`.
+async fn restart(
+    root: &std::path::Path,
+    stopped: Stopped,
+    running: &[TestNode],
+    standbys: &[(&str, &str)],
+) -> TestNode {
+    let listener = tokio::net::TcpListener::bind(&stopped.member.api_addr)
+        .await
+        .unwrap();
+    let mut members: Vec<Member> = running.iter().map(|n| n.member.clone()).collect();
+    members.push(stopped.member);
+    let shape = Shape {
+        members,
+        standbys: standby_map(standbys),
+    };
+    start_node(
+        root,
+        stopped.id,
+        stopped.dir,
+        listener,
+        &shape,
+        Start::Create,
+    )
+}
+
 impl TestNode {
+    async fn stop_for_restart(self) -> Stopped {
+        let stopped = Stopped {
+            id: self.id,
+            member: self.member.clone(),
+            dir: self.dir.clone(),
+        };
+        self.stop().await;
+        stopped
+    }
+
     async fn stop(mut self) {
         let _ = self.stop.take().expect("running").send(());
         self.task
@@ -502,9 +552,7 @@ async fn a_region_purges_its_log_only_as_far_as_its_standby_holds_it() {
     .await;
 
     // b stops: its copy lacks every entry from here on.
-    let b = nodes.remove(1);
-    let (b_id, b_member, b_dir) = (b.id, b.member.clone(), b.dir.clone());
-    b.stop().await;
+    let b = nodes.remove(1).stop_for_restart().await;
     let held = index(&store_view(&a).await, "applied_index");
     for i in 0..60 {
         // The standby does not vote: a answers without it.
@@ -526,27 +574,191 @@ async fn a_region_purges_its_log_only_as_far_as_its_standby_holds_it() {
     }
 
     // b is back and catches up from the log a kept; a purges past it again.
-    let listener = tokio::net::TcpListener::bind(&b_member.api_addr)
-        .await
-        .unwrap();
-    let mut members: Vec<Member> = nodes.iter().map(|n| n.member.clone()).collect();
-    members.push(b_member);
-    let shape = Shape {
-        members,
-        standbys: standby_map(&standbys),
-    };
-    nodes.push(start_node(
-        dir.path(),
-        b_id,
-        b_dir,
-        listener,
-        &shape,
-        Start::Create,
-    ));
+    nodes.push(restart(dir.path(), b, &nodes, &standbys).await);
     store_view_until(&a, "a purges again once b caught up", |v| {
         index(v, "purged_index") > held
     })
     .await;
+    for node in nodes {
+        node.stop().await;
+    }
+}
+
+/// Creates tenant `id` homed in `home` with `survival` (none: the default).
+async fn create_tenant_with(
+    api: &str,
+    id: &str,
+    home: &str,
+    survival: Option<&str>,
+) -> (u16, Value) {
+    let mut body = json!({"tenant_id": id, "home_region": home});
+    if let Some(survival) = survival {
+        body["survival"] = survival.into();
+    }
+    admin_post(api, "/admin/v1/tenants", body).await
+}
+
+/// The idempotency keys of the orders whose commands are in the log of the
+/// region store copy in `dir` (of region `region`'s group), read straight
+/// from the log: what that copy holds durably, applied or not.
+async fn keys_in_log(dir: &std::path::Path, region: &str) -> Vec<String> {
+    use keyhold_store::raft::CommandBatch;
+    use keyhold_store::Command;
+    use openraft::RaftLogReader;
+    let group = keyhold_store::raft::group_name(region);
+    let (mut log, _machine) = keyhold_store::raft::open(dir, &group).expect("open the copy");
+    let entries = log
+        .try_get_log_entries(0..u64::MAX)
+        .await
+        .expect("read the copy's log");
+    let mut keys = Vec::new();
+    for entry in entries {
+        if let openraft::EntryPayload::Normal(CommandBatch { commands }) = entry.payload {
+            for command in commands {
+                if let Command::CreateOrder { scope, .. } = command {
+                    keys.push(scope.key.as_str().to_owned());
+                }
+            }
+        }
+    }
+    keys
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_region_survival_tenant_is_answered_only_once_its_standby_holds_the_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let standbys = [("a", "b")];
+    let mut nodes = start_cluster(dir.path(), &["a", "b", "c"], &standbys).await;
+    wait_for_leader(&nodes).await;
+    let a = nodes[0].api.clone();
+
+    // The admin API: survival is shown, checked, and refused without a standby.
+    let (status, safe) = create_tenant_with(&a, "safe", "a", Some("region")).await;
+    assert_eq!(status, 201, "{safe}");
+    assert_eq!(safe["survival"], "region");
+    let safe_token = safe["token"].as_str().unwrap().to_owned();
+    let (status, fast) = create_tenant_with(&a, "fast", "a", None).await;
+    assert_eq!(status, 201, "{fast}");
+    assert_eq!(fast["survival"], "zone");
+    let fast_token = fast["token"].as_str().unwrap().to_owned();
+    let shown = client()
+        .get(format!("{a}/admin/v1/tenants/safe"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json::<Value>()
+        .await
+        .unwrap();
+    assert_eq!(shown["survival"], "region", "{shown}");
+    let (status, refused) = create_tenant_with(&a, "nowhere", "c", Some("region")).await;
+    assert_eq!(status, 409, "c has no standby: {refused}");
+    assert!(
+        refused["detail"].as_str().unwrap().contains("standby"),
+        "{refused}"
+    );
+    let (status, refused) = create_tenant_with(&a, "odd", "a", Some("planet")).await;
+    assert_eq!(status, 400, "{refused}");
+    assert_eq!(refused["errors"][0]["pointer"], "/survival", "{refused}");
+
+    // a streams to b before anything is asked of b's copy.
+    let deadline = Instant::now() + WAIT;
+    while cluster_view(&a)
+        .await
+        .is_none_or(|v| v["regions"][0]["replication_lag"].is_null())
+    {
+        assert!(Instant::now() < deadline, "a never streamed to b");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let held = order(&a, &safe_token, "held", &[]).await;
+    assert_eq!(held.status, 201, "{}", String::from_utf8_lossy(&held.body));
+    let claimed = client()
+        .post(format!("{a}/v1/claims"))
+        .bearer_auth(&safe_token)
+        .json(&json!({"operation": "POST:/v1/payments", "key": "pay-1",
+                      "fingerprint": "fp-1", "lease_ms": 5_000}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(claimed.status(), 201);
+
+    // b stops: the registry keeps its majority (a and c), a keeps its lease.
+    let b = nodes.remove(1).stop_for_restart().await;
+    // b's copy held "held" durably when a answered it.
+    let copy = b.dir.join("standby-a");
+    let keys = keys_in_log(&copy, "a").await;
+    assert!(keys.contains(&"held".to_owned()), "b's copy: {keys:?}");
+
+    let wait = Duration::from_millis(keyhold_server::limits::SURVIVAL_WAIT_MS);
+    let started = Instant::now();
+    let fast_order = order(&a, &fast_token, "fast-while-b-is-down", &[]).await;
+    let fast_took = started.elapsed();
+    assert_eq!(fast_order.status, 201);
+    assert!(fast_took < wait, "a zone tenant waited {fast_took:?}");
+    let started = Instant::now();
+    let unheld = order(&a, &safe_token, "unheld", &[]).await;
+    let took = started.elapsed();
+    assert_eq!(
+        unheld.status,
+        503,
+        "{}",
+        String::from_utf8_lossy(&unheld.body)
+    );
+    let problem: Value = serde_json::from_slice(&unheld.body).unwrap();
+    assert_eq!(
+        problem["type"],
+        "https://keyhold.dev/problems/store-unavailable"
+    );
+    assert!(took >= wait, "answered after {took:?}");
+    // Its retry replays from the store, and still waits for b.
+    let again = order(&a, &safe_token, "unheld", &[]).await;
+    assert_eq!(again.status, 503);
+    // The order was executed: it is there, only not acknowledged.
+    let found = client()
+        .get(format!("{a}/v1/orders?client_order_id=co-unheld"))
+        .bearer_auth(&safe_token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(found.status(), 200);
+    let found = found.bytes().await.unwrap().to_vec();
+    // And b's copy does not have it: b was down.
+    assert!(!keys_in_log(&copy, "a").await.contains(&"unheld".to_owned()));
+    let metrics = client()
+        .get(format!("{a}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("keyhold_survival_waits_total{outcome=\"timed_out\"}"),
+        "{metrics}"
+    );
+
+    // b is back: the retry replays the order once b's copy has it.
+    nodes.push(restart(dir.path(), b, &nodes, &standbys).await);
+    let deadline = Instant::now() + WAIT;
+    let replay = loop {
+        let retry = order(&a, &safe_token, "unheld", &[]).await;
+        if retry.status != 503 {
+            break retry;
+        }
+        assert!(Instant::now() < deadline, "the retry never replayed");
+    };
+    assert_eq!(
+        replay.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&replay.body)
+    );
+    assert!(replay.replayed);
+    // The order the first attempt created (its status may have moved on since).
+    let id = |body: &[u8]| serde_json::from_slice::<Value>(body).unwrap()["order_id"].clone();
+    assert_eq!(id(&replay.body), id(&found), "the replay is the order");
+    let second = order(&a, &safe_token, "unheld", &[]).await;
+    assert!(second.replayed && second.body == replay.body);
     for node in nodes {
         node.stop().await;
     }

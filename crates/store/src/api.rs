@@ -18,7 +18,7 @@ use crate::command::{
 };
 use crate::consumer::Consumer;
 use crate::reconcile::Reconciliation;
-use crate::{Error, Store};
+use crate::{Error, Logged, Store};
 use keyhold_core::{
     Item, Order, Outcome, OwnerToken, Policy, Scope, StoredResponse, TenantId, UnixMillis,
 };
@@ -109,12 +109,21 @@ impl Answer for ReplayOutcome {
 impl Store {
     /// Executes `command`, whose kind the state machine answers with a `T`.
     async fn run<T: Answer>(&self, command: Command) -> Result<T, Error> {
-        let applied = self.execute(command).await?;
-        Ok(T::take(applied).unwrap_or_else(|other| {
-            unreachable!(
-                "a command answered with {} got {other:?}",
-                std::any::type_name::<T>()
-            )
+        Ok(self.run_logged(command).await?.value)
+    }
+
+    /// `run`, with the index of the log entry that carried the command: the
+    /// commands a tenant's request executes answer with it, so that the request
+    /// can wait for that entry to reach the standby region.
+    async fn run_logged<T: Answer>(&self, command: Command) -> Result<Logged<T>, Error> {
+        let applied = self.execute_logged(command).await?;
+        Ok(applied.map(|applied| {
+            T::take(applied).unwrap_or_else(|other| {
+                unreachable!(
+                    "a command answered with {} got {other:?}",
+                    std::any::type_name::<T>()
+                )
+            })
         }))
     }
 
@@ -128,8 +137,8 @@ impl Store {
         order: Order,
         now: UnixMillis,
         policy: &Policy,
-    ) -> Result<OrderOutcome, Error> {
-        self.run(Command::CreateOrder {
+    ) -> Result<Logged<OrderOutcome>, Error> {
+        self.run_logged(Command::CreateOrder {
             scope,
             fingerprint,
             order: Box::new(order),
@@ -150,8 +159,8 @@ impl Store {
         nonce: u64,
         now: UnixMillis,
         policy: &Policy,
-    ) -> Result<ClaimOutcome, Error> {
-        self.run(Command::Claim {
+    ) -> Result<Logged<ClaimOutcome>, Error> {
+        self.run_logged(Command::Claim {
             scope,
             fingerprint,
             lease_ms,
@@ -170,13 +179,13 @@ impl Store {
         completion: Completion,
         now: UnixMillis,
         policy: &Policy,
-    ) -> Result<CompleteOutcome, Error> {
+    ) -> Result<Logged<CompleteOutcome>, Error> {
         let Completion {
             outcome,
             response,
             resource_id,
         } = completion;
-        self.run(Command::Complete {
+        self.run_logged(Command::Complete {
             scope,
             token,
             outcome,
@@ -195,8 +204,8 @@ impl Store {
         token: OwnerToken,
         lease_ms: u64,
         now: UnixMillis,
-    ) -> Result<HeartbeatOutcome, Error> {
-        self.run(Command::Heartbeat {
+    ) -> Result<Logged<HeartbeatOutcome>, Error> {
+        self.run_logged(Command::Heartbeat {
             scope,
             token,
             lease_ms,
@@ -538,14 +547,24 @@ mod tests {
             .await
             .unwrap();
         assert!(
-            matches!(created, OrderOutcome::Created { .. }),
+            matches!(created.value, OrderOutcome::Created { .. }),
             "{created:?}"
         );
-        let replayed = store.create_order(s, fp, order, T0, &POLICY).await.unwrap();
+        // The record is stamped with the index of the entry that created it;
+        // the replay is a later entry of its own.
+        let record = store.record_logged(&s).await.unwrap().unwrap();
+        assert_eq!(record.index, created.index);
+        let replayed = store
+            .create_order(s.clone(), fp, order, T0, &POLICY)
+            .await
+            .unwrap();
         assert!(
-            matches!(replayed, OrderOutcome::Replayed { .. }),
+            matches!(replayed.value, OrderOutcome::Replayed { .. }),
             "{replayed:?}"
         );
+        assert!(replayed.index > created.index, "{replayed:?} {created:?}");
+        let record = store.record_logged(&s).await.unwrap().unwrap();
+        assert_eq!(record.index, created.index, "a replay writes nothing");
 
         let (event, order_id) = ("evt_ord_1".to_owned(), "ord_1".to_owned());
         let reserve =
@@ -591,6 +610,7 @@ mod tests {
             .claim(job.clone(), "fp".into(), 1_000, 7, T0, &POLICY)
             .await
             .unwrap()
+            .value
         else {
             panic!("a first claim acquires")
         };
@@ -598,7 +618,7 @@ mod tests {
             .heartbeat(job.clone(), token, 1_000, T0.plus_ms(1))
             .await;
         assert!(
-            matches!(extended, Ok(HeartbeatOutcome::Extended { .. })),
+            matches!(&extended, Ok(e) if matches!(e.value, HeartbeatOutcome::Extended { .. })),
             "{extended:?}"
         );
         let response = StoredResponse {
@@ -621,7 +641,7 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(
-            completed,
+            completed.value,
             CompleteOutcome::Completed {
                 state: RecordState::Succeeded
             }
@@ -642,13 +662,13 @@ mod tests {
         assert_eq!(fenced, GuardOutcome::Accepted { guard, imported: 0 });
         let (s, fp, order) = order_of(2);
         let create = store.create_order(s, fp, order, T0, &POLICY).await.unwrap();
-        assert_eq!(create, OrderOutcome::Fenced);
+        assert_eq!(create.value, OrderOutcome::Fenced);
         let claim = store
             .claim(job.clone(), "fp".into(), 1_000, 8, T0, &POLICY)
             .await;
-        assert_eq!(claim.unwrap(), ClaimOutcome::Fenced);
+        assert_eq!(claim.unwrap().value, ClaimOutcome::Fenced);
         let heartbeat = store.heartbeat(job.clone(), token, 1_000, T0).await;
-        assert_eq!(heartbeat.unwrap(), HeartbeatOutcome::Fenced);
+        assert_eq!(heartbeat.unwrap().value, HeartbeatOutcome::Fenced);
         let complete = store
             .complete(
                 job,
@@ -662,7 +682,7 @@ mod tests {
                 &POLICY,
             )
             .await;
-        assert_eq!(complete.unwrap(), CompleteOutcome::Fenced);
+        assert_eq!(complete.unwrap().value, CompleteOutcome::Fenced);
         let ended = store
             .end_tracking(t("t1"), "op1".into(), 100)
             .await

@@ -101,20 +101,43 @@ async fn check_format(dir: &Path) -> Result<(), Error> {
 
 struct Job {
     command: Command,
-    reply: oneshot::Sender<Result<Applied, Error>>,
+    reply: oneshot::Sender<Result<Logged<Applied>, Error>>,
+}
+
+/// A value of the region store together with the index of the region log entry
+/// it came from: for a command's answer, the entry that carried the command
+/// (everything the answer says is in the log up to there); for a stored value,
+/// the entry that last wrote it. Whoever must know that an answer is held
+/// somewhere else too (a standby region: `"survival": "region"` tenants) waits
+/// for that index to be replicated there.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Logged<T> {
+    pub value: T,
+    pub index: u64,
+}
+
+impl<T> Logged<T> {
+    /// The same index with the value turned into another.
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Logged<U> {
+        Logged {
+            value: f(self.value),
+            index: self.index,
+        }
+    }
 }
 
 /// Queues `command` for a region group's writer and waits for its answer: a full
 /// queue is `Overloaded` at once, a refusal `Error::Rejected`.
-async fn submit(jobs: &mpsc::Sender<Job>, command: Command) -> Result<Applied, Error> {
+async fn submit(jobs: &mpsc::Sender<Job>, command: Command) -> Result<Logged<Applied>, Error> {
     let (reply, rx) = oneshot::channel();
     jobs.try_send(Job { command, reply }).map_err(|e| match e {
         mpsc::error::TrySendError::Full(_) => Error::Overloaded,
         mpsc::error::TrySendError::Closed(_) => Error::Unavailable,
     })?;
-    match rx.await.map_err(|_| Error::Unavailable)?? {
+    let answer = rx.await.map_err(|_| Error::Unavailable)??;
+    match answer.value {
         Applied::Rejected(rejection) => Err(Error::Rejected(rejection)),
-        applied => Ok(applied),
+        _ => Ok(answer),
     }
 }
 
@@ -226,6 +249,11 @@ impl Store {
     /// command's kind use its typed method instead (`create_order`, `claim`, ...,
     /// in `api.rs`), which answers with that kind's outcome.
     pub async fn execute(&self, command: Command) -> Result<Applied, Error> {
+        Ok(self.execute_logged(command).await?.value)
+    }
+
+    /// `execute`, with the index of the log entry that carried the command.
+    pub async fn execute_logged(&self, command: Command) -> Result<Logged<Applied>, Error> {
         self.inner.group.execute(command).await
     }
 
@@ -286,6 +314,17 @@ impl Store {
 
     pub async fn record(&self, scope: &Scope) -> Result<Option<Record>, Error> {
         self.read(&keys::record(scope)).await
+    }
+
+    /// The scope's record with the index of the log entry that last wrote it
+    /// (its stamp; a value migrated from storage format 1 carries its old batch
+    /// number instead, which may exceed the log's indexes).
+    pub async fn record_logged(&self, scope: &Scope) -> Result<Option<Logged<Record>>, Error> {
+        let Some(bytes) = self.inner.machine_tree().get(keys::record(scope))? else {
+            return Ok(None);
+        };
+        let (value, index) = codec::decode::<Record>(&bytes)?;
+        Ok(Some(Logged { value, index }))
     }
 
     pub async fn order(&self, order_id: &str) -> Result<Option<Order>, Error> {

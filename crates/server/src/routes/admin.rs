@@ -12,7 +12,7 @@ use axum::response::Response;
 use keyhold_core::UnixMillis;
 use keyhold_core::{Problem, TenantId};
 use keyhold_registry::{
-    Rejection, Request, Response as RegistryResponse, TenantRecord, TenantState,
+    Rejection, Request, Response as RegistryResponse, Survival, TenantRecord, TenantState,
 };
 use serde::Deserialize;
 use std::sync::Arc;
@@ -26,9 +26,24 @@ struct CreateTenant {
     requests_per_second: Option<u32>,
     #[serde(default)]
     new_keys_per_second: Option<u32>,
+    /// `"zone"` (the default) or `"region"`; read as any JSON value so that
+    /// another one is refused with its pointer.
+    #[serde(default)]
+    survival: Option<serde_json::Value>,
 }
 
-fn tenant_json(record: &TenantRecord) -> serde_json::Value {
+/// The `survival` of a create body: absent is `zone`.
+fn survival_field(value: Option<&serde_json::Value>) -> Result<Survival, ApiError> {
+    let Some(value) = value else {
+        return Ok(Survival::Zone);
+    };
+    value
+        .as_str()
+        .and_then(Survival::parse)
+        .ok_or_else(|| ApiError::invalid("/survival", "survival must be \"zone\" or \"region\""))
+}
+
+fn tenant_json(record: &TenantRecord, survival: Survival) -> serde_json::Value {
     let (state, moving_to, operation_id) = match &record.state {
         TenantState::Active => ("active", None, None),
         TenantState::Moving { to, operation_id } => ("moving", Some(to), Some(operation_id)),
@@ -44,6 +59,7 @@ fn tenant_json(record: &TenantRecord) -> serde_json::Value {
         "created_at": UnixMillis(record.created_at_ms).to_rfc3339(),
         "requests_per_second": record.requests_per_second,
         "new_keys_per_second": record.new_keys_per_second,
+        "survival": survival.as_str(),
         "previous_token_valid_until": record
             .previous_token
             .as_ref()
@@ -62,7 +78,8 @@ fn tenant_json(record: &TenantRecord) -> serde_json::Value {
 
 /// A deleted tenant's JSON plus whether every region has erased its data.
 fn tenant_view(node: &Node, record: &TenantRecord) -> serde_json::Value {
-    let mut body = tenant_json(record);
+    let survival = node.registry().read(|s| s.survival_of(&record.tenant_id));
+    let mut body = tenant_json(record, survival);
     if let TenantState::Deleted { erased_in, .. } = &record.state {
         let done = node
             .registry()
@@ -292,8 +309,17 @@ pub async fn create_tenant(
         node.config().tenant_new_keys_per_second,
         "/new_keys_per_second",
     )?;
+    let survival = survival_field(req.survival.as_ref())?;
+    // Region survival needs a standby to wait for: without one, every write
+    // would answer 503, so the tenant is refused instead.
+    if survival == Survival::Region && !node.config().standbys.contains_key(&req.home_region) {
+        return Err(ApiError::new(Problem::Conflict).detail(format!(
+            "\"survival\": \"region\" needs a standby for home region {:?}, which has none",
+            req.home_region
+        )));
+    }
     let (record, token) = node
-        .create_tenant(id, &req.home_region, requests, new_keys)
+        .create_tenant(id, &req.home_region, requests, new_keys, survival)
         .await
         .map_err(|e| match e {
             CreateTenantError::Exists => {
@@ -312,7 +338,7 @@ pub async fn create_tenant(
             ),
             CreateTenantError::Registry(e) => registry_unavailable(e),
         })?;
-    let mut body = tenant_json(&record);
+    let mut body = tenant_json(&record, survival);
     body["token"] = serde_json::Value::String(token);
     let mut response = json_response(201, serde_json::to_vec(&body).expect("json"));
     response.headers_mut().insert(

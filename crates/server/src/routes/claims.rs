@@ -3,12 +3,14 @@
 //!
 //! Bodies are checked as strict I-JSON first (the same rules as orders), then read
 //! into typed requests. A completion's `response.body` is kept as the exact JSON
-//! text the owner sent and replayed byte for byte.
+//! text the owner sent and replayed byte for byte. A `"survival": "region"`
+//! tenant's answers wait for the standby to hold their entry (`survival.rs`).
 
 use super::{json_body, json_response};
 use crate::limits::CLAIM_RESPONSE_HEADERS_MAX;
 use crate::node::{now, Node};
 use crate::problem::ApiError;
+use crate::survival;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -20,7 +22,7 @@ use keyhold_core::scope::Namespace;
 use keyhold_core::{
     IdempotencyKey, Operation, Outcome, OwnerToken, Problem, Record, Scope, StoredResponse,
 };
-use keyhold_store::{ClaimOutcome, CompleteOutcome, HeartbeatOutcome};
+use keyhold_store::{ClaimOutcome, CompleteOutcome, HeartbeatOutcome, Logged};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -133,7 +135,10 @@ pub async fn claim(
         tenant.check_new_key_rate()?;
     }
     let nonce = rand::random();
-    let outcome = node
+    let Logged {
+        value: outcome,
+        index,
+    } = node
         .store()
         .claim(
             scope,
@@ -144,6 +149,12 @@ pub async fn claim(
             node.policy(),
         )
         .await?;
+    if matches!(
+        outcome,
+        ClaimOutcome::Acquired { .. } | ClaimOutcome::Replay { .. }
+    ) {
+        survival::hold(&node, &tenant, index).await?;
+    }
     match outcome {
         ClaimOutcome::Acquired {
             token,
@@ -258,8 +269,10 @@ pub async fn complete(
     let completed = node
         .store()
         .complete(scope, token, completion, now(), node.policy());
-    match completed.await? {
+    let Logged { value, index } = completed.await?;
+    match value {
         CompleteOutcome::Completed { state } | CompleteOutcome::AlreadyCompleted { state } => {
+            survival::hold(&node, &tenant, index).await?;
             Ok(json(200, serde_json::json!({ "state": state.as_str() })))
         }
         CompleteOutcome::Stale => Err(ApiError::new(Problem::StaleOwnerToken)),
@@ -276,19 +289,22 @@ pub async fn heartbeat(
     let scope = scope(&tenant, &req.operation, &req.key)?;
     let token = owner_token(&req.owner_token)?;
     let lease_ms = lease(req.lease_ms)?;
-    match node
+    let Logged { value, index } = node
         .store()
         .heartbeat(scope, token, lease_ms, now())
-        .await?
-    {
-        HeartbeatOutcome::Extended { lease_expires_at } => Ok(json(
-            200,
-            serde_json::json!({
-                "state": "PROCESSING",
-                "owner_token": token.to_string(),
-                "lease_expires_at": lease_expires_at.to_rfc3339(),
-            }),
-        )),
+        .await?;
+    match value {
+        HeartbeatOutcome::Extended { lease_expires_at } => {
+            survival::hold(&node, &tenant, index).await?;
+            Ok(json(
+                200,
+                serde_json::json!({
+                    "state": "PROCESSING",
+                    "owner_token": token.to_string(),
+                    "lease_expires_at": lease_expires_at.to_rfc3339(),
+                }),
+            ))
+        }
         HeartbeatOutcome::Stale => Err(ApiError::new(Problem::StaleOwnerToken)),
         HeartbeatOutcome::Fenced => Err(ApiError::new(Problem::TenantMoving)),
     }

@@ -3,7 +3,8 @@
 //! Creation follows the contract's outcome table. A completed record is replayed
 //! straight from a durable read, without a store command; a first attempt runs as
 //! one `CreateOrder` command; concurrent duplicates wait for it (coalesced per
-//! scope) and then replay.
+//! scope) and then replay. A `"survival": "region"` tenant's answer waits for
+//! the standby to hold the entry it comes from (`survival.rs`).
 
 use super::{
     json_response, parse_json, read_body, require_json, IDEMPOTENCY_FINGERPRINT, IDEMPOTENCY_KEY,
@@ -12,6 +13,7 @@ use super::{
 use crate::inflight::{wait_for_leader, Slot};
 use crate::node::{now, Fingerprints, Node};
 use crate::problem::ApiError;
+use crate::survival;
 use crate::tenants::Tenant;
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
@@ -21,7 +23,7 @@ use keyhold_core::scope::Namespace;
 use keyhold_core::{
     IdempotencyKey, Operation, Order, OrderRequest, OrderStatus, Problem, Scope, StoredResponse,
 };
-use keyhold_store::OrderOutcome;
+use keyhold_store::{Logged, OrderOutcome};
 use serde::Deserialize;
 use std::sync::Arc;
 use std::time::Duration;
@@ -131,15 +133,22 @@ async fn decide(node: &Node, p: &Prepared) -> Result<Response, ApiError> {
     loop {
         // Fast path: a live record decides replay and key reuse by itself, and a
         // durable read of it needs no command and no fsync.
-        let record = node.store().record(&p.scope).await?;
-        let live = record.filter(|r| r.is_live(now()));
-        if let Some(record) = &live {
+        let record = node.store().record_logged(&p.scope).await?;
+        let live = record.filter(|r| r.value.is_live(now()));
+        if let Some(Logged {
+            value: record,
+            index,
+        }) = &live
+        {
             if record.fingerprint != p.fingerprints.stored {
                 count("key_reused");
                 return Err(ApiError::new(Problem::IdempotencyKeyReused));
             }
             if record.state.is_replayable() {
                 if let Some(stored) = &record.response {
+                    // A first attempt may have been answered 503 before the
+                    // standby held it: its replay waits for the entry too.
+                    survival::hold(node, &p.tenant, *index).await?;
                     count("replay");
                     return Ok(replay(stored));
                 }
@@ -179,21 +188,24 @@ async fn execute(node: &Node, p: &Prepared) -> Result<Response, ApiError> {
     };
     let scope = p.scope.clone();
     let fingerprint = p.fingerprints.stored.clone();
-    let outcome = node
+    let Logged { value, index } = node
         .store()
         .create_order(scope, fingerprint, order, at, node.policy())
         .await?;
-    Ok(match outcome {
+    Ok(match value {
         OrderOutcome::Created { response } => {
             count("new");
             node.outbox_notify.notify_waiters();
+            survival::hold(node, &p.tenant, index).await?;
             stored(&response)
         }
         OrderOutcome::Replayed { response } => {
+            survival::hold(node, &p.tenant, index).await?;
             count("replay");
             replay(&response)
         }
         OrderOutcome::MarkerHit { order } => {
+            survival::hold(node, &p.tenant, index).await?;
             count("marker_hit");
             order_response(200, &order)
         }

@@ -43,7 +43,7 @@ use crate::limits::{
     REGION_TREE_CACHE_BYTES_DEFAULT, REGION_WRITE_WAIT_MS, WRITTEN_ENTRIES_KEPT_MAX,
 };
 use crate::stats::CommitStats;
-use crate::{Error, Job};
+use crate::{Error, Job, Logged};
 
 /// How a replica that starts with an empty log enters its group.
 #[derive(Debug, Clone)]
@@ -432,6 +432,27 @@ impl RegionGroup {
         })
     }
 
+    /// Waits, up to `wait`, until a majority of `replicas` (learners of another
+    /// region, say) hold this leader's log up to `index`, durably: openraft counts
+    /// an entry as matched by a member only once that member's log flushed it.
+    /// False when `wait` runs out first, when this member does not lead (only a
+    /// leader knows what its members hold), or when `replicas` is empty.
+    pub async fn wait_matched(&self, replicas: &[NodeId], index: u64, wait: Duration) -> bool {
+        let mut metrics = self.inner.raft.metrics();
+        let reached = async {
+            loop {
+                let matched = majority_matched(&metrics.borrow_and_update(), replicas);
+                if matched.is_some_and(|m| m >= index) {
+                    return true;
+                }
+                if metrics.changed().await.is_err() {
+                    return false;
+                }
+            }
+        };
+        tokio::time::timeout(wait, reached).await.unwrap_or(false)
+    }
+
     /// Makes `node`, a member already (a learner that caught up), a voter. Only
     /// the leader can; elsewhere `NotLeader`.
     pub async fn add_voter(&self, node: NodeId) -> Result<(), Error> {
@@ -487,10 +508,10 @@ impl RegionGroup {
         &self.inner.raft
     }
 
-    /// Executes one command; answers once the entry holding it is applied. A command
-    /// the state machine refused reaches the caller as `Error::Rejected`, as from
-    /// `Store::execute`.
-    pub async fn execute(&self, command: Command) -> Result<Applied, Error> {
+    /// Executes one command; answers once the entry holding it is applied, with
+    /// that entry's index. A command the state machine refused reaches the caller
+    /// as `Error::Rejected`, as from `Store::execute`.
+    pub async fn execute(&self, command: Command) -> Result<Logged<Applied>, Error> {
         crate::submit(&self.inner.jobs, command).await
     }
 
@@ -612,11 +633,13 @@ async fn write_loop(
             }
             continue;
         };
-        let answers = match outcome {
+        let (index, answers) = match outcome {
             Ok(response) => {
                 remember(&written, response.log_id.index, pending.len(), started);
                 match response.data {
-                    EntryOutcome::Commands(answers) if answers.len() == pending.len() => answers,
+                    EntryOutcome::Commands(answers) if answers.len() == pending.len() => {
+                        (response.log_id.index, answers)
+                    }
                     other => {
                         tracing::error!(?other, "a command entry answered unlike its commands");
                         fail(&stats, &mut pending);
@@ -645,7 +668,10 @@ async fn write_loop(
         stats.record(pending.len(), started.elapsed());
         for (job, answer) in pending.drain(..).zip(answers) {
             // A waiter that gave up is fine to skip: its command is applied.
-            let _ = job.reply.send(Ok(answer));
+            let _ = job.reply.send(Ok(Logged {
+                value: answer,
+                index,
+            }));
         }
     }
 }
@@ -661,6 +687,36 @@ async fn heartbeats(raft: RegionRaft) {
             return;
         }
     }
+}
+
+/// On a leader, the highest log index that a majority of `replicas` hold (a
+/// replica the leader does not replicate to holds nothing); `None` on any other
+/// member, or without replicas.
+fn majority_matched(
+    metrics: &openraft::RaftMetrics<NodeId, NodeInfo>,
+    replicas: &[NodeId],
+) -> Option<u64> {
+    let replication = metrics.replication.as_ref()?;
+    let held = replicas
+        .iter()
+        .map(|id| {
+            replication
+                .get(id)
+                .and_then(|m| m.map(|l| l.index))
+                .unwrap_or(0)
+        })
+        .collect();
+    held_by_majority(held)
+}
+
+/// The highest of `held` (each replica's last index) that a majority of the
+/// replicas reach: the (n/2 + 1)-th best. `None` without replicas.
+fn held_by_majority(mut held: Vec<u64>) -> Option<u64> {
+    if held.is_empty() {
+        return None;
+    }
+    held.sort_unstable_by(|a, b| b.cmp(a));
+    Some(held[held.len() / 2])
 }
 
 /// Keeps the last `WRITTEN_ENTRIES_KEPT_MAX` entries this writer appended.
@@ -690,5 +746,23 @@ fn fail(stats: &CommitStats, pending: &mut Vec<Job>) {
     stats.mark_failed();
     for job in pending.drain(..) {
         let _ = job.reply.send(Err(Error::Unavailable));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::held_by_majority;
+
+    #[test]
+    fn a_majority_of_replicas_holds_the_middle_index() {
+        assert_eq!(held_by_majority(vec![]), None);
+        assert_eq!(held_by_majority(vec![7]), Some(7));
+        // Two replicas: both must hold it.
+        assert_eq!(held_by_majority(vec![9, 4]), Some(4));
+        // Three: any two; the laggard does not count.
+        assert_eq!(held_by_majority(vec![0, 12, 10]), Some(10));
+        assert_eq!(held_by_majority(vec![5, 0, 0]), Some(0));
+        // Four: three of them.
+        assert_eq!(held_by_majority(vec![8, 8, 3, 9]), Some(8));
     }
 }

@@ -28,18 +28,24 @@ async fn concurrent_commands_share_entries_and_survive_a_restart() {
     for writer in 0..WRITERS {
         let group = group.clone();
         writers.spawn(async move {
+            let mut indexes = Vec::new();
             for i in 0..ORDERS_PER_WRITER {
                 let n = 1 + writer * ORDERS_PER_WRITER + i;
                 let answer = group.execute(new_order(n)).await.expect("execute");
                 assert!(
-                    matches!(answer, Applied::Order(OrderOutcome::Created { .. })),
+                    matches!(answer.value, Applied::Order(OrderOutcome::Created { .. })),
                     "order {n}: {answer:?}"
                 );
+                indexes.push(answer.index);
             }
+            indexes
         });
     }
+    // Each answer names the entry that carried its command: commands of one
+    // entry share its index, so there are as many indexes as entries.
+    let mut indexes = std::collections::BTreeSet::new();
     while let Some(done) = writers.join_next().await {
-        done.expect("writer");
+        indexes.extend(done.expect("writer"));
     }
     let stats = group.stats();
     let commands = WRITERS * ORDERS_PER_WRITER;
@@ -48,6 +54,7 @@ async fn concurrent_commands_share_entries_and_survive_a_restart() {
         stats.batches()
     );
     assert_eq!(stats.commands(), commands);
+    assert_eq!(indexes.len() as u64, stats.batches(), "{indexes:?}");
     // Group commit over Raft: with 64 writers waiting, entries carry several
     // commands, so there are fewer log appends (fsyncs) than commands.
     assert!(
@@ -58,7 +65,7 @@ async fn concurrent_commands_share_entries_and_survive_a_restart() {
 
     let replay = group.execute(new_order(7)).await.expect("replay");
     assert!(
-        matches!(replay, Applied::Order(OrderOutcome::Replayed { .. })),
+        matches!(replay.value, Applied::Order(OrderOutcome::Replayed { .. })),
         "{replay:?}"
     );
     let refused = group
@@ -86,7 +93,7 @@ async fn concurrent_commands_share_entries_and_survive_a_restart() {
     assert_eq!(group.state_machine().entries_for_tests(), before);
     let again = group.execute(new_order(WRITERS)).await.expect("replay");
     assert!(
-        matches!(again, Applied::Order(OrderOutcome::Replayed { .. })),
+        matches!(again.value, Applied::Order(OrderOutcome::Replayed { .. })),
         "{again:?}"
     );
     group.shutdown().await.expect("shutdown");
