@@ -18,26 +18,12 @@ use tokio::sync::watch;
 
 /// Runs until `stop`: after every registry change (and every `ERASE_RETRY_MS`
 /// while something is left), erases what this region still holds.
-pub async fn run(node: Arc<Node>, mut stop: watch::Receiver<bool>) {
-    let mut applied = node.registry().subscribe();
-    loop {
-        let settled = erase_pending(&node).await;
-        let retry = async {
-            if settled {
-                std::future::pending::<()>().await;
-            }
-            tokio::time::sleep(Duration::from_millis(ERASE_RETRY_MS)).await;
-        };
-        tokio::select! {
-            changed = applied.changed() => {
-                if changed.is_err() {
-                    return;
-                }
-            }
-            _ = retry => {}
-            _ = stop.changed() => return,
-        }
-    }
+pub async fn run(node: Arc<Node>, stop: watch::Receiver<bool>) {
+    let retry = Duration::from_millis(ERASE_RETRY_MS);
+    crate::on_registry_change(node, stop, retry, |node| async move {
+        erase_pending(&node).await
+    })
+    .await;
 }
 
 /// Erases every deleted tenant this region has not reported; true when none is

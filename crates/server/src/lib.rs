@@ -24,6 +24,7 @@ mod metrics;
 mod mover;
 mod node;
 mod problem;
+mod reconcile;
 mod routes;
 mod standby;
 mod sweeper;
@@ -59,6 +60,39 @@ impl Ticker {
         tokio::select! {
             _ = self.interval.tick() => !*self.stop.borrow(),
             _ = self.stop.changed() => false,
+        }
+    }
+}
+
+/// The loop of a background task driven by the registry (erasure,
+/// reconciliation): runs `pass` at start, after every applied registry entry,
+/// and every `retry` while `pass` says work is left (false), until `stop`.
+pub(crate) async fn on_registry_change<F, Fut>(
+    node: Arc<Node>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+    retry: std::time::Duration,
+    mut pass: F,
+) where
+    F: FnMut(Arc<Node>) -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let mut applied = node.registry().subscribe();
+    loop {
+        let settled = pass(node.clone()).await;
+        let again = async {
+            if settled {
+                std::future::pending::<()>().await;
+            }
+            tokio::time::sleep(retry).await;
+        };
+        tokio::select! {
+            changed = applied.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+            _ = again => {}
+            _ = stop.changed() => return,
         }
     }
 }
@@ -155,6 +189,7 @@ pub async fn serve(
     let failovers = tokio::spawn(failover::run(node.clone(), stop_rx.clone()));
     let sweeper = tokio::spawn(sweeper::run(node.clone(), stop_rx.clone()));
     let eraser = tokio::spawn(erase::run(node.clone(), stop_rx.clone()));
+    let reconciler = tokio::spawn(reconcile::run(node.clone(), stop_rx.clone()));
     let relays: Vec<_> = downstream::consumers(&node)
         .into_iter()
         .map(|c| tokio::spawn(downstream::run(node.clone(), c, stop_rx.clone())))
@@ -180,6 +215,7 @@ pub async fn serve(
     node.drivers.stop_all();
     let _ = sweeper.await;
     let _ = eraser.await;
+    let _ = reconciler.await;
     let _ = directory.await;
     let _ = upkeep.await;
     let _ = lease.await;

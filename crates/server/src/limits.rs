@@ -73,6 +73,19 @@ pub const ADMIN_LIST_ITEMS_MAX: usize = 1_000;
 /// How long the erasure task waits before trying a failed erasure (or its
 /// registry report) again.
 pub const ERASE_RETRY_MS: u64 = 1_000;
+/// How long the reconciliation task waits before trying a failover's
+/// reconciliation again (the new home did not answer, a leader changed).
+pub const RECONCILE_RETRY_MS: u64 = 1_000;
+/// Client order ids one marker lookup of the reconciliation asks the new home
+/// about.
+pub const RECONCILE_MARKER_IDS_MAX: usize = 1_000;
+/// The body of one marker lookup: its ids at their longest, every character
+/// escaped (six bytes), with quotes and commas.
+pub const RECONCILE_MARKER_BODY_BYTES_MAX: usize = 512 * 1024;
+const _: () = assert!(
+    RECONCILE_MARKER_IDS_MAX * (6 * keyhold_core::limits::CLIENT_ORDER_ID_LENGTH_MAX + 3) + 64
+        <= RECONCILE_MARKER_BODY_BYTES_MAX
+);
 
 const _: () = assert!(INFLIGHT_WAIT_MS_DEFAULT < REQUEST_TIMEOUT_MS);
 const _: () = assert!(TOKEN_GRACE_SECONDS_DEFAULT <= TOKEN_GRACE_SECONDS_MAX);

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 /// The router of `src/routes/mod.rs`, written out by hand. Update it together with
 /// the router, docs/openapi.json and docs/api.md.
-const ROUTES: [(&str, &str); 27] = [
+const ROUTES: [(&str, &str); 28] = [
     ("POST", "/v1/orders"),
     ("GET", "/v1/orders"),
     ("GET", "/v1/orders/{order_id}"),
@@ -29,6 +29,7 @@ const ROUTES: [(&str, &str); 27] = [
     ("POST", "/admin/v1/tenants/{tenant_id}/move"),
     ("GET", "/admin/v1/operations/{operation_id}"),
     ("GET", "/admin/v1/cluster"),
+    ("GET", "/admin/v1/regions/{region}/reconciliation"),
     ("POST", "/admin/v1/outbox/replay"),
     ("GET", "/admin/v1/inventory/reservations"),
     ("POST", "/admin/v1/regions/{region}/failover"),

@@ -17,6 +17,7 @@ use crate::command::{
     ReplayOutcome, SweepOutcome,
 };
 use crate::consumer::Consumer;
+use crate::reconcile::Reconciliation;
 use crate::{Error, Store};
 use keyhold_core::{
     Item, Order, Outcome, OwnerToken, Policy, Scope, StoredResponse, TenantId, UnixMillis,
@@ -85,6 +86,15 @@ pub struct Completion {
     /// The answer to replay for the scope, if the work produced one.
     pub response: Option<StoredResponse>,
     pub resource_id: Option<String>,
+}
+
+impl Answer for Reconciliation {
+    fn take(applied: Applied) -> Result<Self, Box<Applied>> {
+        match applied {
+            Applied::Reconciliation(reconciliation) => Ok(*reconciliation),
+            other => Err(Box::new(other)),
+        }
+    }
 }
 
 impl Answer for ReplayOutcome {
@@ -445,6 +455,29 @@ impl Store {
     /// record only moves forward); every replica may purge its log up to it.
     pub async fn record_standby_matched(&self, index: u64) -> Result<StandbyMatched, Error> {
         self.run(Command::StandbyMatched { index }).await
+    }
+
+    /// Records `reconciliation` unless one is stored for its failover already;
+    /// answers the stored one (so a second leader's report never replaces the
+    /// first).
+    pub async fn record_reconciliation(
+        &self,
+        reconciliation: Reconciliation,
+    ) -> Result<Reconciliation, Error> {
+        self.run(Command::RecordReconciliation {
+            reconciliation: Box::new(reconciliation),
+        })
+        .await
+    }
+
+    /// Marks the reconciliation of `operation_id` done (its tenants' data is
+    /// erased); answers it. Refused when none is recorded.
+    pub async fn finish_reconciliation(
+        &self,
+        operation_id: String,
+    ) -> Result<Reconciliation, Error> {
+        self.run(Command::FinishReconciliation { operation_id })
+            .await
     }
 
     /// The log index the region's standby copy is recorded to hold (0: none yet).

@@ -182,6 +182,16 @@ pub enum Command {
         operation_id: String,
         epoch: u64,
     },
+    /// Stores the report of a failover away from this region (its orphans),
+    /// unless one is stored for that failover already: the first stays, since
+    /// the orphans cannot be read again once the lost tenants' data is being
+    /// erased. Answers the stored report.
+    RecordReconciliation {
+        reconciliation: Box<crate::reconcile::Reconciliation>,
+    },
+    /// The lost tenants' data of the recorded reconciliation `operation_id` is
+    /// erased: it is done. Refused when none is recorded.
+    FinishReconciliation { operation_id: String },
     /// The failover `operation_id` that imported `tenant` here failed: while
     /// the tenant's guard is that failover's `Importing`, erases up to
     /// `entries_max` of its entries and undelivered events (as `EraseTenant`),
@@ -486,6 +496,9 @@ pub enum Rejection {
     /// foreign import).
     #[error("completed order record without a response")]
     RecordWithoutResponse,
+    /// `FinishReconciliation` of a failover whose report is not recorded.
+    #[error("no reconciliation recorded for failover {operation_id}")]
+    UnknownReconciliation { operation_id: String },
 }
 
 /// What applying a command produced; one variant per kind of outcome, plus
@@ -519,4 +532,6 @@ pub enum Applied {
     StandbyMatched {
         index: u64,
     },
+    /// `RecordReconciliation` or `FinishReconciliation`: the stored report.
+    Reconciliation(Box<crate::reconcile::Reconciliation>),
 }

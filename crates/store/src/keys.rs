@@ -176,6 +176,13 @@ pub fn tenant_prefixes(tenant: &TenantId) -> Vec<Vec<u8>> {
     ]
 }
 
+/// The reconciliation report of the failover `operation_id` away from this region.
+pub fn reconciliation(operation_id: &str) -> Vec<u8> {
+    let mut key = b"sreconcile:".to_vec();
+    key.extend_from_slice(operation_id.as_bytes());
+    key
+}
+
 /// The position of a consumer in the outbox.
 pub fn cursor(consumer: Consumer) -> Vec<u8> {
     let mut key = b"scursor:".to_vec();

@@ -36,6 +36,7 @@ mod keys;
 pub mod limits;
 mod machine;
 pub mod raft;
+mod reconcile;
 mod stats;
 
 pub use command::{
@@ -46,9 +47,10 @@ pub use command::{
 };
 pub use consumer::Consumer;
 pub use format::STORAGE_FORMAT;
+pub use reconcile::{Orphan, OrphanKind, Reconciliation};
 pub use stats::CommitStats;
 
-use keyhold_core::{Order, Record, Scope, TenantId, UnixMillis};
+use keyhold_core::{Marker, Order, Record, Scope, TenantId, UnixMillis};
 use serde::de::DeserializeOwned;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -302,6 +304,24 @@ impl Store {
             return Ok(None);
         };
         self.order(&order_id).await
+    }
+
+    /// The order id of the tenant's business marker for `client_order_id`, or
+    /// of its order index entry when the marker is gone (expired and swept):
+    /// the order this store holds under that client order id.
+    pub async fn order_id_by_marker(
+        &self,
+        tenant: &TenantId,
+        client_order_id: &str,
+    ) -> Result<Option<String>, Error> {
+        if let Some(marker) = self
+            .read::<Marker>(&keys::marker(tenant, client_order_id))
+            .await?
+        {
+            return Ok(Some(marker.order_id));
+        }
+        self.read::<String>(&keys::order_index(tenant, client_order_id))
+            .await
     }
 
     /// Events in the outbox, oldest first, starting after `after_seq`. Every one

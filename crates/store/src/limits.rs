@@ -13,6 +13,10 @@ pub const SWEEP_ENTRIES_MAX: usize = 256;
 /// Entries one `EraseTenant` command deletes (a deleted tenant's data goes in
 /// pages, like a sweep, so writers of other tenants wait little).
 pub const ERASE_ENTRIES_MAX: usize = 256;
+/// Orphans one reconciliation report lists: the report is one command of the
+/// region's log (an orphan takes about 200 bytes, so the report stays far
+/// below `COMMAND_BYTES_MAX`); beyond it the report counts them as omitted.
+pub const RECONCILIATION_ORPHANS_MAX: usize = 100_000;
 /// An outbox event past its expiry that some consumer has not had yet is looked
 /// at again this much later.
 pub const SWEEP_DEFER_MS: u64 = 3_600_000;

@@ -14,6 +14,7 @@ use crate::command::{
 use crate::consumer::Consumer;
 use crate::keys;
 use crate::limits::SWEEP_DEFER_MS;
+use crate::reconcile::Reconciliation;
 use crate::Error;
 use keyhold_core::{
     check_owner, decide_claim, decide_order, ClaimDecision, Marker, Order, OrderDecision,
@@ -378,6 +379,30 @@ impl Machine {
                     w.put(keys::META_STANDBY_MATCHED.to_vec(), &index);
                 }
                 Applied::StandbyMatched { index }
+            }
+            Command::RecordReconciliation { reconciliation } => {
+                let key = keys::reconciliation(&reconciliation.operation_id);
+                let stored = match self.get::<Reconciliation>(&key)? {
+                    Some(stored) => stored,
+                    None => {
+                        w.put(key, reconciliation.as_ref());
+                        reconciliation.as_ref().clone()
+                    }
+                };
+                Applied::Reconciliation(Box::new(stored))
+            }
+            Command::FinishReconciliation { operation_id } => {
+                let key = keys::reconciliation(operation_id);
+                let Some(mut stored) = self.get::<Reconciliation>(&key)? else {
+                    return Ok(Err(Rejection::UnknownReconciliation {
+                        operation_id: operation_id.clone(),
+                    }));
+                };
+                if !stored.done {
+                    stored.done = true;
+                    w.put(key, &stored);
+                }
+                Applied::Reconciliation(Box::new(stored))
             }
             Command::Own { tenant, epoch } => {
                 let wanted = TenantGuard::Owned { epoch: *epoch };

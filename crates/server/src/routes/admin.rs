@@ -554,9 +554,9 @@ pub async fn reservations(
 }
 
 /// Marks an admin request one node sends another to act on its own store only.
-pub(super) const KEYHOLD_SCOPE: &str = "keyhold-scope";
+pub(crate) const KEYHOLD_SCOPE: &str = "keyhold-scope";
 
-pub(super) fn is_local_scope(headers: &HeaderMap) -> bool {
+pub(crate) fn is_local_scope(headers: &HeaderMap) -> bool {
     headers
         .get(KEYHOLD_SCOPE)
         .is_some_and(|v| v.as_bytes() == b"local")

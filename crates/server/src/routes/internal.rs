@@ -132,10 +132,25 @@ pub fn router(node: Arc<Node>) -> Router<Arc<Node>> {
             super::leader::at_region_leader,
         ))
         .route_layer(axum::middleware::from_fn_with_state(
+            node.clone(),
+            super::require_node_credential,
+        ));
+    // The reconciling region's question to a tenant's new home: on its leader.
+    let reconcile = Router::new()
+        .route(
+            "/internal/v1/reconcile/{tenant_id}/markers",
+            post(super::reconcile::markers),
+        )
+        .route_layer(axum::middleware::from_fn_with_state(
+            (node.clone(), crate::limits::RECONCILE_MARKER_BODY_BYTES_MAX),
+            super::leader::at_region_leader,
+        ))
+        .route_layer(axum::middleware::from_fn_with_state(
             node,
             super::require_node_credential,
         ));
     Router::new()
+        .merge(reconcile)
         .merge(standby)
         .merge(quorum)
         .merge(registry_membership)
@@ -270,6 +285,16 @@ async fn at_old_home(
     };
     guard_answer(outcome)?;
     Ok(tenant)
+}
+
+/// 409 `conflict` while this region still holds stale data of the tenant from
+/// before a failover away from it (`reconcile::import_blocked`): an import now
+/// would be erased, or mixed with it.
+fn refuse_unreconciled(node: &Node, tenant_id: &str) -> Result<(), ApiError> {
+    match crate::reconcile::import_blocked(node, tenant_id) {
+        Some(reason) => Err(ApiError::new(Problem::Conflict).detail(reason)),
+        None => Ok(()),
+    }
 }
 
 pub(super) fn ok_json(value: serde_json::Value) -> Response {
@@ -651,6 +676,7 @@ async fn pull(
     let mut pacer = Pacer::new(q.pass.bytes_per_second());
     let (mut copied, mut pages, mut bytes) = (0u64, 0u64, 0u64);
     check_running(&node, &tenant_id, &scope, End::To).await?;
+    refuse_unreconciled(&node, &tenant_id)?;
     let mut page = fetch_page(&node, &tenant_id, q.pass, q.after.as_deref()).await?;
     let after = loop {
         let (body, next) = page;
@@ -692,6 +718,7 @@ async fn import(
     let tenant = tenant_param(&tenant_id)?;
     let bytes = read_body(&headers, body, MOVE_IMPORT_BODY_BYTES_MAX).await?;
     check_running(&node, &tenant_id, &scope, End::To).await?;
+    refuse_unreconciled(&node, &tenant_id)?;
     let mut unpaced = Pacer::new(None);
     let imported = import_page(&node, &tenant, &scope, Pass::Full, &bytes, &mut unpaced).await?;
     Ok(ok_json(serde_json::json!({ "imported": imported })))

@@ -13,6 +13,7 @@ mod members;
 mod meta;
 mod moves;
 mod orders;
+mod reconcile;
 mod regions;
 
 pub(crate) use internal::Pass;
@@ -78,6 +79,10 @@ pub fn router(node: Arc<Node>) -> Router {
         )
         .route("/admin/v1/operations", get(moves::list_operations))
         .route("/admin/v1/cluster", get(admin::cluster))
+        .route(
+            "/admin/v1/regions/{region}/reconciliation",
+            get(reconcile::get_reconciliation),
+        )
         .route("/admin/v1/outbox/replay", post(admin::replay_outbox))
         .route("/admin/v1/inventory/reservations", get(admin::reservations))
         .route(

@@ -1,0 +1,326 @@
+//! Reconciliation of a region after a failover away from it: the orphans and
+//! the report.
+//!
+//! A failover promotes the standby's copy of this region's log up to a position
+//! `at`; whatever this region's store applied after `at` for the tenants it lost
+//! never reached their new home. Every value is stamped with the index of the log
+//! entry that wrote it (`codec.rs`), so that suffix is found by reading: a record
+//! whose stamp is above `at` was written (created, completed, extended) by an
+//! entry the copy does not hold. Records, not orders, decide, because an order is
+//! rewritten by its payment result (a later stamp) while its record is written
+//! once, when the order is created; the order supplies what a person needs to
+//! compensate it (client order id, creation time, whether it was charged).
+//!
+//! The report (`Reconciliation`) is stored by a command (`RecordReconciliation`),
+//! so it is in the region's log and survives a change of leader; the first one
+//! recorded for a failover stays (a second leader that computed it again after
+//! the erasure began would find fewer orphans).
+
+use crate::codec::decode;
+use crate::keys;
+use crate::limits::RECONCILIATION_ORPHANS_MAX;
+use crate::{Error, Store};
+use keyhold_core::{Order, OrderStatus, Record, TenantId, UnixMillis};
+use serde::{Deserialize, Serialize};
+
+/// What an orphan's record was written for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum OrphanKind {
+    Order,
+    Claim,
+}
+
+impl OrphanKind {
+    /// The contract's name of the kind (`"order"` | `"claim"`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OrphanKind::Order => "order",
+            OrphanKind::Claim => "claim",
+        }
+    }
+}
+
+/// One record this region acknowledged after the failover's position: the new
+/// home never received it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Orphan {
+    pub tenant_id: TenantId,
+    pub kind: OrphanKind,
+    pub idempotency_key: String,
+    /// The order created (orders); `None` for a claim.
+    pub order_id: Option<String>,
+    pub client_order_id: Option<String>,
+    /// The order's creation (orders) or the claim record's.
+    pub created_at: UnixMillis,
+    /// This region's payments consumer charged the order (its result is on the
+    /// order, written with its processed-message entry in one command).
+    pub charged: bool,
+    /// The order the new home holds under the same client order id (a client's
+    /// retry there); filled by the caller, which asks the new home.
+    pub duplicate_of: Option<String>,
+}
+
+/// The reconciliation of one failover away from this region.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reconciliation {
+    /// The failover operation.
+    pub operation_id: String,
+    /// The log position the promoted copy held.
+    pub at: u64,
+    /// The tenants the failover re-homed away from this region.
+    pub tenants: Vec<TenantId>,
+    /// At most `RECONCILIATION_ORPHANS_MAX`, oldest first.
+    pub orphans: Vec<Orphan>,
+    /// Orphans found beyond that limit, not listed.
+    pub omitted: u64,
+    /// The lost tenants' data has been erased from this store.
+    pub done: bool,
+}
+
+/// Every record of `tenants` written by a log entry above `at`, oldest first
+/// (by creation, then tenant and key), at most `RECONCILIATION_ORPHANS_MAX`,
+/// and how many more there were.
+pub(crate) fn orphans(
+    tree: &sled::Tree,
+    tenants: &[TenantId],
+    at: u64,
+) -> Result<(Vec<Orphan>, u64), Error> {
+    let mut out = Vec::new();
+    for tenant in tenants {
+        for (namespace, kind) in [(b'o', OrphanKind::Order), (b'c', OrphanKind::Claim)] {
+            let mut prefix = vec![keys::RECORD, namespace];
+            prefix.extend_from_slice(tenant.as_str().as_bytes());
+            prefix.push(0);
+            for item in tree.scan_prefix(&prefix) {
+                let (key, value) = item?;
+                let (record, stamp) = decode::<Record>(&value)?;
+                if stamp <= at {
+                    continue;
+                }
+                // `operation ++ 0 ++ idempotency key` follows the prefix.
+                let rest = &key[prefix.len()..];
+                let idempotency_key = rest
+                    .iter()
+                    .position(|&b| b == 0)
+                    .map(|i| String::from_utf8_lossy(&rest[i + 1..]).into_owned())
+                    .ok_or_else(|| Error::Corrupt("record key without a scope key".into()))?;
+                out.push(orphan(tree, tenant, kind, idempotency_key, &record)?);
+            }
+        }
+    }
+    out.sort_by(|a, b| {
+        (a.created_at, a.tenant_id.as_str(), &a.idempotency_key).cmp(&(
+            b.created_at,
+            b.tenant_id.as_str(),
+            &b.idempotency_key,
+        ))
+    });
+    let omitted = out.len().saturating_sub(RECONCILIATION_ORPHANS_MAX) as u64;
+    out.truncate(RECONCILIATION_ORPHANS_MAX);
+    Ok((out, omitted))
+}
+
+fn orphan(
+    tree: &sled::Tree,
+    tenant: &TenantId,
+    kind: OrphanKind,
+    idempotency_key: String,
+    record: &Record,
+) -> Result<Orphan, Error> {
+    let mut orphan = Orphan {
+        tenant_id: tenant.clone(),
+        kind,
+        idempotency_key,
+        order_id: None,
+        client_order_id: None,
+        created_at: record.created_at,
+        charged: false,
+        duplicate_of: None,
+    };
+    if kind == OrphanKind::Order {
+        orphan.order_id = record.resource_id.clone();
+        let order = match &record.resource_id {
+            Some(id) => tree.get(keys::order(id))?,
+            None => None,
+        };
+        if let Some(bytes) = order {
+            let order: Order = decode(&bytes)?.0;
+            orphan.client_order_id = Some(order.request.client_order_id);
+            orphan.created_at = order.created_at;
+            orphan.charged = order.status == OrderStatus::Paid;
+        }
+    }
+    Ok(orphan)
+}
+
+impl Store {
+    /// The orphans of a failover at `at` that re-homed `tenants` away from this
+    /// region: every record of theirs this store holds that a log entry above
+    /// `at` wrote (see the module's doc), oldest first, with how many were left
+    /// out beyond `RECONCILIATION_ORPHANS_MAX`.
+    pub fn orphans(&self, tenants: &[TenantId], at: u64) -> Result<(Vec<Orphan>, u64), Error> {
+        orphans(self.inner.machine_tree(), tenants, at)
+    }
+
+    /// The stored reconciliation of the failover `operation_id`, if recorded.
+    pub fn reconciliation(&self, operation_id: &str) -> Result<Option<Reconciliation>, Error> {
+        self.inner.machine.get(&keys::reconciliation(operation_id))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_common::{open, scope, tenant_order, T0};
+    use crate::{Command, Rejection};
+    use keyhold_core::scope::Namespace;
+    use keyhold_core::Policy;
+
+    const POLICY: Policy = Policy {
+        response_ttl_ms: 3_600_000,
+        marker_ttl_ms: 86_400_000,
+        processed_ttl_ms: 172_800_000,
+        inflight_wait_ms: 1_000,
+    };
+
+    fn t(name: &str) -> TenantId {
+        TenantId::parse(name).unwrap()
+    }
+
+    fn applied_index(store: &Store) -> u64 {
+        let metrics = store.group().raft().metrics().borrow().clone();
+        metrics.last_applied.map_or(0, |l| l.index)
+    }
+
+    async fn pay(store: &Store, order_id: &str, paid: bool) {
+        store
+            .consume_payment(
+                format!("evt_{order_id}"),
+                order_id.to_owned(),
+                format!("ch_{order_id}"),
+                paid,
+                T0,
+                &POLICY,
+            )
+            .await
+            .unwrap();
+    }
+
+    /// Orders and claims written after `at` are orphans, with what a person
+    /// needs to compensate them; an order created before `at` is not one, even
+    /// when its payment result (a rewrite of the order) came after `at`; a
+    /// tenant the failover did not re-home is not read.
+    #[tokio::test]
+    async fn the_orphans_are_the_records_written_after_the_position() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path()).await;
+        store.execute(tenant_order("t1", 1)).await.unwrap();
+        store.execute(tenant_order("t1", 2)).await.unwrap();
+        let at = applied_index(&store);
+        // Written after `at`: the payment of order 1 (created before),
+        // orders 3 (charged), 4 (payment failed) and 5 (not charged), a claim,
+        // and an order of a tenant that stays.
+        pay(&store, "ord_t1_000000000001", true).await;
+        for n in 3..=5 {
+            store.execute(tenant_order("t1", n)).await.unwrap();
+        }
+        pay(&store, "ord_t1_000000000003", true).await;
+        pay(&store, "ord_t1_000000000004", false).await;
+        let job = scope(Namespace::Claims, "job-1");
+        store
+            .claim(job, "fp".into(), 1_000, 7, T0.plus_ms(10), &POLICY)
+            .await
+            .unwrap();
+        store.execute(tenant_order("t2", 1)).await.unwrap();
+
+        let (orphans, omitted) = store.orphans(&[t("t1")], at).unwrap();
+        assert_eq!(omitted, 0);
+        let listed: Vec<_> = orphans
+            .iter()
+            .map(|o| (o.kind, o.idempotency_key.as_str(), o.charged))
+            .collect();
+        assert_eq!(
+            listed,
+            vec![
+                (OrphanKind::Order, "key-t1-3", true),
+                (OrphanKind::Order, "key-t1-4", false),
+                (OrphanKind::Order, "key-t1-5", false),
+                (OrphanKind::Claim, "job-1", false),
+            ]
+        );
+        let third = &orphans[0];
+        assert_eq!(third.tenant_id, t("t1"));
+        assert_eq!(third.order_id.as_deref(), Some("ord_t1_000000000003"));
+        assert_eq!(third.client_order_id.as_deref(), Some("client-t1-3"));
+        assert_eq!(third.created_at, T0.plus_ms(3));
+        assert_eq!(third.duplicate_of, None);
+        let claim = &orphans[3];
+        assert_eq!(
+            (claim.order_id.as_ref(), claim.client_order_id.as_ref()),
+            (None, None)
+        );
+        assert_eq!(claim.created_at, T0.plus_ms(10));
+
+        // The new home answers `duplicate_of` from its marker by client order id.
+        let by_marker = store.order_id_by_marker(&t("t1"), "client-t1-3").await;
+        assert_eq!(by_marker.unwrap().as_deref(), Some("ord_t1_000000000003"));
+        let unknown = store.order_id_by_marker(&t("t1"), "client-t1-9").await;
+        assert_eq!(unknown.unwrap(), None);
+
+        // At the last position nothing is an orphan; at 0 every record is.
+        let (none, _) = store.orphans(&[t("t1")], applied_index(&store)).unwrap();
+        assert!(none.is_empty(), "{none:?}");
+        let (all, _) = store.orphans(&[t("t1"), t("t2")], 0).unwrap();
+        assert_eq!(all.len(), 7);
+    }
+
+    /// The first report recorded for a failover stays (a later leader's, read
+    /// after part of the data was erased, does not replace it); finishing it
+    /// marks it done; both survive a reopen. Finishing an unknown one is refused.
+    #[tokio::test]
+    async fn the_first_report_stays_and_is_finished_once() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = open(dir.path()).await;
+            store.execute(tenant_order("t1", 1)).await.unwrap();
+            let (orphans, omitted) = store.orphans(&[t("t1")], 0).unwrap();
+            let report = Reconciliation {
+                operation_id: "op_f".into(),
+                at: 0,
+                tenants: vec![t("t1")],
+                orphans,
+                omitted,
+                done: false,
+            };
+            let stored = store.record_reconciliation(report.clone()).await.unwrap();
+            assert_eq!(stored, report);
+            let later = Reconciliation {
+                orphans: vec![],
+                ..report.clone()
+            };
+            let again = store.record_reconciliation(later).await.unwrap();
+            assert_eq!(again, report);
+            let done = store.finish_reconciliation("op_f".into()).await.unwrap();
+            assert!(done.done && done.orphans.len() == 1, "{done:?}");
+            let unknown = store.finish_reconciliation("op_x".into()).await;
+            assert!(
+                matches!(
+                    unknown,
+                    Err(Error::Rejected(Rejection::UnknownReconciliation { .. }))
+                ),
+                "{unknown:?}"
+            );
+            store.shutdown().await.unwrap();
+        }
+        let store = open(dir.path()).await;
+        let kept = store.reconciliation("op_f").unwrap().unwrap();
+        assert!(kept.done && kept.orphans.len() == 1, "{kept:?}");
+        assert_eq!(store.reconciliation("op_x").unwrap(), None);
+        // The command replays to the same answer.
+        let replay = Command::FinishReconciliation {
+            operation_id: "op_f".into(),
+        };
+        store.execute(replay).await.unwrap();
+        assert_eq!(store.reconciliation("op_f").unwrap().unwrap(), kept);
+    }
+}
