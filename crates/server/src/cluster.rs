@@ -3,7 +3,8 @@
 
 use crate::limits::{MOVE_PRUNE_ENTRIES_MAX, READY_QUORUM_ACK_MS_MAX, REGISTRY_BOOTSTRAP_WAIT_MS};
 use crate::node::{now, Node, Placement};
-use keyhold_registry::{NodeInfo, Request, TenantState};
+use keyhold_registry::{NodeInfo, OperationState, Request, TenantState};
+use keyhold_store::limits::ERASE_ENTRIES_MAX;
 use keyhold_store::{EraseOutcome, TenantGuard};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -117,7 +118,8 @@ pub async fn upkeep_on_leadership(node: Arc<Node>, mut stop: watch::Receiver<boo
 /// The store lifts its own fences: every guard that does not execute (a fence,
 /// an import) gives way once the registry replica shows this region owning the
 /// tenant at a later epoch (the move was aborted, or completed towards here),
-/// and a failover's import at the epoch the done failover gave it.
+/// and a failover's import at the epoch the done failover gave it. A failed
+/// failover's import is erased instead (`abandon_import`).
 /// Runs at start and after every applied registry entry, so a node that was
 /// down when a move ended lifts the fence as soon as it is back.
 async fn reconcile_guards(node: &Node) {
@@ -131,6 +133,12 @@ async fn reconcile_guards(node: &Node) {
     for (tenant, guard) in guards {
         if guard.executes() {
             continue;
+        }
+        if let TenantGuard::Importing { operation_id, .. } = &guard {
+            if node.failover_here(operation_id) == Some(OperationState::Failed) {
+                abandon_import(node, &tenant, operation_id).await;
+                continue;
+            }
         }
         let Some(record) = node.registry().tenant(tenant.as_str()) else {
             continue;
@@ -147,6 +155,36 @@ async fn reconcile_guards(node: &Node) {
         }
         if let Err(e) = node.ensure_owned(&tenant, record.epoch).await {
             tracing::warn!(tenant = %tenant.as_str(), error = %e, "fence not lifted yet");
+        }
+    }
+}
+
+/// The failover that imported `tenant` here failed (the tenant stays in the
+/// region that was to be failed over): this store erases what it imported
+/// and drops the failover's guard, page by page, so a later failover or move
+/// of the tenant to this region starts clean (its guard would otherwise
+/// refuse them: a failover imports at the epoch its completion would have
+/// given, and a failed one gives none).
+async fn abandon_import(node: &Node, tenant: &keyhold_core::TenantId, operation_id: &str) {
+    let consumers = crate::downstream::consumers(node);
+    loop {
+        let page = node.store().abandon_import(
+            tenant.clone(),
+            operation_id.to_owned(),
+            ERASE_ENTRIES_MAX as u32,
+            consumers.clone(),
+        );
+        match page.await {
+            Ok(EraseOutcome { more: true, .. }) => continue,
+            Ok(_) => {
+                metrics::counter!("keyhold_failover_imports_abandoned_total").increment(1);
+                tracing::info!(tenant = %tenant.as_str(), operation_id, "a failed failover's import erased");
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(tenant = %tenant.as_str(), error = %e, "failed failover's import not erased yet");
+                return;
+            }
         }
     }
 }

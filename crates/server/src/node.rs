@@ -241,12 +241,18 @@ impl Node {
     /// True when the local registry replica shows `operation_id` as a failover
     /// to this region that is done: the tenants it imported here are ours.
     pub fn failover_done_here(&self, operation_id: &str) -> bool {
+        self.failover_here(operation_id) == Some(OperationState::Done)
+    }
+
+    /// The state of `operation_id` when the local registry replica shows it
+    /// as a failover to this region; `None` for anything else.
+    pub fn failover_here(&self, operation_id: &str) -> Option<OperationState> {
         self.registry.read(|state| {
-            state.operations.get(operation_id).is_some_and(|op| {
-                op.kind == OperationKind::Failover
-                    && op.state == OperationState::Done
-                    && op.to == self.config.region
-            })
+            state
+                .operations
+                .get(operation_id)
+                .filter(|op| op.kind == OperationKind::Failover && op.to == self.config.region)
+                .map(|op| op.state)
         })
     }
 

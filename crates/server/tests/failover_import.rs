@@ -17,8 +17,8 @@
 //! and created again empty. (The lead's driver would do the same after
 //! waiting out a's lease, `FAILOVER_FENCE_WAIT_MS`; these steps take far less.)
 //! A second test reads the copy of another node of b, a third lets the
-//! driver do it all, opened through the admin route, and a fourth restarts b
-//! between two imports.
+//! driver do it all, opened through the admin route, a fourth restarts b
+//! between two imports, and a fifth fails the failover after its import.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -799,6 +799,75 @@ async fn a_promoted_copy_survives_a_restart_of_its_node() {
     assert_eq!(status, 201, "{}", String::from_utf8_lossy(&replay));
     assert!(replayed);
     assert_eq!(replay, acknowledged);
+    wait_until("b's copy of a is reset", || async {
+        b.standby_copy("a")
+            .is_some_and(|copy| copy.store.promoted().unwrap().is_none())
+    })
+    .await;
+    drop(b);
+    for node in nodes {
+        node.stop().await;
+    }
+    let _ = psp_stop.send(());
+}
+
+/// A failover that fails after its import: b erases what it imported and
+/// drops the guard (a later failover or move of the tenant to b would be
+/// refused by it), and resets its promoted copy; the tenant stays a's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failed_failovers_import_is_erased_from_the_standby() {
+    let dir = tempfile::tempdir().unwrap();
+    let (psp, psp_stop) = provider(dir.path()).await;
+    let mut nodes = start_cluster(dir.path(), &psp, &["a", "b", "c"]).await;
+    for node in &nodes {
+        wait_until("every node ready", || ready(&node.api)).await;
+    }
+    let token = create_tenant(&nodes[0].api).await;
+    let (status, _, _) = order(&nodes[0].api, &token, "before").await;
+    assert_eq!(status, 201);
+    let a = nodes[0].node.clone();
+    let a_applied = a.store().applied_index().unwrap();
+    let b = nodes[1].node.clone();
+    wait_until("b's copy holds all of a", || async {
+        let copy = b.standby_copy("a").unwrap();
+        copy.store.applied_index().unwrap() >= a_applied
+    })
+    .await;
+    nodes.remove(0).stop().await;
+    drop(a);
+    let b_api = nodes[0].api.clone();
+    wait_until("b ready without a", || ready(&b_api)).await;
+    wait_registry_without_a(&b).await;
+    write(
+        &b,
+        Request::BeginFailover {
+            operation_id: "fo-5".into(),
+            region: "a".into(),
+            to: "b".into(),
+            now_ms: keyhold_server_now(),
+        },
+    )
+    .await;
+    let import_url = format!("{b_api}/internal/v1/failover/a/import?operation_id=fo-5&source=2");
+    let (status, answer) = internal(reqwest::Method::POST, import_url).await;
+    assert_eq!(status, 200, "{answer}");
+    let tenant = TenantId::parse(TENANT).unwrap();
+    assert!(b.store().tenant_entry_count(&tenant).unwrap() > 0);
+    write(
+        &b,
+        Request::FailFailover {
+            operation_id: "fo-5".into(),
+            error: "given up by the test".into(),
+            now_ms: keyhold_server_now(),
+        },
+    )
+    .await;
+    wait_until("b erased the failed import", || async {
+        b.store().guard(&tenant).unwrap().is_none()
+            && b.store().tenant_entry_count(&tenant).unwrap() == 0
+    })
+    .await;
+    assert_eq!(b.registry().tenant(TENANT).unwrap().home_region, "a");
     wait_until("b's copy of a is reset", || async {
         b.standby_copy("a")
             .is_some_and(|copy| copy.store.promoted().unwrap().is_none())

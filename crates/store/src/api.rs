@@ -404,6 +404,25 @@ impl Store {
         .await
     }
 
+    /// Erases up to `entries_max` entries of `tenant` that the failed failover
+    /// `operation_id` imported here (`Command::AbandonImport`), and at the
+    /// end its guard; repeat while `more`.
+    pub async fn abandon_import(
+        &self,
+        tenant: TenantId,
+        operation_id: String,
+        entries_max: u32,
+        consumers: Vec<Consumer>,
+    ) -> Result<EraseOutcome, Error> {
+        self.run(Command::AbandonImport {
+            tenant,
+            operation_id,
+            entries_max,
+            consumers,
+        })
+        .await
+    }
+
     /// This store owns `tenant` at `epoch`: execution may resume or start.
     pub async fn own(&self, tenant: TenantId, epoch: u64) -> Result<GuardOutcome, Error> {
         self.run(Command::Own { tenant, epoch }).await

@@ -192,6 +192,19 @@ pub enum Command {
     /// The lost tenants' data of the recorded reconciliation `operation_id` is
     /// erased: it is done. Refused when none is recorded.
     FinishReconciliation { operation_id: String },
+    /// The failover `operation_id` that imported `tenant` here failed: while
+    /// the tenant's guard is that failover's `Importing`, erases up to
+    /// `entries_max` of its entries and undelivered events (as `EraseTenant`),
+    /// and with the last page drops the guard and the marks of the events
+    /// that failover carried (so a later failover carries them again). Any
+    /// other guard is left alone (`Erased { entries: 0, more: false }`).
+    /// Repeat until `Erased { more: false }`.
+    AbandonImport {
+        tenant: TenantId,
+        operation_id: String,
+        entries_max: u32,
+        consumers: Vec<Consumer>,
+    },
 }
 
 /// An outbox event a failover carries from the failed region's copy, with
@@ -509,8 +522,8 @@ pub enum Applied {
     /// `Fence`, `Import`, `ImportChanges`, `Own`, `TrackChanges`,
     /// `ImportEvents` (`imported`: the events new here) or `OwnImported`.
     Guard(GuardOutcome),
-    /// `EraseTenant` or `EndTracking` removed `entries`; `more` when it
-    /// stopped at its limit.
+    /// `EraseTenant`, `EndTracking` or `AbandonImport` removed `entries`;
+    /// `more` when it stopped at its limit.
     Erased {
         entries: u64,
         more: bool,

@@ -424,6 +424,12 @@ impl Machine {
                     other => other.epoch() < *epoch,
                 })?)
             }
+            Command::AbandonImport {
+                tenant,
+                operation_id,
+                entries_max,
+                consumers,
+            } => self.abandon_import(w, tenant, operation_id, *entries_max as usize, consumers)?,
             Command::ImportEvents {
                 tenant,
                 operation_id,
@@ -615,6 +621,45 @@ impl Machine {
         Ok(self
             .get::<Order>(&entry.key)?
             .is_some_and(|here| &here.tenant == tenant && here.status != OrderStatus::Confirmed))
+    }
+
+    /// A page of `Command::AbandonImport`.
+    fn abandon_import(
+        &self,
+        w: &mut Writes,
+        tenant: &TenantId,
+        operation_id: &str,
+        entries_max: usize,
+        consumers: &[Consumer],
+    ) -> Result<Applied, Error> {
+        let ours = matches!(self.guard(tenant)?,
+            Some(TenantGuard::Importing { operation_id: op, .. }) if op == operation_id);
+        if !ours {
+            return Ok(Applied::Erased {
+                entries: 0,
+                more: false,
+            });
+        }
+        let erased = self.erase_tenant(w, tenant, entries_max, consumers)?;
+        if let Applied::Erased { more: false, .. } = erased {
+            w.batch.remove(keys::guard(tenant));
+            // The marks of this tenant's carried events whose event is gone
+            // (erased now, or swept): a later failover carries them again.
+            for item in self.tree.scan_prefix(keys::IMPORTED_EVENT_PREFIX) {
+                let (mark, _) = item?;
+                let Some(seq) = self.get::<u64>(&mark)? else {
+                    continue;
+                };
+                let event = self.get::<OutboxEvent>(&keys::outbox(seq))?;
+                let erased_now = event.as_ref().is_some_and(|e| {
+                    &e.tenant == tenant && consumers_pending(consumers, self, e.seq)
+                });
+                if event.is_none() || erased_now {
+                    w.batch.remove(mark);
+                }
+            }
+        }
+        Ok(erased)
     }
 
     /// A page of `Command::EndTracking`: the tracking of `operation_id` stops
@@ -1050,6 +1095,19 @@ fn import(
     w.batch
         .insert(entry.key.clone(), encode_raw(w.number, &entry.payload));
     Ok(())
+}
+
+/// True when some consumer of `consumers` has not had event `seq` yet (its
+/// cursor is before it): what `EraseTenant` erases of a tenant's events.
+fn consumers_pending(consumers: &[Consumer], machine: &Machine, seq: u64) -> bool {
+    consumers.iter().any(|&c| {
+        machine
+            .get::<u64>(&keys::cursor(c))
+            .ok()
+            .flatten()
+            .unwrap_or(0)
+            < seq
+    })
 }
 
 fn consumed(fresh: bool) -> ConsumeOutcome {

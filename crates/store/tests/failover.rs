@@ -216,6 +216,99 @@ async fn a_repeated_import_keeps_an_order_settled_here() {
     );
 }
 
+/// A failed failover's import is erased page by page with its guard and its
+/// events' marks: another failover at the same epoch (refused before) then
+/// imports and carries every event again; the other tenants' data stays.
+#[tokio::test]
+async fn a_failed_failovers_import_is_abandoned_and_a_later_one_starts_clean() {
+    let (source_dir, target_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let source = common::open(source_dir.path()).await;
+    let target = common::open(target_dir.path()).await;
+    for n in 1..=3 {
+        source.execute(common::new_order(n)).await.unwrap();
+    }
+    target.execute(common::tenant_order("t2", 7)).await.unwrap();
+    let other_tenant = target.state_for_tests();
+    let (entries, _) = source
+        .export_tenant(&tenant(), None, usize::MAX)
+        .await
+        .unwrap();
+    let events = carried(&source).await;
+    assert_eq!(events.len(), 3);
+    let import_all = |op: &'static str| {
+        let (entries, events) = (entries.clone(), events.clone());
+        let target = target.clone();
+        async move {
+            let first = guard(target.import(tenant(), op.into(), 2, entries).await).await;
+            let second = guard(
+                target
+                    .import_events(tenant(), op.into(), 2, events, common::T0)
+                    .await,
+            )
+            .await;
+            (first, second)
+        }
+    };
+    let (first, carried_events) = import_all("f1").await;
+    assert!(matches!(first, GuardOutcome::Accepted { .. }));
+    assert!(matches!(
+        carried_events,
+        GuardOutcome::Accepted { imported: 3, .. }
+    ));
+    // Another failover at the same epoch is refused while f1's guard stands.
+    let (refused, _) = import_all("f2").await;
+    assert!(matches!(refused, GuardOutcome::Refused { .. }));
+
+    // Another operation's abandonment touches nothing.
+    let consumers = Consumer::ALL.to_vec();
+    let none = target
+        .abandon_import(tenant(), "f0".into(), 2, consumers.clone())
+        .await
+        .unwrap();
+    assert_eq!((none.entries, none.more), (0, false));
+    let mut pages = 0;
+    loop {
+        let page = target
+            .abandon_import(tenant(), "f1".into(), 2, consumers.clone())
+            .await
+            .unwrap();
+        pages += 1;
+        if !page.more {
+            break;
+        }
+    }
+    assert!(pages > 1, "erased in pages");
+    assert_eq!(target.guard(&tenant()).unwrap(), None);
+    assert_eq!(target.tenant_entry_count(&tenant()).unwrap(), 0);
+    let left: Vec<_> = target
+        .outbox_after(0, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.event_id)
+        .collect();
+    assert_eq!(left, ["evt_ord_t2_000000000007"]);
+    // What remains of t2 is as it was (expiry index entries of the erased
+    // entries aside, which the sweeper drops as stale).
+    let t2_now: Vec<_> = target
+        .state_for_tests()
+        .into_iter()
+        .filter(|(k, _)| k.first() != Some(&b'e'))
+        .collect();
+    let t2_before: Vec<_> = other_tenant
+        .into_iter()
+        .filter(|(k, _)| k.first() != Some(&b'e'))
+        .collect();
+    assert_eq!(t2_now, t2_before);
+
+    let (again, carried_again) = import_all("f2").await;
+    assert!(matches!(again, GuardOutcome::Accepted { .. }));
+    assert!(
+        matches!(carried_again, GuardOutcome::Accepted { imported: 3, .. }),
+        "{carried_again:?}"
+    );
+}
+
 /// Events of other tenants are never carried, and an event of another tenant
 /// in an import is refused as a rejection.
 #[tokio::test]
