@@ -279,6 +279,66 @@ pub fn group_router<C: NodeGroup>(
         .with_state(raft)
 }
 
+/// Where a replaceable group's current Raft instance is found, request by
+/// request (`None`: the node has none right now).
+pub type RaftSource<C> = Arc<dyn Fn() -> Option<openraft::Raft<C>> + Send + Sync>;
+
+/// `group_router` for a group whose Raft instance this node may replace while
+/// it runs (a standby copy deleted and re-created after a failover): each
+/// request is served by the instance `source` gives then; without one it is
+/// answered 503, which the sender treats as a failed RPC and retries.
+pub fn replaceable_group_router<C: NodeGroup>(
+    group: &str,
+    source: RaftSource<C>,
+    credentials: NodeCredentials,
+) -> Router {
+    Router::new()
+        .route(&rpc_path(group, "append"), post(append_from::<C>))
+        .route(&rpc_path(group, "vote"), post(vote_from::<C>))
+        .route(&rpc_path(group, "snapshot"), post(snapshot_from::<C>))
+        .layer(DefaultBodyLimit::max(RPC_BODY_BYTES_MAX))
+        .route_layer(middleware::from_fn_with_state(
+            credentials,
+            require_credential,
+        ))
+        .with_state(source)
+}
+
+fn no_instance() -> HttpResponse {
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        "this node has no instance of the group right now",
+    )
+        .into_response()
+}
+
+async fn append_from<C: NodeGroup>(
+    State(source): State<RaftSource<C>>,
+    body: Bytes,
+) -> HttpResponse {
+    match source() {
+        Some(raft) => append(State(raft), body).await,
+        None => no_instance(),
+    }
+}
+
+async fn vote_from<C: NodeGroup>(State(source): State<RaftSource<C>>, body: Bytes) -> HttpResponse {
+    match source() {
+        Some(raft) => vote(State(raft), body).await,
+        None => no_instance(),
+    }
+}
+
+async fn snapshot_from<C: NodeGroup>(
+    State(source): State<RaftSource<C>>,
+    body: Bytes,
+) -> HttpResponse {
+    match source() {
+        Some(raft) => snapshot(State(raft), body).await,
+        None => no_instance(),
+    }
+}
+
 /// The registry's router: its group's RPCs (`group_router`) and
 /// `POST /raft/registry/write`, a client write executed on this node (forwarded here
 /// by a follower's `Registry::write`), which answers `ForwardToLeader` if this node

@@ -4,7 +4,7 @@
 use crate::limits::{MOVE_PRUNE_ENTRIES_MAX, READY_QUORUM_ACK_MS_MAX, REGISTRY_BOOTSTRAP_WAIT_MS};
 use crate::node::{now, Node, Placement};
 use keyhold_registry::{NodeInfo, Request, TenantState};
-use keyhold_store::EraseOutcome;
+use keyhold_store::{EraseOutcome, TenantGuard};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -116,7 +116,8 @@ pub async fn upkeep_on_leadership(node: Arc<Node>, mut stop: watch::Receiver<boo
 
 /// The store lifts its own fences: every guard that does not execute (a fence,
 /// an import) gives way once the registry replica shows this region owning the
-/// tenant at a later epoch (the move was aborted, or completed towards here).
+/// tenant at a later epoch (the move was aborted, or completed towards here),
+/// and a failover's import at the epoch the done failover gave it.
 /// Runs at start and after every applied registry entry, so a node that was
 /// down when a move ended lifts the fence as soon as it is back.
 async fn reconcile_guards(node: &Node) {
@@ -134,7 +135,14 @@ async fn reconcile_guards(node: &Node) {
         let Some(record) = node.registry().tenant(tenant.as_str()) else {
             continue;
         };
-        if node.placement(&record) != Placement::Local || record.epoch <= guard.epoch() {
+        if node.placement(&record) != Placement::Local || record.epoch < guard.epoch() {
+            continue;
+        }
+        // At the guard's own epoch only a failover's import gives way (a
+        // failover imports at the epoch its completion gives; a move below).
+        let failover_import = matches!(&guard, TenantGuard::Importing { operation_id, .. }
+            if node.failover_done_here(operation_id));
+        if record.epoch == guard.epoch() && !failover_import {
             continue;
         }
         if let Err(e) = node.ensure_owned(&tenant, record.epoch).await {

@@ -11,6 +11,7 @@
 
 mod cluster;
 pub mod config;
+mod copies;
 mod demo;
 mod downstream;
 mod erase;
@@ -154,11 +155,18 @@ pub async fn serve(
             node.credentials().clone(),
         ),
     );
-    // The groups of the regions this node keeps a standby copy of.
+    // The groups of the regions this node keeps a standby copy of: served by
+    // whichever copy the node holds at the time (a reset replaces it).
     for copy in node.standby_copies() {
-        raft_app = raft_app.merge(keyhold_registry::group_router(
+        let (holder, region) = (node.clone(), copy.region.clone());
+        let source: keyhold_registry::RaftSource<keyhold_store::raft::RegionConfig> =
+            Arc::new(move || {
+                let copy = holder.standby_copy(&region)?;
+                Some(copy.store.group().raft().clone())
+            });
+        raft_app = raft_app.merge(keyhold_registry::replaceable_group_router(
             &keyhold_store::raft::group_name(&copy.region),
-            copy.store.group().raft().clone(),
+            source,
             node.credentials().clone(),
         ));
     }
@@ -176,6 +184,7 @@ pub async fn serve(
     let lease = tokio::spawn(lease::run(node.clone(), stop_rx.clone()));
     let standby = tokio::spawn(standby::run(node.clone(), stop_rx.clone()));
     let purge = tokio::spawn(standby::purge_behind_standby(node.clone(), stop_rx.clone()));
+    let copies = tokio::spawn(copies::run(node.clone(), stop_rx.clone()));
     let move_watch = tokio::spawn(mover::resume_stalled(node.clone(), stop_rx.clone()));
     let failovers = tokio::spawn(failover::run(node.clone(), stop_rx.clone()));
     let sweeper = tokio::spawn(sweeper::run(node.clone(), stop_rx.clone()));
@@ -212,6 +221,7 @@ pub async fn serve(
     let _ = lease.await;
     let _ = standby.await;
     let _ = purge.await;
+    let _ = copies.await;
     let _ = move_watch.await;
     let _ = failovers.await;
     for relay in relays {

@@ -253,6 +253,11 @@ pub const MOVE_RESUME_POLL_MS: u64 = 250;
 /// the 202 and its first `AcquireDriver` (chaos seed 21).
 pub const MOVE_UNLEASED_GRACE_MS: u64 = 2_000;
 
+/// One call of a failover's import to the node holding the promoted copy (a
+/// page of a tenant's entries or events, or the promotion itself, which
+/// applies the copy's unapplied log).
+pub const FAILOVER_CALL_TIMEOUT_MS: u64 = 60_000;
+
 const _: () = assert!(BODY_BYTES_MAX_DEFAULT <= MOVE_PAGE_BYTES_MAX);
 const _: () = assert!(2 * MOVE_PAGE_BYTES_MAX < MOVE_IMPORT_BODY_BYTES_MAX);
 const _: () = assert!(MOVE_DRAIN_POLL_MS * 100 <= MOVE_DRAIN_WAIT_MS);

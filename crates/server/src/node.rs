@@ -10,11 +10,11 @@ use crate::Error;
 use keyhold_core::{Policy, TenantId, UnixMillis};
 use keyhold_fingerprint::{Fingerprint, Spec, Value};
 use keyhold_registry::{
-    NodeCredentials, NodeId, NodeInfo, Registry, RegistryConfig, Request, Response, TenantRecord,
-    TenantState,
+    NodeCredentials, NodeId, NodeInfo, OperationKind, OperationState, Registry, RegistryConfig,
+    Request, Response, TenantRecord, TenantState,
 };
 use keyhold_store::raft::{Bootstrap, GroupOptions, Leadership, Member, Purge};
-use keyhold_store::{GuardOutcome, Store};
+use keyhold_store::{GuardOutcome, Store, TenantGuard};
 use std::net::SocketAddr;
 use std::time::Duration;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -41,7 +41,10 @@ pub struct Node {
     /// Woken when an order is created, so idle relays deliver at once.
     pub(crate) outbox_notify: tokio::sync::Notify,
     /// The copies of other regions' stores this node keeps as their standby.
-    standby_copies: Vec<StandbyCopy>,
+    /// Behind a lock because a copy promoted for a failover is deleted and
+    /// re-created while the node runs (`copies.rs`); readers take a clone of
+    /// the list (each copy is a cheap handle) and never hold the lock.
+    standby_copies: std::sync::RwLock<Vec<StandbyCopy>>,
     /// Contact with the registry majority: tenant requests execute only under it.
     lease: crate::lease::Lease,
     /// Per region, the node that answered this node's last call there.
@@ -140,7 +143,7 @@ impl Node {
             outbox_notify: tokio::sync::Notify::new(),
             answered: Default::default(),
             lease: Default::default(),
-            standby_copies,
+            standby_copies: std::sync::RwLock::new(standby_copies),
             http,
             hmac_secret,
             orders_spec: Spec::orders(),
@@ -202,6 +205,23 @@ impl Node {
         match self.store.guard(tenant)? {
             None => return Ok(true),
             Some(guard) if guard.executes() && guard.epoch() >= epoch => return Ok(true),
+            // A failover imports at the epoch its completion gives: its guard
+            // gives way to that very failover, once the registry shows it done.
+            Some(TenantGuard::Importing {
+                operation_id,
+                epoch: imported,
+            }) if imported == epoch && self.failover_done_here(&operation_id) => {
+                let outcome = self
+                    .store
+                    .own_imported(tenant.clone(), operation_id, epoch)
+                    .await?;
+                let owned = matches!(outcome, GuardOutcome::Accepted { .. });
+                if owned {
+                    metrics::counter!("keyhold_failover_guards_lifted_total").increment(1);
+                    tracing::info!(tenant = %tenant.as_str(), epoch, "the store owns the failed-over tenant");
+                }
+                return Ok(owned);
+            }
             // A move's fence (or import) at this epoch stays until the registry
             // moves the tenant on: `Own` would be refused.
             Some(guard) if guard.epoch() >= epoch => return Ok(false),
@@ -216,6 +236,18 @@ impl Node {
             tracing::info!(tenant = %tenant.as_str(), epoch, "the store owns the tenant again");
         }
         Ok(owned)
+    }
+
+    /// True when the local registry replica shows `operation_id` as a failover
+    /// to this region that is done: the tenants it imported here are ours.
+    pub fn failover_done_here(&self, operation_id: &str) -> bool {
+        self.registry.read(|state| {
+            state.operations.get(operation_id).is_some_and(|op| {
+                op.kind == OperationKind::Failover
+                    && op.state == OperationState::Done
+                    && op.to == self.config.region
+            })
+        })
     }
 
     /// Where this tenant's requests execute, by the local replica. A moving
@@ -289,9 +321,45 @@ impl Node {
         last
     }
 
-    /// The copies of other regions' stores this node keeps (as their standby).
-    pub fn standby_copies(&self) -> &[StandbyCopy] {
-        &self.standby_copies
+    /// The copies of other regions' stores this node keeps (as their standby),
+    /// as they are now.
+    pub fn standby_copies(&self) -> Vec<StandbyCopy> {
+        self.standby_copies.read().expect("not poisoned").clone()
+    }
+
+    /// This node's copy of `region`'s store, if it keeps one now.
+    pub fn standby_copy(&self, region: &str) -> Option<StandbyCopy> {
+        self.standby_copies
+            .read()
+            .expect("not poisoned")
+            .iter()
+            .find(|c| c.region == region)
+            .cloned()
+    }
+
+    /// Takes the copy of `region` out of the node's list (its group's Raft
+    /// routes then answer 503 until a copy is put back).
+    pub(crate) fn take_standby_copy(&self, region: &str) -> Option<StandbyCopy> {
+        let mut copies = self.standby_copies.write().expect("not poisoned");
+        let at = copies.iter().position(|c| c.region == region)?;
+        Some(copies.remove(at))
+    }
+
+    /// Opens the copy of `region` afresh from its directory and puts it in the
+    /// node's list.
+    pub(crate) async fn reopen_standby_copy(&self, region: &str) -> Result<(), Error> {
+        let copy = open_standby_copy(
+            &self.config,
+            region,
+            self.registry.node(),
+            &self.http,
+            self.credentials(),
+        )
+        .await?;
+        let mut copies = self.standby_copies.write().expect("not poisoned");
+        copies.retain(|c| c.region != region);
+        copies.push(copy);
+        Ok(())
     }
 
     /// The region lease (`lease.rs`): whether this node may execute now.
@@ -514,11 +582,21 @@ async fn open_store(
 }
 
 /// A streamed copy of another region's store: this node is a learner of that
-/// region's group, because its region is that region's standby.
+/// region's group, because its region is that region's standby. A cheap handle.
+#[derive(Clone)]
 pub struct StandbyCopy {
     /// The region whose store this copies.
     pub region: String,
     pub store: Store,
+    /// The region's standby lag as its leader last reported it
+    /// (`copies::run`): how much a failover from this copy would lose, as far
+    /// as the copy knew. `None` until a report came.
+    pub lag: std::sync::Arc<std::sync::Mutex<Option<crate::standby::LagFigures>>>,
+}
+
+/// The directory of this node's copy of `region`'s store.
+pub(crate) fn standby_copy_dir(config: &Config, region: &str) -> std::path::PathBuf {
+    config.data_dir.join(format!("standby-{region}"))
 }
 
 /// Opens a copy of every region whose standby is this node's region, each a
@@ -535,29 +613,44 @@ async fn open_standby_copies(
         if standby != &config.region {
             continue;
         }
-        let group = keyhold_store::raft::group_name(region);
-        let member = Member {
-            group: group.clone(),
-            node: config.node_id,
-            info: info.clone(),
-        };
-        let network = keyhold_registry::HttpNetwork::<keyhold_store::raft::RegionConfig>::new(
-            http.clone(),
-            &group,
-            config.node_id,
-            credentials.clone(),
-        );
-        let options = GroupOptions {
-            snapshot_entries: config.region_snapshot_entries,
-            purge: Purge::Automatic,
-            tree_cache_bytes: config.store_cache_bytes,
-        };
-        let dir = config.data_dir.join(format!("standby-{region}"));
-        let store = Store::open_replica(&dir, member, network, Bootstrap::Joiner, options).await?;
-        copies.push(StandbyCopy {
-            region: region.clone(),
-            store,
-        });
+        // A reset a crash interrupted (`copies::reset`) left the old copy
+        // aside: it goes now.
+        crate::copies::remove_set_aside(config, region)?;
+        copies.push(open_standby_copy(config, region, info, http, credentials).await?);
     }
     Ok(copies)
+}
+
+/// Opens (or creates) this node's copy of `region`'s store.
+async fn open_standby_copy(
+    config: &Config,
+    region: &str,
+    info: &NodeInfo,
+    http: &reqwest::Client,
+    credentials: &NodeCredentials,
+) -> Result<StandbyCopy, Error> {
+    let group = keyhold_store::raft::group_name(region);
+    let member = Member {
+        group: group.clone(),
+        node: config.node_id,
+        info: info.clone(),
+    };
+    let network = keyhold_registry::HttpNetwork::<keyhold_store::raft::RegionConfig>::new(
+        http.clone(),
+        &group,
+        config.node_id,
+        credentials.clone(),
+    );
+    let options = GroupOptions {
+        snapshot_entries: config.region_snapshot_entries,
+        purge: Purge::Automatic,
+        tree_cache_bytes: config.store_cache_bytes,
+    };
+    let dir = standby_copy_dir(config, region);
+    let store = Store::open_replica(&dir, member, network, Bootstrap::Joiner, options).await?;
+    Ok(StandbyCopy {
+        region: region.to_owned(),
+        store,
+        lag: Default::default(),
+    })
 }

@@ -25,7 +25,7 @@ pub struct StandbyLag {
     pub lag: Option<LagFigures>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct LagFigures {
     pub commands: u64,
     pub seconds: f64,

@@ -12,9 +12,9 @@
 //! the command, so the command still carries everything its effect depends on.
 
 use crate::command::{
-    Applied, ChangePage, ClaimOutcome, Command, CompleteOutcome, ConsumeOutcome, CursorOutcome,
-    EraseOutcome, ExportEntry, GuardOutcome, HeartbeatOutcome, OrderOutcome, ReplayOutcome,
-    SweepOutcome,
+    Applied, CarriedEvent, ChangePage, ClaimOutcome, Command, CompleteOutcome, ConsumeOutcome,
+    CursorOutcome, EraseOutcome, ExportEntry, GuardOutcome, HeartbeatOutcome, OrderOutcome,
+    ReplayOutcome, SweepOutcome,
 };
 use crate::consumer::Consumer;
 use crate::reconcile::Reconciliation;
@@ -354,6 +354,43 @@ impl Store {
             operation_id,
             epoch,
             page,
+        })
+        .await
+    }
+
+    /// Carries `tenant`'s unhandled outbox events over from a failed region's
+    /// promoted copy for the failover `operation_id` at `epoch`; the answer's
+    /// `imported` counts the events new here.
+    pub async fn import_events(
+        &self,
+        tenant: TenantId,
+        operation_id: String,
+        epoch: u64,
+        events: Vec<CarriedEvent>,
+        now: UnixMillis,
+    ) -> Result<GuardOutcome, Error> {
+        self.run(Command::ImportEvents {
+            tenant,
+            operation_id,
+            epoch,
+            events,
+            now,
+        })
+        .await
+    }
+
+    /// This store owns `tenant` at `epoch`, which the failover `operation_id`
+    /// imported it at (`Command::OwnImported`).
+    pub async fn own_imported(
+        &self,
+        tenant: TenantId,
+        operation_id: String,
+        epoch: u64,
+    ) -> Result<GuardOutcome, Error> {
+        self.run(Command::OwnImported {
+            tenant,
+            operation_id,
+            epoch,
         })
         .await
     }

@@ -158,6 +158,30 @@ pub enum Command {
     /// that comes back after a failover still holds what its standby lacked.
     /// Recorded only forward.
     StandbyMatched { index: u64 },
+    /// A failover `operation_id` carries `tenant`'s outbox events over from the
+    /// failed region's promoted copy (the events some consumer there had not
+    /// handled), at the tenant's guard `epoch` (`Importing`, as `Import`):
+    /// each becomes a new event of this outbox with the same event id,
+    /// marked processed for the consumers in its `handled_by`, so only the
+    /// others deliver it. An event id imported before is skipped, so the
+    /// command can be repeated. `now` dates those processed entries.
+    ImportEvents {
+        tenant: TenantId,
+        operation_id: String,
+        epoch: u64,
+        events: Vec<CarriedEvent>,
+        now: UnixMillis,
+    },
+    /// The registry gives this region `tenant` at `epoch` by the failover
+    /// `operation_id`, which imported it here at that same epoch: the store
+    /// owns it (as `Own`), its `Importing` guard of that operation and epoch
+    /// giving way too. A move's import is of an earlier epoch than the one
+    /// its completion gives, so `Own` suffices there; a failover's is not.
+    OwnImported {
+        tenant: TenantId,
+        operation_id: String,
+        epoch: u64,
+    },
     /// Stores the report of a failover away from this region (its orphans),
     /// unless one is stored for that failover already: the first stays, since
     /// the orphans cannot be read again once the lost tenants' data is being
@@ -168,6 +192,25 @@ pub enum Command {
     /// The lost tenants' data of the recorded reconciliation `operation_id` is
     /// erased: it is done. Refused when none is recorded.
     FinishReconciliation { operation_id: String },
+}
+
+/// An outbox event a failover carries from the failed region's copy, with
+/// the consumers that handled it there already.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CarriedEvent {
+    pub event: OutboxEvent,
+    pub handled_by: Vec<Consumer>,
+}
+
+impl CarriedEvent {
+    /// The wire form of one page of carried events (bincode 2, standard config).
+    pub fn encode_page(events: &[CarriedEvent]) -> Vec<u8> {
+        crate::codec::encode_plain(&events)
+    }
+
+    pub fn decode_page(bytes: &[u8]) -> Result<Vec<CarriedEvent>, crate::Error> {
+        crate::codec::decode_plain(bytes)
+    }
 }
 
 /// The move whose copy a store tracks a tenant's changes for.
@@ -463,7 +506,8 @@ pub enum Applied {
     Replayed {
         events: u64,
     },
-    /// `Fence`, `Import`, `ImportChanges`, `Own` or `TrackChanges`.
+    /// `Fence`, `Import`, `ImportChanges`, `Own`, `TrackChanges`,
+    /// `ImportEvents` (`imported`: the events new here) or `OwnImported`.
     Guard(GuardOutcome),
     /// `EraseTenant` or `EndTracking` removed `entries`; `more` when it
     /// stopped at its limit.

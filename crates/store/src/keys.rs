@@ -92,6 +92,17 @@ pub fn tenant_last_event(tenant: &TenantId) -> Vec<u8> {
     key
 }
 
+/// Prefix of the events a failover imported (`Command::ImportEvents`), by id.
+pub const IMPORTED_EVENT_PREFIX: &[u8] = b"simported_event:";
+
+/// Present once the event `event_id` was imported by a failover: its
+/// sequence number here.
+pub fn imported_event(event_id: &str) -> Vec<u8> {
+    let mut key = IMPORTED_EVENT_PREFIX.to_vec();
+    key.extend_from_slice(event_id.as_bytes());
+    key
+}
+
 /// Prefix of the tenants' guards (`TenantGuard`).
 pub const GUARD_PREFIX: &[u8] = b"sguard:";
 

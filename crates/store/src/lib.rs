@@ -40,8 +40,8 @@ mod reconcile;
 mod stats;
 
 pub use command::{
-    Applied, ChangePage, ClaimOutcome, Command, CompleteOutcome, ConsumeOutcome, Cursor,
-    CursorOutcome, EraseOutcome, ExportEntry, GuardOutcome, HeartbeatOutcome, OrderOutcome,
+    Applied, CarriedEvent, ChangePage, ClaimOutcome, Command, CompleteOutcome, ConsumeOutcome,
+    Cursor, CursorOutcome, EraseOutcome, ExportEntry, GuardOutcome, HeartbeatOutcome, OrderOutcome,
     OutboxEvent, Processed, Rejection, ReplayOutcome, Reservation, SweepOutcome, TenantGuard,
     Tracking,
 };
@@ -248,6 +248,34 @@ impl Store {
     /// answered `Unavailable`.
     pub async fn shutdown(&self) -> Result<(), Error> {
         self.inner.group.shutdown().await
+    }
+
+    /// Promotes this replica (a standby copy of a failed region) to final:
+    /// see `raft::RegionGroup::promote`. Returns the last log index applied,
+    /// the same on every call.
+    pub async fn promote(&self) -> Result<u64, Error> {
+        self.inner.group.promote().await
+    }
+
+    /// The index this replica was promoted at; `None` while it is an ordinary
+    /// replica of its group.
+    pub fn promoted(&self) -> Result<Option<u64>, Error> {
+        self.inner.group.state_machine().promoted()
+    }
+
+    /// The last log index applied to this replica's state.
+    pub fn applied_index(&self) -> Result<u64, Error> {
+        self.inner.group.state_machine().applied_index()
+    }
+
+    /// The last log index this replica holds (applied or not).
+    pub fn last_log_index(&self) -> Result<u64, Error> {
+        self.inner.group.last_log_index()
+    }
+
+    /// The directory this store lives in.
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
     }
 
     /// Reads a value of the applied state. Async so that a replica that is not
@@ -457,6 +485,56 @@ impl Store {
             },
             next,
         ))
+    }
+
+    /// One page of the tenant's outbox events that some consumer of
+    /// `consumers` has not handled here (after its cursor, without its
+    /// processed entry), in sequence order after `after_seq`, each with the
+    /// consumers that did handle it; bounded by `bytes_max` of payload (at
+    /// least one event). Returns the page and the sequence number to continue
+    /// after (`None` when done). What a failover carries from a promoted copy.
+    pub async fn unhandled_events(
+        &self,
+        tenant: &TenantId,
+        consumers: &[Consumer],
+        after_seq: u64,
+        bytes_max: usize,
+    ) -> Result<(Vec<CarriedEvent>, Option<u64>), Error> {
+        let mut cursors = Vec::with_capacity(consumers.len());
+        for &consumer in consumers {
+            cursors.push((consumer, self.cursor(consumer).await?));
+        }
+        // Every event at or below the lowest cursor is handled by all.
+        let start = cursors
+            .iter()
+            .map(|c| c.1)
+            .min()
+            .unwrap_or(u64::MAX)
+            .max(after_seq);
+        let (mut page, mut bytes) = (Vec::new(), 0usize);
+        let tree = self.inner.machine_tree();
+        for item in tree.range(keys::outbox(start.saturating_add(1))..keys::outbox(u64::MAX)) {
+            let (event, _) = codec::decode::<OutboxEvent>(&item?.1)?;
+            if &event.tenant != tenant {
+                continue;
+            }
+            let mut handled_by = Vec::new();
+            for &(consumer, cursor) in &cursors {
+                if cursor >= event.seq || self.is_processed(consumer, &event.event_id).await? {
+                    handled_by.push(consumer);
+                }
+            }
+            if handled_by.len() == cursors.len() {
+                continue;
+            }
+            if !page.is_empty() && bytes + event.payload.len() > bytes_max {
+                let last = page.last().map(|c: &CarriedEvent| c.event.seq);
+                return Ok((page, last));
+            }
+            bytes += event.payload.len();
+            page.push(CarriedEvent { event, handled_by });
+        }
+        Ok((page, None))
     }
 
     /// The move tracking each tenant's changes, for every tracked tenant.

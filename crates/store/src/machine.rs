@@ -7,9 +7,9 @@
 
 use crate::codec::{decode, decode_plain, encode, encode_raw, order_tenant, payload};
 use crate::command::{
-    Applied, ClaimOutcome, Command, CompleteOutcome, ConsumeOutcome, CursorOutcome, ExportEntry,
-    GuardOutcome, HeartbeatOutcome, OrderOutcome, OutboxEvent, Processed, Rejection, Reservation,
-    SweepOutcome, TenantGuard, Tracking,
+    Applied, CarriedEvent, ClaimOutcome, Command, CompleteOutcome, ConsumeOutcome, CursorOutcome,
+    ExportEntry, GuardOutcome, HeartbeatOutcome, OrderOutcome, OutboxEvent, Processed, Rejection,
+    Reservation, SweepOutcome, TenantGuard, Tracking,
 };
 use crate::consumer::Consumer;
 use crate::keys;
@@ -410,6 +410,30 @@ impl Machine {
                     self.set_guard(w, tenant, wanted, |current| current.epoch() < *epoch)?,
                 )
             }
+            Command::OwnImported {
+                tenant,
+                operation_id,
+                epoch,
+            } => {
+                let wanted = TenantGuard::Owned { epoch: *epoch };
+                Applied::Guard(self.set_guard(w, tenant, wanted, |current| match current {
+                    TenantGuard::Importing {
+                        operation_id: op,
+                        epoch: e,
+                    } if op == operation_id && e == epoch => true,
+                    other => other.epoch() < *epoch,
+                })?)
+            }
+            Command::ImportEvents {
+                tenant,
+                operation_id,
+                epoch,
+                events,
+                now,
+            } => match self.import_events(w, tenant, operation_id, *epoch, events, *now)? {
+                Ok(outcome) => Applied::Guard(outcome),
+                Err(rejection) => return Ok(Err(rejection)),
+            },
             Command::AdvanceCursor {
                 consumer,
                 seq,
@@ -481,6 +505,9 @@ impl Machine {
             return Ok(Ok(outcome));
         };
         for (index, entry) in entries.iter().enumerate() {
+            if self.has_settled(tenant, entry)? {
+                continue;
+            }
             if let Err(rejection) = import(w, tenant, index, entry) {
                 return Ok(Err(rejection));
             }
@@ -504,6 +531,90 @@ impl Machine {
             guard,
             imported: (entries.len() + removed.len()) as u64,
         }))
+    }
+
+    /// `Command::ImportEvents`: under the tenant's `Importing` guard of the
+    /// failover, appends each carried event not imported before to the outbox
+    /// (a new sequence number, the same event id), with processed entries for
+    /// the consumers that handled it in the failed region.
+    fn import_events(
+        &self,
+        w: &mut Writes,
+        tenant: &TenantId,
+        operation_id: &str,
+        epoch: u64,
+        events: &[CarriedEvent],
+        now: UnixMillis,
+    ) -> Result<Result<GuardOutcome, Rejection>, Error> {
+        let wanted = TenantGuard::Importing {
+            operation_id: operation_id.to_owned(),
+            epoch,
+        };
+        let outcome = self.set_guard(w, tenant, wanted, |current| current.epoch() < epoch)?;
+        let GuardOutcome::Accepted { guard, .. } = outcome else {
+            return Ok(Ok(outcome));
+        };
+        let mut seq = self.get::<u64>(keys::META_OUTBOX_SEQ)?.unwrap_or(0);
+        let mut fresh = std::collections::HashSet::new();
+        for (index, carried) in events.iter().enumerate() {
+            let event = &carried.event;
+            if &event.tenant != tenant {
+                return Ok(Err(Rejection::ImportForeignEntry { index }));
+            }
+            let mark = keys::imported_event(&event.event_id);
+            if self.tree.contains_key(&mark)? || !fresh.insert(event.event_id.clone()) {
+                continue;
+            }
+            seq += 1;
+            let imported = OutboxEvent {
+                seq,
+                ..event.clone()
+            };
+            w.put_expiry(imported.expires_at, &keys::outbox(seq));
+            w.put(keys::outbox(seq), &imported);
+            w.put(mark, &seq);
+            for &consumer in &carried.handled_by {
+                let key = keys::processed(consumer, &event.event_id);
+                let entry = Processed {
+                    consumer,
+                    event_id: event.event_id.clone(),
+                    at: now,
+                    expires_at: event.expires_at,
+                };
+                w.put_expiry(entry.expires_at, &key);
+                w.put(key, &entry);
+            }
+        }
+        if !fresh.is_empty() {
+            w.put(keys::META_OUTBOX_SEQ.to_vec(), &seq);
+            w.put(keys::tenant_last_event(tenant), &seq);
+        }
+        Ok(Ok(GuardOutcome::Accepted {
+            guard,
+            imported: fresh.len() as u64,
+        }))
+    }
+
+    /// True when `entry` is an order of `tenant` still `Confirmed` whose
+    /// payment this store already settled (`Paid` or `PaymentFailed`): the
+    /// import keeps the settled order. A failover's import may be repeated
+    /// after this store's payments consumer handled the order's carried
+    /// event; its processed entry stops a second delivery, so overwriting
+    /// the status would lose the payment's result for good. (A move never
+    /// meets this: the new home gets no event before it owns the tenant.)
+    fn has_settled(&self, tenant: &TenantId, entry: &ExportEntry) -> Result<bool, Error> {
+        if entry.key.first() != Some(&keys::ORDER) {
+            return Ok(false);
+        }
+        let Ok(imported) = decode_plain::<Order>(&entry.payload) else {
+            return Ok(false);
+        };
+        if &imported.tenant != tenant || imported.status != OrderStatus::Confirmed {
+            return Ok(false);
+        }
+        Ok(self
+            .get::<Order>(&entry.key)?
+            .is_some_and(|here| &here.tenant == tenant && here.status != OrderStatus::Confirmed))
     }
 
     /// A page of `Command::EndTracking`: the tracking of `operation_id` stops

@@ -177,7 +177,7 @@ enum End {
     To,
 }
 
-fn tenant_param(tenant_id: &str) -> Result<TenantId, ApiError> {
+pub(super) fn tenant_param(tenant_id: &str) -> Result<TenantId, ApiError> {
     TenantId::parse(tenant_id).map_err(|_| ApiError::new(Problem::NotFound))
 }
 
@@ -230,7 +230,7 @@ async fn check_running(
     Ok(())
 }
 
-fn guard_answer(outcome: GuardOutcome) -> Result<u64, ApiError> {
+pub(super) fn guard_answer(outcome: GuardOutcome) -> Result<u64, ApiError> {
     match outcome {
         GuardOutcome::Accepted { imported, .. } => Ok(imported),
         GuardOutcome::Refused { current } => {
@@ -297,7 +297,7 @@ fn refuse_unreconciled(node: &Node, tenant_id: &str) -> Result<(), ApiError> {
     }
 }
 
-fn ok_json(value: serde_json::Value) -> Response {
+pub(super) fn ok_json(value: serde_json::Value) -> Response {
     json_response(200, serde_json::to_vec(&value).expect("json"))
 }
 
@@ -349,7 +349,7 @@ impl ExportQuery {
 }
 
 /// A page's wire form, with the cursor of the next page when there is one.
-fn page_response(body: Vec<u8>, next: Option<Vec<u8>>) -> Response {
+pub(super) fn page_response(body: Vec<u8>, next: Option<Vec<u8>>) -> Response {
     let mut response = (
         [(
             header::CONTENT_TYPE,
@@ -453,7 +453,11 @@ impl Pass {
 
 /// Splits `items` into runs of at most `bytes_max` bytes by `size`, in order;
 /// a run holds at least one item, however large.
-fn split_by_bytes<T>(items: Vec<T>, bytes_max: usize, size: impl Fn(&T) -> usize) -> Vec<Vec<T>> {
+pub(super) fn split_by_bytes<T>(
+    items: Vec<T>,
+    bytes_max: usize,
+    size: impl Fn(&T) -> usize,
+) -> Vec<Vec<T>> {
     let mut runs: Vec<Vec<T>> = Vec::new();
     let mut bytes = 0;
     for item in items {
@@ -472,7 +476,7 @@ fn split_by_bytes<T>(items: Vec<T>, bytes_max: usize, size: impl Fn(&T) -> usize
     runs
 }
 
-fn entry_bytes(entry: &ExportEntry) -> usize {
+pub(super) fn entry_bytes(entry: &ExportEntry) -> usize {
     entry.key.len() + entry.payload.len()
 }
 

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 /// Marks a request sent on by a follower of the home region to its leader.
 pub const KEYHOLD_HOP: HeaderName = HeaderName::from_static("keyhold-hop");
-const HOP_REGION: &str = "region";
+pub(super) const HOP_REGION: &str = "region";
 /// On a 503 from a node that received a hop but does not lead: nothing executed.
 pub const KEYHOLD_NOT_LEADER: HeaderName = HeaderName::from_static("keyhold-not-leader");
 

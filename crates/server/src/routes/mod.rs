@@ -4,6 +4,7 @@
 mod admin;
 mod admin_page;
 mod claims;
+mod failover;
 mod forward;
 mod guard;
 mod internal;
@@ -103,6 +104,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .merge(tenant_routes)
         .merge(admin_routes)
         .merge(internal::router(node.clone()))
+        .merge(failover::router(node.clone()))
         .merge(admin_page::router())
         .route("/v1/idempotency-policy", get(meta::policy))
         .route("/v1/fingerprint-specs", get(meta::specs))

@@ -31,7 +31,10 @@ use openraft::raft::{
 use openraft::{AnyError, ChangeMembers, ServerState};
 use tokio::sync::{mpsc, watch};
 
-use super::{CommandBatch, EntryOutcome, Member, RegionConfig, RegionRaft, RegionStateMachine};
+use super::{
+    CommandBatch, EntryOutcome, Member, RegionConfig, RegionLogStore, RegionRaft,
+    RegionStateMachine,
+};
 use crate::command::{Applied, Command};
 use crate::limits::{
     BATCH_COMMANDS_MAX, QUEUE_COMMANDS_MAX, REGION_APPEND_ENTRIES_MAX,
@@ -112,6 +115,9 @@ pub struct RegionGroup {
 struct Inner {
     raft: RegionRaft,
     state_machine: RegionStateMachine,
+    /// The replica's log, shared with openraft: read when the replica is
+    /// promoted (`promote`), after its Raft instance stopped.
+    log: RegionLogStore,
     jobs: mpsc::Sender<Job>,
     stats: Arc<CommitStats>,
     /// The entries this member's writer appended lately, for replication lag in
@@ -299,6 +305,7 @@ impl RegionGroup {
         .await
         .map_err(|e| Error::Raft(format!("open task: {e}")))??;
         let config = Arc::new(raft_config(&member.group, options)?);
+        let log_reader = log.clone();
         let raft = RegionRaft::new(member.node, config, network, log, state_machine.clone())
             .await
             .map_err(|e| Error::Raft(e.to_string()))?;
@@ -313,6 +320,13 @@ impl RegionGroup {
                 .await
                 .map_err(|e| Error::Raft(format!("initialize: {e}")))?;
         }
+        // A promoted replica is final (`promote`): it takes no part in its
+        // group again, across restarts; reads of its state go on.
+        if state_machine.promoted()?.is_some() {
+            raft.shutdown()
+                .await
+                .map_err(|e| Error::Raft(format!("shutdown of a promoted replica: {e}")))?;
+        }
         tokio::spawn(heartbeats(raft.clone()));
         let (jobs, rx) = mpsc::channel(QUEUE_COMMANDS_MAX);
         let stats = Arc::new(CommitStats::default());
@@ -322,6 +336,7 @@ impl RegionGroup {
             inner: Arc::new(Inner {
                 raft,
                 state_machine,
+                log: log_reader,
                 jobs,
                 stats,
                 written,
@@ -501,6 +516,52 @@ impl RegionGroup {
     /// A receiver of the last applied log index.
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.inner.state_machine.subscribe()
+    }
+
+    /// Promotes this replica, a standby copy of a failed region, to the final
+    /// state of that region as far as it holds the log: stops its Raft
+    /// instance for good (it neither votes, nor takes entries from a leader,
+    /// nor writes, even after a restart) and applies every entry of its log
+    /// beyond its applied index, including those it received but never
+    /// learned were committed. Returns the last index applied: the same on
+    /// every call, and after a restart.
+    ///
+    /// Entries a deposed leader never got committed may be among them: each is
+    /// a command that executed here without its client ever hearing so, which
+    /// the client's retry with the same key replays.
+    pub async fn promote(&self) -> Result<u64, Error> {
+        self.inner
+            .raft
+            .shutdown()
+            .await
+            .map_err(|e| Error::Raft(format!("shutdown for promotion: {e}")))?;
+        if let Some(at) = self.inner.state_machine.promoted()? {
+            return Ok(at);
+        }
+        let applied = self.inner.state_machine.applied_index()?;
+        let mut log = self.inner.log.clone();
+        let entries =
+            openraft::storage::RaftLogReader::try_get_log_entries(&mut log, applied + 1..)
+                .await
+                .map_err(|e| Error::Raft(format!("reading the log for promotion: {e}")))?;
+        let at = self.inner.state_machine.promote(entries).await?;
+        tracing::info!(applied, at, "replica promoted");
+        Ok(at)
+    }
+
+    /// The last log index this replica holds (for a promoted one, the index
+    /// it was promoted at).
+    pub fn last_log_index(&self) -> Result<u64, Error> {
+        if let Some(at) = self.inner.state_machine.promoted()? {
+            return Ok(at);
+        }
+        Ok(self
+            .inner
+            .raft
+            .metrics()
+            .borrow()
+            .last_log_index
+            .unwrap_or(0))
     }
 
     /// Stops the Raft instance (the writer then answers `Unavailable`) and flushes the

@@ -28,7 +28,7 @@ use std::fmt::Debug;
 use std::fs::File;
 use std::io::{Seek, SeekFrom};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use openraft::storage::{RaftStateMachine, Snapshot};
@@ -52,6 +52,9 @@ const KEY_MEMBERSHIP: &[u8] = b"sraft:membership";
 /// Present while an entry is applied in part (`Partial`): how many of its commands
 /// are in the tree.
 const KEY_PARTIAL: &[u8] = b"sraft:partial";
+/// Present once the replica was promoted (`RegionStateMachine::promote`): the
+/// last log index it applied (`u64`). From then on it applies nothing more.
+const KEY_PROMOTED: &[u8] = b"sraft:promoted";
 const CURRENT_SNAPSHOT: &str = "current.snap";
 const INSTALL_PENDING: &str = "install.pending";
 /// Prefixes of files that only live while a snapshot is built or received.
@@ -92,6 +95,10 @@ struct Shared {
     applied_index: watch::Sender<u64>,
     /// Makes temporary file names and snapshot ids unique within a process.
     seq: AtomicU64,
+    /// Set once the replica is promoted: an entry openraft still hands over
+    /// afterwards (its apply task may outlive the core by a moment) is refused,
+    /// never applied a second time.
+    promoted: AtomicBool,
 }
 
 /// One replica's region state machine. Cloning is cheap and shares the same state.
@@ -148,6 +155,7 @@ impl RegionStateMachine {
             cut: Mutex::new(()),
             applied_index: watch::channel(0).0,
             seq: AtomicU64::new(0),
+            promoted: AtomicBool::new(false),
         };
         if shared.snapshots.join(INSTALL_PENDING).exists() {
             tracing::warn!("finishing a snapshot installation a crash interrupted");
@@ -158,6 +166,9 @@ impl RegionStateMachine {
         shared
             .applied_index
             .send_replace(applied.map_or(0, |id| id.index));
+        if shared.machine.tree().contains_key(KEY_PROMOTED)? {
+            shared.promoted.store(true, Ordering::SeqCst);
+        }
         Ok(Self {
             shared: Arc::new(shared),
         })
@@ -191,9 +202,41 @@ impl RegionStateMachine {
             .tree()
             .iter()
             .filter_map(Result::ok)
-            .filter(|(k, _)| ![KEY_APPLIED, KEY_MEMBERSHIP, KEY_PARTIAL].contains(&k.as_ref()))
+            .filter(|(k, _)| {
+                ![KEY_APPLIED, KEY_MEMBERSHIP, KEY_PARTIAL, KEY_PROMOTED].contains(&k.as_ref())
+            })
             .map(|(k, v)| (k.to_vec(), v.to_vec()))
             .collect()
+    }
+
+    /// The last log index this replica applied when it was promoted; `None`
+    /// while it is an ordinary replica.
+    pub fn promoted(&self) -> Result<Option<u64>, Error> {
+        match self.shared.machine.tree().get(KEY_PROMOTED)? {
+            Some(bytes) => Ok(Some(decode(&bytes)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The last applied log index, as the tree records it.
+    pub fn applied_index(&self) -> Result<u64, Error> {
+        Ok(self.shared.applied_state()?.0.map_or(0, |id| id.index))
+    }
+
+    /// Makes this replica final: applies `entries` (read from its own log after
+    /// its group's Raft instance stopped) beyond what it applied, in order, and
+    /// records the promotion with the last index applied, which it returns. A
+    /// replica promoted before answers that index and applies nothing. Each
+    /// entry goes in its own atomic batch with the applied id, as openraft's
+    /// applies do, and the promotion is recorded (and the `Db` flushed) last:
+    /// a crash midway leaves an ordinary replica that applied a prefix, and
+    /// promoting it again applies the rest and reaches the same index.
+    pub async fn promote(&self, entries: Vec<Entry>) -> Result<u64, Error> {
+        let at = self
+            .spawn_blocking(move |shared| shared.promote(entries))
+            .await?;
+        self.shared.applied_index.send_replace(at);
+        Ok(at)
     }
 
     fn spawn_blocking<T: Send + 'static>(
@@ -237,6 +280,19 @@ impl Shared {
     /// last command, that the entry is applied (`KEY_APPLIED`).
     fn apply(&self, entries: impl IntoIterator<Item = Entry>) -> Result<Vec<EntryOutcome>, Error> {
         let _cut = self.lock();
+        if self.promoted.load(Ordering::SeqCst) {
+            return Err(Error::Raft(
+                "the replica was promoted: it applies no more entries".into(),
+            ));
+        }
+        self.apply_locked(entries)
+    }
+
+    /// `apply`, with the lock held by the caller.
+    fn apply_locked(
+        &self,
+        entries: impl IntoIterator<Item = Entry>,
+    ) -> Result<Vec<EntryOutcome>, Error> {
         let mut outcomes = Vec::new();
         for entry in entries {
             let log_id = entry.log_id;
@@ -315,6 +371,39 @@ impl Shared {
         }
         self.machine.tree().apply_batch(batch)?;
         Ok(())
+    }
+
+    /// `RegionStateMachine::promote` under the lock: entries at or below the
+    /// applied index are skipped (applied meanwhile, or before a crash), the
+    /// rest must follow it without a gap.
+    fn promote(&self, entries: Vec<Entry>) -> Result<u64, Error> {
+        let _cut = self.lock();
+        let tree = self.machine.tree();
+        if let Some(bytes) = tree.get(KEY_PROMOTED)? {
+            self.promoted.store(true, Ordering::SeqCst);
+            return decode(&bytes);
+        }
+        let mut at = self.applied_state()?.0.map_or(0, |id| id.index);
+        let mut beyond = Vec::new();
+        for entry in entries {
+            let index = entry.log_id.index;
+            if index <= at {
+                continue;
+            }
+            if index != at + 1 {
+                return Err(Error::Raft(format!(
+                    "promotion: the log has no entry {} (next is {index})",
+                    at + 1
+                )));
+            }
+            at = index;
+            beyond.push(entry);
+        }
+        self.apply_locked(beyond)?;
+        tree.insert(KEY_PROMOTED, encode(&at)?)?;
+        self.promoted.store(true, Ordering::SeqCst);
+        self.db.flush()?;
+        Ok(at)
     }
 
     fn current_path(&self) -> PathBuf {

@@ -1,7 +1,7 @@
 //! Tests of a region's Raft group: a single-voter group end to end, openraft's own
 //! storage suite for the region log store and state machine, exactly-once apply
 //! across a kill -9, and snapshots that build from the region tree and install on
-//! new, lagging and interrupted replicas.
+//! new, lagging and interrupted replicas, and the promotion of a standby copy.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -10,5 +10,6 @@ mod catch_up;
 mod exactly_once;
 mod group;
 mod helpers;
+mod promote;
 mod snapshots;
 mod suite;

@@ -1,0 +1,819 @@
+//! A region failover's import, through real nodes started in this process
+//! (`Node::open` and `serve`, as `keyhold_server::run` does, keeping the node
+//! handle to write the registry's failover requests as the lead's driver
+//! will): three regions of one node each, region a with b as its standby.
+//!
+//! A tenant of a takes orders; a's inventory consumer handles them, but its
+//! payment provider is unreachable, so no payment is delivered. b's copy of a
+//! catches up; a stops. With `BeginFailover` written, b's `/copy` route
+//! reports the copy's position, and b's `/import` promotes the copy and
+//! imports the tenant into b's own store: every record, marker and order the
+//! copy had, and the three undelivered events (marked handled for inventory,
+//! which handled them in a), which b's payments consumer then delivers. A
+//! second import answers the same, adds no event and keeps the orders b
+//! settled. After `CompleteFailover` the tenant executes in b: an order
+//! acknowledged by a replays byte for byte, new orders are taken, each
+//! payment is charged exactly once (by b), and b's promoted copy is deleted
+//! and created again empty. (The lead's driver would do the same after
+//! waiting out a's lease, `FAILOVER_FENCE_WAIT_MS`; these steps take far less.)
+//! A second test reads the copy of another node of b, a third lets the
+//! driver do it all, opened through the admin route, and a fourth restarts b
+//! between two imports.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use keyhold_core::TenantId;
+use keyhold_registry::{LostEstimate, Request, NODE_CREDENTIAL_HEADER};
+use keyhold_server::config::Member;
+use keyhold_server::{Config, Node};
+use keyhold_store::{Consumer, Store, TenantGuard};
+use serde_json::{json, Value};
+use tokio::sync::oneshot;
+
+const ADMIN_TOKEN: &str = "failover-import-admin-token-0123456789";
+const CREDENTIAL: &str = "failover-import-node-credential-0123456789";
+/// Start-up, elections and replication on a loaded two-core machine.
+const WAIT: Duration = Duration::from_secs(60);
+const TENANT: &str = "shop";
+const ORDERS: usize = 3;
+
+struct TestNode {
+    node: Arc<Node>,
+    api: String,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<Result<(), keyhold_server::Error>>,
+}
+
+impl TestNode {
+    async fn stop(mut self) {
+        let _ = self.stop.take().expect("running").send(());
+        self.task
+            .await
+            .expect("node task")
+            .expect("node stopped cleanly");
+    }
+}
+
+fn free_addr() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// Starts the fake payment provider; its base URL and its stop.
+async fn provider(dir: &Path) -> (String, oneshot::Sender<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = oneshot::channel::<()>();
+    let config = keyhold_fakepsp::PspConfig::new(dir.join("psp"));
+    tokio::spawn(keyhold_fakepsp::run(config, listener, async {
+        let _ = stopped.await;
+    }));
+    (base, stop)
+}
+
+/// One node per entry of `regions` (ids from 1: a first, then b's, then c);
+/// a's standby is b. a's payment provider cannot be reached; b's is `psp`.
+async fn start_cluster(dir: &Path, psp: &str, regions: &[&str]) -> Vec<TestNode> {
+    let credential_file: PathBuf = dir.join("node-credential");
+    std::fs::write(&credential_file, CREDENTIAL).unwrap();
+    let mut listeners = Vec::new();
+    let mut members = Vec::new();
+    for (id, region) in (1u64..).zip(regions) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let raft = tokio::net::TcpListener::bind(free_addr()).await.unwrap();
+        members.push(Member {
+            id,
+            region: region.to_string(),
+            api_addr: listener.local_addr().unwrap().to_string(),
+            raft_addr: raft.local_addr().unwrap().to_string(),
+        });
+        listeners.push((id, listener, raft));
+    }
+    let mut nodes = Vec::new();
+    for (id, listener, raft) in listeners {
+        nodes.push(start_node(dir, &members, id, psp, listener, raft).await);
+    }
+    nodes
+}
+
+/// Starts node `id` of `members` on its listeners, with its data under
+/// `dir/node-<id>`.
+async fn start_node(
+    dir: &Path,
+    members: &[Member],
+    id: u64,
+    psp: &str,
+    listener: tokio::net::TcpListener,
+    raft: tokio::net::TcpListener,
+) -> TestNode {
+    let member = members.iter().find(|m| m.id == id).unwrap().clone();
+    let mut config = Config::new(
+        &member.region,
+        dir.join(format!("node-{id}")),
+        ADMIN_TOKEN.into(),
+    );
+    config.regions = vec!["a".into(), "b".into(), "c".into()];
+    config.standbys = [("a".to_string(), "b".to_string())].into();
+    config.node_id = id;
+    config.raft_listen = member.raft_addr.clone();
+    config.members = members.to_vec();
+    config.node_credential_file = Some(dir.join("node-credential"));
+    config.psp_url = match member.region.as_str() {
+        // Nothing listens there.
+        "a" => Some(format!("http://{}", free_addr())),
+        "b" => Some(psp.to_owned()),
+        _ => None,
+    };
+    let api_addr = listener.local_addr().unwrap();
+    let raft_addr = raft.local_addr().unwrap();
+    let node = Arc::new(Node::open(config, api_addr, raft_addr).await.unwrap());
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(keyhold_server::serve(
+        node.clone(),
+        listener,
+        raft,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    TestNode {
+        node,
+        api: format!("http://{api_addr}"),
+        stop: Some(stop),
+        task,
+    }
+}
+
+/// Starts node `id` again on the addresses it had.
+async fn restart_node(dir: &Path, members: &[Member], id: u64, psp: &str) -> TestNode {
+    let member = members.iter().find(|m| m.id == id).unwrap();
+    let listener = tokio::net::TcpListener::bind(&member.api_addr)
+        .await
+        .unwrap();
+    let raft = tokio::net::TcpListener::bind(&member.raft_addr)
+        .await
+        .unwrap();
+    start_node(dir, members, id, psp, listener, raft).await
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder().no_proxy().build().unwrap()
+}
+
+async fn wait_until<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + WAIT;
+    while !check().await {
+        assert!(Instant::now() < deadline, "{what}: not in time");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn ready(api: &str) -> bool {
+    client()
+        .get(format!("{api}/readyz"))
+        .send()
+        .await
+        .is_ok_and(|r| r.status().is_success())
+}
+
+async fn create_tenant(api: &str) -> String {
+    let response = client()
+        .post(format!("{api}/admin/v1/tenants"))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({"tenant_id": TENANT, "home_region": "a"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 201);
+    let body: Value = response.json().await.unwrap();
+    body["token"].as_str().unwrap().to_owned()
+}
+
+/// Sends one order; its status, whether it was a replay, and its body.
+async fn order(api: &str, token: &str, key: &str) -> (u16, bool, Vec<u8>) {
+    let body = json!({
+        "client_order_id": format!("co-{key}"),
+        "cart_id": "cart-1",
+        "amount": 1200,
+        "currency": "EUR",
+    });
+    let response = client()
+        .post(format!("{api}/v1/orders"))
+        .bearer_auth(token)
+        .header("idempotency-key", key)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let replayed = response
+        .headers()
+        .get("idempotent-replayed")
+        .is_some_and(|v| v == "true");
+    let status = response.status().as_u16();
+    (status, replayed, response.bytes().await.unwrap().to_vec())
+}
+
+/// `order`, sent again while the answer is 503 (the region lease may lapse
+/// for a moment while the registry elects a leader without a's node).
+async fn order_settled(api: &str, token: &str, key: &str) -> (u16, bool, Vec<u8>) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let answer = order(api, token, key).await;
+        if answer.0 != 503 || Instant::now() > deadline {
+            return answer;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until `node`'s registry replica knows a leader other than node 1
+/// (a's, stopped): writes then go to it at once.
+async fn wait_registry_without_a(node: &Node) {
+    wait_until("a registry leader other than a", || async {
+        node.registry()
+            .metrics()
+            .current_leader
+            .is_some_and(|leader| leader != 1)
+    })
+    .await;
+}
+
+/// Writes `request` through `node`'s registry (retrying while the registry
+/// elects a leader), waits until `node`'s replica applied it, and returns
+/// its log index.
+async fn write(node: &Node, request: Request) -> u64 {
+    let deadline = Instant::now() + WAIT;
+    let written = loop {
+        match node.registry().write(request.clone()).await {
+            Ok(written) => break written,
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("registry write not yet: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("registry write: {e}"),
+        }
+    };
+    node.registry()
+        .wait_applied(written.log_index, WAIT)
+        .await
+        .unwrap();
+    written.log_index
+}
+
+/// An internal call with the node credential; status and JSON body.
+async fn internal(method: reqwest::Method, url: String) -> (u16, Value) {
+    let response = client()
+        .request(method, url)
+        .header(NODE_CREDENTIAL_HEADER, CREDENTIAL)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+/// Every entry of the tenant a move or failover carries, as stored.
+async fn tenant_entries(store: &Store) -> Vec<keyhold_store::ExportEntry> {
+    let tenant = TenantId::parse(TENANT).unwrap();
+    let (entries, next) = store
+        .export_tenant(&tenant, None, usize::MAX)
+        .await
+        .unwrap();
+    assert!(next.is_none());
+    entries
+}
+
+async fn outbox_ids(store: &Store) -> Vec<String> {
+    let events = store.outbox_after(0, 1_000).await.unwrap();
+    events.into_iter().map(|e| e.event_id).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failover_imports_the_promoted_copy_once_and_the_tenant_executes_in_the_standby() {
+    let dir = tempfile::tempdir().unwrap();
+    let (psp, psp_stop) = provider(dir.path()).await;
+    let mut nodes = start_cluster(dir.path(), &psp, &["a", "b", "c"]).await;
+    for node in &nodes {
+        wait_until("every node ready", || ready(&node.api)).await;
+    }
+    let token = create_tenant(&nodes[0].api).await;
+    let mut acknowledged = Vec::new();
+    for n in 0..ORDERS {
+        let key = format!("order-{n}");
+        let (status, _, body) = order(&nodes[0].api, &token, &key).await;
+        assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+        acknowledged.push((key, body));
+    }
+    let (a, b) = (nodes[0].node.clone(), nodes[1].node.clone());
+    // a delivers to inventory; its payments cannot reach the provider.
+    wait_until("a's inventory consumer is done", || async {
+        a.store().cursor(Consumer::Inventory).await.unwrap() >= ORDERS as u64
+    })
+    .await;
+    assert_eq!(a.store().cursor(Consumer::Payments).await.unwrap(), 0);
+    let a_applied = a.store().applied_index().unwrap();
+    wait_until("b's copy holds all of a", || async {
+        let copy = b.standby_copy("a").expect("b keeps a copy of a");
+        copy.store.applied_index().unwrap() >= a_applied
+    })
+    .await;
+    wait_until("b's copy knows its lag", || async {
+        let copy = b.standby_copy("a").unwrap();
+        let known = copy.lag.lock().unwrap().is_some();
+        known
+    })
+    .await;
+    let a_entries = tenant_entries(a.store()).await;
+    assert!(!a_entries.is_empty());
+
+    // Region a fails.
+    let a_node = nodes.remove(0);
+    a_node.stop().await;
+    drop(a);
+    let (b_api, b_id) = (nodes[0].api.clone(), b.config().node_id);
+    wait_until("b ready without a", || ready(&b_api)).await;
+    wait_registry_without_a(&b).await;
+
+    // The copy's position, before any failover.
+    let (status, position) = internal(
+        reqwest::Method::GET,
+        format!("{b_api}/internal/v1/failover/a/copy"),
+    )
+    .await;
+    assert_eq!(status, 200, "{position}");
+    assert_eq!(position["node_id"], json!(b_id));
+    assert!(position["last_log_index"].as_u64().unwrap() >= a_applied);
+    assert!(position["applied_index"].as_u64().unwrap() >= a_applied);
+    assert_eq!(position["promoted"], json!(false));
+    assert!(position["lag"]["commands"].is_u64(), "{position}");
+    assert!(position["lag"]["seconds"].is_f64(), "{position}");
+    // No copy of c here; and nothing is promoted without a running failover.
+    let (status, _) = internal(
+        reqwest::Method::GET,
+        format!("{b_api}/internal/v1/failover/c/copy"),
+    )
+    .await;
+    assert_eq!(status, 404);
+    let (status, _) = internal(
+        reqwest::Method::POST,
+        format!("{b_api}/internal/v1/failover/a/promote"),
+    )
+    .await;
+    assert_eq!(status, 409);
+    let import_url =
+        format!("{b_api}/internal/v1/failover/a/import?operation_id=fo-1&source={b_id}");
+    let (status, _) = internal(reqwest::Method::POST, import_url.clone()).await;
+    assert_eq!(status, 409, "no failover operation yet");
+
+    // The driver's part: begin, import, complete.
+    write(
+        &b,
+        Request::BeginFailover {
+            operation_id: "fo-1".into(),
+            region: "a".into(),
+            to: "b".into(),
+            now_ms: keyhold_server_now(),
+        },
+    )
+    .await;
+    let (status, first) = internal(reqwest::Method::POST, import_url.clone()).await;
+    assert_eq!(status, 200, "{first}");
+    let at = first["at"].as_u64().unwrap();
+    assert!(at >= a_applied);
+    assert_eq!(first["tenants"], json!(1));
+    assert_eq!(first["entries"], json!(a_entries.len()));
+    assert_eq!(first["events"], json!(ORDERS), "{first}");
+
+    let copy = b.standby_copy("a").unwrap();
+    assert_eq!(copy.store.promoted().unwrap(), Some(at));
+    // b holds every record, marker and order the copy had (payments may
+    // already be changing b's orders: compare the other kinds, then orders by id).
+    let copied = tenant_entries(&copy.store).await;
+    let here = tenant_entries(b.store()).await;
+    assert_eq!(copied.len(), here.len());
+    for (c, h) in copied.iter().zip(&here) {
+        assert_eq!(c.key, h.key);
+        if c.key.first() != Some(&b'o') {
+            assert_eq!(
+                c.payload,
+                h.payload,
+                "entry {:?}",
+                String::from_utf8_lossy(&c.key)
+            );
+        }
+    }
+    drop(copy);
+    let tenant = TenantId::parse(TENANT).unwrap();
+    assert_eq!(
+        b.store().guard(&tenant).unwrap(),
+        Some(TenantGuard::Importing {
+            operation_id: "fo-1".into(),
+            epoch: 2
+        })
+    );
+    // The undelivered events, once each, marked handled for inventory.
+    let events = outbox_ids(b.store()).await;
+    assert_eq!(events.len(), ORDERS, "{events:?}");
+    for id in &events {
+        assert!(b
+            .store()
+            .is_processed(Consumer::Inventory, id)
+            .await
+            .unwrap());
+    }
+
+    // b's payments consumer charges the carried events at once.
+    wait_until("b delivers the carried payments", || async {
+        b.store().cursor(Consumer::Payments).await.unwrap() >= ORDERS as u64
+    })
+    .await;
+
+    // Again (a retry, a new leader): the same answer, no event added, and
+    // the orders b's payments settled meanwhile stay settled.
+    let (status, second) = internal(reqwest::Method::POST, import_url.clone()).await;
+    assert_eq!(status, 200, "{second}");
+    assert_eq!(second, first);
+    assert_eq!(outbox_ids(b.store()).await, events);
+    for n in 0..ORDERS {
+        let order = b
+            .store()
+            .order_by_client_order_id(&tenant, &format!("co-order-{n}"))
+            .await
+            .unwrap()
+            .expect("the order is in b's store");
+        assert_eq!(order.status, keyhold_core::OrderStatus::Paid, "order {n}");
+    }
+
+    write(
+        &b,
+        Request::CompleteFailover {
+            operation_id: "fo-1".into(),
+            at,
+            estimated_lost: LostEstimate::default(),
+            now_ms: keyhold_server_now(),
+        },
+    )
+    .await;
+    assert_eq!(b.registry().tenant(TENANT).unwrap().home_region, "b");
+    wait_until("b's store owns the tenant", || async {
+        b.store().guard(&tenant).unwrap() == Some(TenantGuard::Owned { epoch: 2 })
+    })
+    .await;
+    // What a acknowledged replays from b byte for byte; new orders are taken.
+    for (key, body) in &acknowledged {
+        let (status, replayed, replay) = order_settled(&b_api, &token, key).await;
+        assert_eq!(status, 201, "{}", String::from_utf8_lossy(&replay));
+        assert!(replayed, "{key} replays");
+        assert_eq!(&replay, body, "{key}");
+    }
+    let (status, _, body) = order_settled(&b_api, &token, "after-failover").await;
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+    // b delivers each carried payment once, and the new order's.
+    wait_until("b's payments consumer is done", || async {
+        let head = b.store().outbox_after(0, 1_000).await.unwrap().len() as u64;
+        b.store().cursor(Consumer::Payments).await.unwrap() >= head
+    })
+    .await;
+    let charges: Value = client()
+        .get(format!("{psp}/v1/charges"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let mut charged: Vec<&str> = charges["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["order_id"].as_str().unwrap())
+        .collect();
+    charged.sort_unstable();
+    let before = charged.len();
+    charged.dedup();
+    assert_eq!(before, charged.len(), "no order is charged twice");
+    assert_eq!(charged.len(), ORDERS + 1);
+
+    // The promoted copy is deleted and created again, empty.
+    wait_until("b's copy of a is reset", || async {
+        b.standby_copy("a").is_some_and(|copy| {
+            copy.store.promoted().unwrap().is_none() && copy.store.applied_index().unwrap() == 0
+        })
+    })
+    .await;
+    let (status, position) = internal(
+        reqwest::Method::GET,
+        format!("{b_api}/internal/v1/failover/a/copy"),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(position["promoted"], json!(false));
+
+    drop(b);
+    for node in nodes {
+        node.stop().await;
+    }
+    let _ = psp_stop.send(());
+}
+
+/// Region b of two nodes: the import, sent to b's follower and passed on to
+/// b's leader, reads the copy of the follower over HTTP (promoting that copy,
+/// not the leader's own), and the tenant is then served through either node
+/// of b.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_import_reads_the_copy_another_node_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let (psp, psp_stop) = provider(dir.path()).await;
+    let mut nodes = start_cluster(dir.path(), &psp, &["a", "b", "b", "c"]).await;
+    for node in &nodes {
+        wait_until("every node ready", || ready(&node.api)).await;
+    }
+    let token = create_tenant(&nodes[0].api).await;
+    let mut acknowledged = Vec::new();
+    for n in 0..ORDERS {
+        let key = format!("order-{n}");
+        let (status, _, body) = order(&nodes[0].api, &token, &key).await;
+        assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+        acknowledged.push((key, body));
+    }
+    let a = nodes[0].node.clone();
+    let a_applied = a.store().applied_index().unwrap();
+    let a_entries = tenant_entries(a.store()).await;
+    wait_until("b's leader is known", || async {
+        nodes[1].node.leads_region() || nodes[2].node.leads_region()
+    })
+    .await;
+    let (leader, source) = if nodes[1].node.leads_region() {
+        (nodes[1].node.clone(), nodes[2].node.clone())
+    } else {
+        (nodes[2].node.clone(), nodes[1].node.clone())
+    };
+    for node in [&leader, &source] {
+        wait_until("both copies hold all of a", || async {
+            let copy = node.standby_copy("a").unwrap();
+            copy.store.applied_index().unwrap() >= a_applied
+        })
+        .await;
+    }
+    nodes.remove(0).stop().await;
+    drop(a);
+    for node in &nodes {
+        wait_until("every node ready without a", || ready(&node.api)).await;
+        wait_registry_without_a(&node.node).await;
+    }
+
+    let begin = Request::BeginFailover {
+        operation_id: "fo-2".into(),
+        region: "a".into(),
+        to: "b".into(),
+        now_ms: keyhold_server_now(),
+    };
+    let index = write(&leader, begin).await;
+    // The source acts only once its replica shows the failover.
+    source.registry().wait_applied(index, WAIT).await.unwrap();
+    let api_of = |node: &Arc<Node>| {
+        let addr = node.registry().node().api_addr.clone();
+        format!("http://{addr}")
+    };
+    let (leader_api, source_api) = (api_of(&leader), api_of(&source));
+    let source_id = source.config().node_id;
+    // Only the leader imports: a follower sends the call on once, and a
+    // call sent on to a node that does not lead is refused.
+    let path = format!("/internal/v1/failover/a/import?operation_id=fo-2&source={source_id}");
+    let hop = client()
+        .post(format!("{source_api}{path}"))
+        .header(NODE_CREDENTIAL_HEADER, CREDENTIAL)
+        .header("keyhold-hop", "region")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(hop.status(), 503);
+    assert!(hop.headers().contains_key("keyhold-not-leader"));
+    let (status, answer) = internal(reqwest::Method::POST, format!("{source_api}{path}")).await;
+    assert_eq!(status, 200, "{answer}");
+    let (status, again) = internal(reqwest::Method::POST, format!("{leader_api}{path}")).await;
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again, answer);
+    assert_eq!(answer["tenants"], json!(1));
+    assert_eq!(answer["entries"], json!(a_entries.len()));
+    assert_eq!(answer["events"], json!(ORDERS));
+    let at = answer["at"].as_u64().unwrap();
+    let promoted = source.standby_copy("a").unwrap();
+    assert_eq!(promoted.store.promoted().unwrap(), Some(at));
+    let own = leader.standby_copy("a").unwrap();
+    assert_eq!(
+        own.store.promoted().unwrap(),
+        None,
+        "the leader's copy stays"
+    );
+    let copied = tenant_entries(&promoted.store).await;
+    let here = tenant_entries(leader.store()).await;
+    assert_eq!(
+        copied.iter().map(|e| &e.key).collect::<Vec<_>>(),
+        here.iter().map(|e| &e.key).collect::<Vec<_>>()
+    );
+    drop((promoted, own));
+    assert_eq!(outbox_ids(leader.store()).await.len(), ORDERS);
+
+    let complete = Request::CompleteFailover {
+        operation_id: "fo-2".into(),
+        at,
+        estimated_lost: LostEstimate::default(),
+        now_ms: keyhold_server_now(),
+    };
+    let index = write(&leader, complete).await;
+    source.registry().wait_applied(index, WAIT).await.unwrap();
+    // Through either node of b, what a acknowledged replays.
+    for api in [&leader_api, &source_api] {
+        for (key, body) in &acknowledged {
+            let (status, replayed, replay) = order_settled(api, &token, key).await;
+            assert_eq!(status, 201, "{}", String::from_utf8_lossy(&replay));
+            assert!(replayed, "{key} replays via {api}");
+            assert_eq!(&replay, body, "{key} via {api}");
+        }
+    }
+    wait_until("the source's copy is reset", || async {
+        source
+            .standby_copy("a")
+            .is_some_and(|copy| copy.store.promoted().unwrap().is_none())
+    })
+    .await;
+
+    drop((leader, source));
+    for node in nodes {
+        node.stop().await;
+    }
+    let _ = psp_stop.send(());
+}
+
+/// The lead's driver end to end: the admin route opens the failover, b's
+/// leader waits the lease out, asks for the copy's position, imports through
+/// this import route and completes; the registry keeps the result, the tenant
+/// is served by b and b's copy is reset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_driver_completes_a_failover_through_the_import() {
+    let dir = tempfile::tempdir().unwrap();
+    let (psp, psp_stop) = provider(dir.path()).await;
+    let mut nodes = start_cluster(dir.path(), &psp, &["a", "b", "c"]).await;
+    for node in &nodes {
+        wait_until("every node ready", || ready(&node.api)).await;
+    }
+    let token = create_tenant(&nodes[0].api).await;
+    let (status, _, acknowledged) = order(&nodes[0].api, &token, "before").await;
+    assert_eq!(status, 201);
+    let (a, b) = (nodes[0].node.clone(), nodes[1].node.clone());
+    let a_applied = a.store().applied_index().unwrap();
+    wait_until("b's copy holds all of a", || async {
+        let copy = b.standby_copy("a").unwrap();
+        copy.store.applied_index().unwrap() >= a_applied
+    })
+    .await;
+    nodes.remove(0).stop().await;
+    drop(a);
+    let b_api = nodes[0].api.clone();
+    wait_until("b ready without a", || ready(&b_api)).await;
+    wait_registry_without_a(&b).await;
+    let response = client()
+        .post(format!("{b_api}/admin/v1/regions/a/failover"))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    let status = response.status();
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(status, 202, "{body}");
+    let operation_id = body["operation_id"].as_str().unwrap().to_owned();
+    wait_until("the failover is done", || async {
+        b.registry()
+            .read(|s| s.failover_result(&operation_id).is_some())
+    })
+    .await;
+    let result = b
+        .registry()
+        .read(|s| s.failover_result(&operation_id).cloned())
+        .unwrap();
+    assert!(result.at >= a_applied);
+    assert_eq!(result.tenants, vec![TENANT.to_string()]);
+    let (status, replayed, replay) = order_settled(&b_api, &token, "before").await;
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&replay));
+    assert!(replayed);
+    assert_eq!(replay, acknowledged);
+    wait_until("b's copy of a is reset", || async {
+        b.standby_copy("a")
+            .is_some_and(|copy| copy.store.promoted().unwrap().is_none())
+    })
+    .await;
+    drop(b);
+    for node in nodes {
+        node.stop().await;
+    }
+    let _ = psp_stop.send(());
+}
+
+/// b restarts between two imports: its copy stays promoted at the same index
+/// (it does not rejoin a's group), the import answers as before without a
+/// second copy of any event, and once the failover is done the copy is reset;
+/// a copy a reset had set aside when the node stopped is removed at start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_promoted_copy_survives_a_restart_of_its_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let (psp, psp_stop) = provider(dir.path()).await;
+    let mut nodes = start_cluster(dir.path(), &psp, &["a", "b", "c"]).await;
+    for node in &nodes {
+        wait_until("every node ready", || ready(&node.api)).await;
+    }
+    let members = nodes[0].node.config().members.clone();
+    let token = create_tenant(&nodes[0].api).await;
+    let (status, _, acknowledged) = order(&nodes[0].api, &token, "before").await;
+    assert_eq!(status, 201);
+    let a = nodes[0].node.clone();
+    let a_applied = a.store().applied_index().unwrap();
+    let b = nodes[1].node.clone();
+    wait_until("b's copy holds all of a", || async {
+        let copy = b.standby_copy("a").unwrap();
+        copy.store.applied_index().unwrap() >= a_applied
+    })
+    .await;
+    nodes.remove(0).stop().await;
+    drop(a);
+    let b_api = nodes[0].api.clone();
+    wait_until("b ready without a", || ready(&b_api)).await;
+    wait_registry_without_a(&b).await;
+    write(
+        &b,
+        Request::BeginFailover {
+            operation_id: "fo-4".into(),
+            region: "a".into(),
+            to: "b".into(),
+            now_ms: keyhold_server_now(),
+        },
+    )
+    .await;
+    let import_url = format!("{b_api}/internal/v1/failover/a/import?operation_id=fo-4&source=2");
+    let (status, first) = internal(reqwest::Method::POST, import_url.clone()).await;
+    assert_eq!(status, 200, "{first}");
+    let at = first["at"].as_u64().unwrap();
+    let events = outbox_ids(b.store()).await;
+    assert_eq!(events.len(), 1);
+
+    // b stops (with a leftover of an interrupted reset) and starts again.
+    drop(b);
+    nodes.remove(0).stop().await;
+    let aside = dir.path().join("node-2").join("standby-a.reset");
+    std::fs::create_dir_all(aside.join("db")).unwrap();
+    std::fs::write(aside.join("db").join("leftover"), b"x").unwrap();
+    nodes.insert(0, restart_node(dir.path(), &members, 2, &psp).await);
+    let b = nodes[0].node.clone();
+    assert!(!aside.exists(), "the set-aside copy is removed at start");
+    wait_until("b ready again", || ready(&b_api)).await;
+    let copy = b.standby_copy("a").unwrap();
+    assert_eq!(copy.store.promoted().unwrap(), Some(at));
+    assert_eq!(copy.store.last_log_index().unwrap(), at);
+    drop(copy);
+    let (status, again) = internal(reqwest::Method::POST, import_url.clone()).await;
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again, first);
+    assert_eq!(outbox_ids(b.store()).await, events);
+
+    write(
+        &b,
+        Request::CompleteFailover {
+            operation_id: "fo-4".into(),
+            at,
+            estimated_lost: LostEstimate::default(),
+            now_ms: keyhold_server_now(),
+        },
+    )
+    .await;
+    let (status, replayed, replay) = order_settled(&b_api, &token, "before").await;
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&replay));
+    assert!(replayed);
+    assert_eq!(replay, acknowledged);
+    wait_until("b's copy of a is reset", || async {
+        b.standby_copy("a")
+            .is_some_and(|copy| copy.store.promoted().unwrap().is_none())
+    })
+    .await;
+    drop(b);
+    for node in nodes {
+        node.stop().await;
+    }
+    let _ = psp_stop.send(());
+}
+
+fn keyhold_server_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
