@@ -23,9 +23,15 @@ fn drill(cluster: &Cluster, region: &str, fault: &str) -> Value {
         .output()
         .expect("run keyhold drill");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    eprintln!("--- drill {region} {fault} ---\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    eprintln!(
+        "--- drill {region} {fault} ---\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(out.status.success(), "the drill failed: {stdout}");
-    assert!(stdout.contains("verdict") && stdout.contains("PASS"), "{stdout}");
+    assert!(
+        stdout.contains("verdict") && stdout.contains("PASS"),
+        "{stdout}"
+    );
     serde_json::from_slice(&std::fs::read(&report).expect("the JSON report")).expect("JSON")
 }
 
@@ -36,8 +42,14 @@ fn drills_of_an_isolated_and_of_a_killed_region_pass_and_report_their_figures() 
         let report = drill(&cluster, region, fault);
         assert_eq!(report["passed"], true, "{report}");
         assert_eq!(report["to"], to);
-        assert!(report["orders_acknowledged"].as_u64().unwrap() > 0, "{report}");
-        assert!(report["failover_result"]["at"].as_u64().unwrap() > 0, "{report}");
+        assert!(
+            report["orders_acknowledged"].as_u64().unwrap() > 0,
+            "{report}"
+        );
+        assert!(
+            report["failover_result"]["at"].as_u64().unwrap() > 0,
+            "{report}"
+        );
         assert!(report["failover_result"]["estimated_lost"]["commands"].is_u64());
         assert!(report["timings"]["time_to_detect_s"].is_f64(), "{report}");
         assert_eq!(report["acknowledged_after_done_in_region"], 0);

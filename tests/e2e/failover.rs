@@ -77,9 +77,7 @@ fn an_isolated_region_failed_over_hands_its_tenants_to_its_standby_and_acknowled
         let (key, co) = (unique("k"), unique("co"));
         let via = if i % 2 == 0 { &a } else { &c };
         let body = order_body(&co, 5);
-        let created = via
-            .expecting("a")
-            .create_order(&tenant.token, &key, &body);
+        let created = via.expecting("a").create_order(&tenant.token, &key, &body);
         created.assert_status(201);
         before.push((key, co, body, created.json()));
     }
@@ -105,10 +103,8 @@ fn an_isolated_region_failed_over_hands_its_tenants_to_its_standby_and_acknowled
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
                 let (key, co) = (unique("k"), unique("co"));
-                let sent = a.try_send_any(
-                    a.order_rb(&token, &key, &order_body(&co, 5)),
-                    &["a", "b"],
-                );
+                let sent =
+                    a.try_send_any(a.order_rb(&token, &key, &order_body(&co, 5)), &["a", "b"]);
                 if let Ok(r) = sent {
                     if r.status == 201 || r.status == 200 {
                         acks.lock().unwrap().push((key, co, Instant::now()));
@@ -135,7 +131,10 @@ fn an_isolated_region_failed_over_hands_its_tenants_to_its_standby_and_acknowled
     assert_eq!(done["result"]["from"], "a");
     assert_eq!(done["result"]["to"], "b");
     assert!(done["result"]["at"].as_u64().unwrap() > 0, "{done}");
-    assert!(done["result"]["estimated_lost"]["commands"].is_u64(), "{done}");
+    assert!(
+        done["result"]["estimated_lost"]["commands"].is_u64(),
+        "{done}"
+    );
     eprintln!(
         "failover done {:.1} s after the isolation",
         (done_at - isolated_at).as_secs_f64()
@@ -183,4 +182,56 @@ fn an_isolated_region_failed_over_hands_its_tenants_to_its_standby_and_acknowled
         (r.status == 201).then_some(r)
     });
     assert_eq!(answer.header("keyhold-region").as_deref(), Some("b"));
+}
+
+#[test]
+fn with_auto_failover_a_killed_region_is_failed_over_to_its_standby_on_its_own() {
+    let cluster = Cluster::start("a,b,c", &["--auto-failover-after", "15s"]);
+    let tenant = cluster.tenant("a");
+    let c = cluster.api("c");
+    let (key, body) = (unique("k"), order_body(&unique("co"), 3));
+    let first = c.expecting("a").create_order(&tenant.token, &key, &body);
+    first.assert_status(201);
+    common::poll(Duration::from_secs(20), "b's copy caught up", || {
+        let view = c
+            .get("/admin/v1/cluster", Some(&cluster.info.admin_token))
+            .json();
+        let lag = view["regions"]
+            .as_array()?
+            .iter()
+            .find(|r| r["name"] == "a")?["replication_lag"]
+            .clone();
+        (lag["commands"] == 0).then_some(())
+    });
+    let killed = Instant::now();
+    cluster.control(&format!("/v1/nodes/{}/kill", cluster.node("a").node_id));
+    // Nobody asks for the failover: b's leader begins it once a has not been
+    // ready for 15 s, then drives it.
+    let done = common::poll(
+        Duration::from_secs(120),
+        "an automatic failover of a",
+        || {
+            let ops = c
+                .get("/admin/v1/operations", Some(&cluster.info.admin_token))
+                .json();
+            ops["data"]
+                .as_array()?
+                .iter()
+                .find(|op| op["kind"] == "failover" && op["from"] == "a" && op["state"] == "done")
+                .cloned()
+        },
+    );
+    let took = killed.elapsed();
+    eprintln!(
+        "automatic failover done {:.1} s after the kill",
+        took.as_secs_f64()
+    );
+    assert!(
+        took >= Duration::from_secs(15),
+        "not before auto_failover_after"
+    );
+    assert_eq!(done["to"], "b");
+    let replay = c.expecting("b").create_order(&tenant.token, &key, &body);
+    replay.assert_status(201);
+    assert_eq!(replay.json(), first.json());
 }

@@ -142,6 +142,10 @@ struct UpArgs {
     /// unset: forever (the bundled fake provider keeps every key).
     #[arg(long, value_parser = duration)]
     psp_key_retention: Option<Duration>,
+    /// Fail a region over to its standby on its own once none of its nodes
+    /// has been ready this long (at least 15s; unset: by hand only).
+    #[arg(long, value_parser = duration)]
+    auto_failover_after: Option<Duration>,
     /// Probability (0 to 1) that the fake payment provider loses an answer.
     #[arg(long, default_value_t = 0.0)]
     psp_drop_response_rate: f64,
@@ -186,6 +190,7 @@ impl UpArgs {
             marker_ttl: a.marker_ttl,
             processed_ttl: a.processed_ttl,
             psp_key_retention: a.psp_key_retention,
+            auto_failover_after: a.auto_failover_after,
             psp_drop_response_rate: a.psp_drop_response_rate,
             psp_decline_rate: a.psp_decline_rate,
             demo_dir: a.demo_dir,

@@ -116,6 +116,12 @@ pub struct Config {
     /// memory stays near this bound however much the store holds.
     #[serde(default = "d_store_cache_bytes")]
     pub store_cache_bytes: u64,
+    /// Fail a region over to its standby on its own once no node of it has
+    /// been ready for this long (unset: never; a failover is an operator's
+    /// decision). At least `REGION_LEASE_MS` plus a registry election, so that
+    /// a registry leader change never looks like a lost region.
+    #[serde(default, with = "humantime_serde_option")]
+    pub auto_failover_after: Option<Duration>,
 }
 
 /// How a node with an empty data dir enters its groups.
@@ -247,6 +253,7 @@ impl Config {
             marker_ttl: d_marker_ttl(),
             processed_ttl: d_processed_ttl(),
             psp_key_retention: None,
+            auto_failover_after: None,
             inflight_wait: d_inflight_wait(),
             sweep_interval: d_sweep_interval(),
             move_driver_lease: d_move_driver_lease(),
@@ -337,6 +344,14 @@ impl Config {
             return Err(Error::Config(
                 "set node_credential_file or node_credential_env, not both".into(),
             ));
+        }
+        if let Some(after) = self.auto_failover_after {
+            if after < Duration::from_millis(limits::AUTO_FAILOVER_AFTER_MS_MIN) {
+                return Err(Error::Config(format!(
+                    "auto_failover_after must be at least {} s",
+                    limits::AUTO_FAILOVER_AFTER_MS_MIN / 1000
+                )));
+            }
         }
         for (region, standby) in &self.standbys {
             if !self.regions.contains(region) || !self.regions.contains(standby) {
@@ -466,6 +481,19 @@ mod tests {
         assert_eq!(back.psp_key_retention, c.psp_key_retention);
         assert_eq!(back.outbound_ip, c.outbound_ip);
         assert_eq!(back.members, c.members);
+    }
+
+    #[test]
+    fn automatic_failover_is_off_by_default_and_never_shorter_than_its_minimum() {
+        let mut c = Config::new("eu", "/tmp/x".into(), "0123456789abcdef0123".into());
+        assert_eq!(c.auto_failover_after, None);
+        c.auto_failover_after = Some(Duration::from_secs(5));
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("auto_failover_after"), "{e}");
+        c.auto_failover_after = Some(Duration::from_secs(30));
+        c.validate().unwrap();
+        let back = Config::from_toml(&c.to_toml().unwrap()).unwrap();
+        assert_eq!(back.auto_failover_after, Some(Duration::from_secs(30)));
     }
 
     #[test]

@@ -16,10 +16,17 @@
 //! Every step is idempotent: a new leader of this region runs the failover
 //! again from its first step, and the registry answers a second
 //! `CompleteFailover` as the first.
+//!
+//! With `auto_failover_after` configured, the same leader also watches every
+//! region whose standby its region is, and begins a failover of one that
+//! still homes tenants once none of its nodes has been ready for that long
+//! (`watch`). Off by default: a failover gives up what the lost region
+//! acknowledged and its standby lacked, which is an operator's call.
 
 use crate::limits::{
     FAILOVER_CHECK_MS, FAILOVER_COPY_TIMEOUT_MS, FAILOVER_DRIVE_ATTEMPTS_MAX,
-    FAILOVER_IMPORT_TIMEOUT_MS, FAILOVER_LEASE_MARGIN_MS, REGION_LEASE_MS,
+    FAILOVER_HEALTH_PROBE_MS, FAILOVER_IMPORT_TIMEOUT_MS, FAILOVER_LEASE_MARGIN_MS,
+    REGION_LEASE_MS,
 };
 use crate::node::{now, Node};
 use keyhold_registry::{
@@ -227,5 +234,101 @@ async fn fail(node: &Node, op: &Operation, error: String) {
     };
     if let Err(e) = node.registry().write(request).await {
         tracing::error!(operation = %op.operation_id, error = %e, "failover not failed in the registry");
+    }
+}
+
+/// True when a node of `region` answers `/readyz` with 200 (its store is
+/// healthy and its lease holds) within `FAILOVER_HEALTH_PROBE_MS`.
+pub async fn region_is_ready(node: &Node, region: &str) -> bool {
+    let probes = node.region_nodes(region).into_iter().map(|(_, info)| {
+        node.http()
+            .get(format!("http://{}/readyz", info.api_addr))
+            .timeout(Duration::from_millis(FAILOVER_HEALTH_PROBE_MS))
+            .send()
+    });
+    futures::future::join_all(probes)
+        .await
+        .into_iter()
+        .any(|answer| answer.is_ok_and(|r| r.status().is_success()))
+}
+
+/// Until `stop`, with `auto_failover_after` set: on the leader of this
+/// region's store, every `FAILOVER_CHECK_MS`, probes each region this region
+/// is the standby of, and begins its failover once it has not been ready for
+/// `auto_failover_after` while it still homes tenants and none of its
+/// failovers runs. The driver (`run`) takes it from there.
+pub async fn watch(node: Arc<Node>, stop: watch::Receiver<bool>) {
+    let Some(after) = node.config().auto_failover_after else {
+        return;
+    };
+    let watched: Vec<String> = node
+        .config()
+        .standbys
+        .iter()
+        .filter(|(_, standby)| standby.as_str() == node.region())
+        .map(|(region, _)| region.clone())
+        .collect();
+    if watched.is_empty() {
+        return;
+    }
+    let mut ticker = crate::Ticker::new(Duration::from_millis(FAILOVER_CHECK_MS), stop);
+    // Since when each watched region has not been ready, as this leader saw it.
+    let mut down_since: HashMap<String, Instant> = HashMap::new();
+    while ticker.tick().await {
+        if !node.leads_region() {
+            down_since.clear();
+            continue;
+        }
+        for region in &watched {
+            if region_is_ready(&node, region).await {
+                down_since.remove(region);
+                continue;
+            }
+            let since = *down_since
+                .entry(region.clone())
+                .or_insert_with(Instant::now);
+            if since.elapsed() < after || !worth_failing_over(&node, region) {
+                continue;
+            }
+            begin_automatic(&node, region, since.elapsed()).await;
+            down_since.remove(region);
+        }
+    }
+}
+
+/// A region is worth failing over while it homes a live tenant and no
+/// failover of it runs.
+fn worth_failing_over(node: &Node, region: &str) -> bool {
+    node.registry().read(|state| {
+        state.failover_running_from(region).is_none()
+            && state
+                .tenants
+                .values()
+                .any(|t| t.home_region == region && !t.is_deleted())
+    })
+}
+
+async fn begin_automatic(node: &Node, region: &str, down_for: Duration) {
+    let operation_id = format!("op_{}", uuid::Uuid::now_v7().simple());
+    let request = Request::BeginFailover {
+        operation_id: operation_id.clone(),
+        region: region.to_owned(),
+        to: node.region().to_owned(),
+        now_ms: now().0,
+    };
+    match node.registry().write(request).await {
+        Ok(written) if written.response.rejection().is_none() => {
+            metrics::counter!("keyhold_failovers_started_total").increment(1);
+            metrics::counter!("keyhold_failovers_automatic_total").increment(1);
+            tracing::warn!(
+                %region, to = %node.region(), operation = %operation_id,
+                down_s = down_for.as_secs_f64(),
+                "automatic failover begun: the region has not been ready for auto_failover_after"
+            );
+        }
+        Ok(written) => {
+            tracing::warn!(%region, answer = ?written.response, "automatic failover refused")
+        }
+        Err(e) => tracing::warn!(%region, error = %e, "automatic failover not begun"),
     }
 }

@@ -188,6 +188,7 @@ pub async fn serve(
     let copies = tokio::spawn(copies::run(node.clone(), stop_rx.clone()));
     let move_watch = tokio::spawn(mover::resume_stalled(node.clone(), stop_rx.clone()));
     let failovers = tokio::spawn(failover::run(node.clone(), stop_rx.clone()));
+    let failover_watch = tokio::spawn(failover::watch(node.clone(), stop_rx.clone()));
     let sweeper = tokio::spawn(sweeper::run(node.clone(), stop_rx.clone()));
     let eraser = tokio::spawn(erase::run(node.clone(), stop_rx.clone()));
     let reconciler = tokio::spawn(reconcile::run(node.clone(), stop_rx.clone()));
@@ -225,6 +226,7 @@ pub async fn serve(
     let _ = copies.await;
     let _ = move_watch.await;
     let _ = failovers.await;
+    let _ = failover_watch.await;
     for relay in relays {
         let _ = relay.await;
     }

@@ -69,6 +69,8 @@ pub struct UpConfig {
     pub psp_drop_response_rate: f64,
     /// Probability that the fake provider declines a charge.
     pub psp_decline_rate: f64,
+    /// `Config::auto_failover_after` of every node (unset: failover by hand).
+    pub auto_failover_after: Option<Duration>,
     /// Served at `/demo` by every node (see `Config::demo_dir`).
     pub demo_dir: Option<PathBuf>,
     /// Simulated round trip between regions (added by the proxies); none: zero.
@@ -156,6 +158,7 @@ pub async fn run(
             config.processed_ttl = d;
         }
         config.psp_key_retention = up.psp_key_retention;
+        config.auto_failover_after = up.auto_failover_after;
         config.demo_dir.clone_from(&up.demo_dir);
         config.validate()?;
         layout::write_atomically(&plan.config_file, config.to_toml()?.as_bytes())?;

@@ -3,7 +3,6 @@
 //! by `crate::failover` on the leader of the target region; this only checks
 //! the request and opens the operation, which fences the failed region.
 
-use crate::limits::FAILOVER_HEALTH_PROBE_MS;
 use crate::node::{now, Node};
 use crate::problem::ApiError;
 use axum::body::Body;
@@ -14,7 +13,6 @@ use keyhold_core::Problem;
 use keyhold_registry::{Rejection, Request, Response as RegistryResponse};
 use serde::Deserialize;
 use std::sync::Arc;
-use std::time::Duration;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -57,7 +55,7 @@ pub async fn start_failover(
                 .detail(format!("region {region} has no standby region")))
         }
     };
-    if !req.force && is_healthy(&node, &region).await {
+    if !req.force && crate::failover::region_is_ready(&node, &region).await {
         return Err(ApiError::new(Problem::Conflict).detail(format!(
             "region {region} is healthy (a node of it is ready); send \"force\": true to fail it over anyway"
         )));
@@ -84,19 +82,4 @@ pub async fn start_failover(
     metrics::counter!("keyhold_failovers_started_total").increment(1);
     tracing::warn!(%region, %to, operation = %operation_id, "failover begun: the region is fenced");
     Ok(super::moves::accepted(&node, written.log_index, &operation_id).await)
-}
-
-/// True when a node of `region` answers `/readyz` with 200 (its store is
-/// healthy and its lease holds) within `FAILOVER_HEALTH_PROBE_MS`.
-async fn is_healthy(node: &Node, region: &str) -> bool {
-    let probes = node.region_nodes(region).into_iter().map(|(_, info)| {
-        node.http()
-            .get(format!("http://{}/readyz", info.api_addr))
-            .timeout(Duration::from_millis(FAILOVER_HEALTH_PROBE_MS))
-            .send()
-    });
-    futures::future::join_all(probes)
-        .await
-        .into_iter()
-        .any(|answer| answer.is_ok_and(|r| r.status().is_success()))
 }
