@@ -124,9 +124,17 @@ fn an_isolated_region_failed_over_hands_its_tenants_to_its_standby_and_acknowled
     std::thread::sleep(Duration::from_millis(500));
     cluster.control("/v1/regions/a/isolate");
     let isolated_at = Instant::now();
-    // From c, a cannot be reached: no "force" needed.
-    let started = failover(&cluster, "c", "a", "{}");
-    started.assert_status(202);
+    // From c, a cannot be reached: no "force" needed. When a's node led the
+    // registry, b and c elect another leader first: until then the request
+    // answers 503 with Retry-After, and is retried as a client would.
+    let started = common::poll(Duration::from_secs(30), "the failover accepted", || {
+        let answer = failover(&cluster, "c", "a", "{}");
+        if answer.status == 503 {
+            return None;
+        }
+        answer.assert_status(202);
+        Some(answer)
+    });
     let op_id = started.json()["operation_id"].as_str().unwrap().to_owned();
     let done = common::poll(Duration::from_secs(90), "the failover is done", || {
         let op = operation(&cluster, "c", &op_id);

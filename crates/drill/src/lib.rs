@@ -231,7 +231,8 @@ async fn heal(calls: &Calls, region: &str, fault: Fault) -> Result<(), Error> {
 }
 
 /// Asks for the failover until it is accepted: right after the fault, the
-/// region may still look healthy (409) for a moment.
+/// region may still look healthy (409) for a moment, and when the lost region
+/// held the registry's leader the others elect a new one first (503).
 async fn request_failover(calls: &Calls, via: &str, region: &str) -> Result<String, Error> {
     let until = Instant::now() + Duration::from_millis(FAILOVER_REQUEST_WAIT_MS);
     loop {
@@ -244,7 +245,7 @@ async fn request_failover(calls: &Calls, via: &str, region: &str) -> Result<Stri
                     .map(str::to_owned)
                     .ok_or_else(|| Error::Cluster(format!("202 without an operation: {}", a.body)))
             }
-            Ok(a) if a.status == 409 && Instant::now() < until => {}
+            Ok(a) if (a.status == 409 || a.status == 503) && Instant::now() < until => {}
             Ok(a) => {
                 return Err(Error::Cluster(format!(
                     "failover answered {}: {}",
