@@ -137,12 +137,7 @@ async fn entries_page(
     Query(q): Query<EntriesQuery>,
 ) -> Result<Response, ApiError> {
     let tenant = tenant_param(&tenant_id)?;
-    let after = match q.after {
-        None => None,
-        Some(h) => {
-            Some(hex::decode(h).map_err(|_| ApiError::invalid("/after", "after must be hex"))?)
-        }
-    };
+    let after = super::internal::hex_cursor(q.after)?;
     let (store, _) = promoted_copy(&node, &region).await?;
     let (entries, next) = store
         .export_tenant(&tenant, after.as_deref(), MOVE_PAGE_BYTES_MAX)
@@ -178,7 +173,13 @@ async fn events_page(
 /// this region.
 enum Source {
     Local(StandbyCopy),
-    Remote { node_id: NodeId, api_addr: String },
+    Remote(RemoteCopy),
+}
+
+/// The promoted copy on another node of this region, read over HTTP.
+struct RemoteCopy {
+    node_id: NodeId,
+    api_addr: String,
 }
 
 impl Source {
@@ -189,22 +190,90 @@ impl Source {
         let info = node.registry().nodes().remove(&source).ok_or_else(|| {
             ApiError::new(Problem::NotFound).detail(format!("no node {source} in the registry"))
         })?;
-        Ok(Source::Remote {
+        Ok(Source::Remote(RemoteCopy {
             node_id: source,
             api_addr: info.api_addr,
-        })
+        }))
     }
 
-    /// Calls the source node's route `path` (after `/internal/v1/failover/{r}`).
+    /// Promotes the copy; the last log index it applied.
+    async fn promote(&self, node: &Node, region: &str) -> Result<u64, ApiError> {
+        match self {
+            Source::Local(copy) => {
+                require_running_failover(node, region).await?;
+                Ok(copy.store.promote().await?)
+            }
+            Source::Remote(remote) => remote.promote(node, region).await,
+        }
+    }
+
+    /// One page of `tenant`'s entries after `after`, and the next cursor.
+    async fn entries(
+        &self,
+        node: &Node,
+        region: &str,
+        tenant: &TenantId,
+        after: Option<Vec<u8>>,
+    ) -> Result<(Vec<ExportEntry>, Option<Vec<u8>>), ApiError> {
+        let remote = match self {
+            Source::Local(copy) => {
+                return Ok(copy
+                    .store
+                    .export_tenant(tenant, after.as_deref(), MOVE_PAGE_BYTES_MAX)
+                    .await?)
+            }
+            Source::Remote(remote) => remote,
+        };
+        let query = after.map_or(String::new(), |a| format!("after={}", hex::encode(a)));
+        let (body, next) = remote.page(node, region, "entries", tenant, &query).await?;
+        let entries = ExportEntry::decode_page(&body).map_err(undecodable)?;
+        Ok((entries, next))
+    }
+
+    /// One page of `tenant`'s unhandled events after `after_seq`, and the
+    /// sequence number to continue after.
+    async fn events(
+        &self,
+        node: &Node,
+        region: &str,
+        tenant: &TenantId,
+        after_seq: u64,
+    ) -> Result<(Vec<CarriedEvent>, Option<u64>), ApiError> {
+        let remote = match self {
+            Source::Local(copy) => {
+                let consumers = crate::downstream::consumers(node);
+                return Ok(copy
+                    .store
+                    .unhandled_events(tenant, &consumers, after_seq, MOVE_PAGE_BYTES_MAX)
+                    .await?);
+            }
+            Source::Remote(remote) => remote,
+        };
+        let query = format!("after_seq={after_seq}");
+        let (body, next) = remote.page(node, region, "events", tenant, &query).await?;
+        let events = CarriedEvent::decode_page(&body).map_err(undecodable)?;
+        let next = match next {
+            None => None,
+            Some(bytes) => Some(
+                String::from_utf8(bytes)
+                    .ok()
+                    .and_then(|s| s.parse::<u64>().ok())
+                    .ok_or_else(undecodable_cursor)?,
+            ),
+        };
+        Ok((events, next))
+    }
+}
+
+impl RemoteCopy {
+    /// Calls the copy's node at `url_path`; anything but 2xx is an error.
     async fn call(
         &self,
         node: &Node,
         method: reqwest::Method,
         url_path: &str,
     ) -> Result<reqwest::Response, ApiError> {
-        let Source::Remote { node_id, api_addr } = self else {
-            unreachable!("only a remote source is called");
-        };
+        let RemoteCopy { node_id, api_addr } = self;
         let unreachable = |e: String| {
             ApiError::new(Problem::OwnerUnreachable).detail(format!("copy on node {node_id}: {e}"))
         };
@@ -224,12 +293,8 @@ impl Source {
         Ok(response)
     }
 
-    /// Promotes the copy; the last log index it applied.
+    /// Has the copy's node promote it; the last log index it applied.
     async fn promote(&self, node: &Node, region: &str) -> Result<u64, ApiError> {
-        if let Source::Local(copy) = self {
-            require_running_failover(node, region).await?;
-            return Ok(copy.store.promote().await?);
-        }
         let path = format!("/internal/v1/failover/{region}/promote");
         let answer: serde_json::Value = self
             .call(node, reqwest::Method::POST, &path)
@@ -242,9 +307,9 @@ impl Source {
         })
     }
 
-    /// A page from the remote source's `kind` route of `tenant`, and its next
-    /// cursor (the `NEXT_CURSOR` header, hex).
-    async fn remote_page(
+    /// A page from the copy's `kind` route of `tenant`, and its next cursor
+    /// (the `NEXT_CURSOR` header, hex).
+    async fn page(
         &self,
         node: &Node,
         region: &str,
@@ -267,61 +332,6 @@ impl Source {
             .await
             .map_err(|e| ApiError::new(Problem::OwnerUnreachable).detail(e.to_string()))?;
         Ok((body, next))
-    }
-
-    /// One page of `tenant`'s entries after `after`, and the next cursor.
-    async fn entries(
-        &self,
-        node: &Node,
-        region: &str,
-        tenant: &TenantId,
-        after: Option<Vec<u8>>,
-    ) -> Result<(Vec<ExportEntry>, Option<Vec<u8>>), ApiError> {
-        if let Source::Local(copy) = self {
-            return Ok(copy
-                .store
-                .export_tenant(tenant, after.as_deref(), MOVE_PAGE_BYTES_MAX)
-                .await?);
-        }
-        let query = after.map_or(String::new(), |a| format!("after={}", hex::encode(a)));
-        let (body, next) = self
-            .remote_page(node, region, "entries", tenant, &query)
-            .await?;
-        let entries = ExportEntry::decode_page(&body).map_err(undecodable)?;
-        Ok((entries, next))
-    }
-
-    /// One page of `tenant`'s unhandled events after `after_seq`, and the
-    /// sequence number to continue after.
-    async fn events(
-        &self,
-        node: &Node,
-        region: &str,
-        tenant: &TenantId,
-        after_seq: u64,
-    ) -> Result<(Vec<CarriedEvent>, Option<u64>), ApiError> {
-        if let Source::Local(copy) = self {
-            let consumers = crate::downstream::consumers(node);
-            return Ok(copy
-                .store
-                .unhandled_events(tenant, &consumers, after_seq, MOVE_PAGE_BYTES_MAX)
-                .await?);
-        }
-        let query = format!("after_seq={after_seq}");
-        let (body, next) = self
-            .remote_page(node, region, "events", tenant, &query)
-            .await?;
-        let events = CarriedEvent::decode_page(&body).map_err(undecodable)?;
-        let next = match next {
-            None => None,
-            Some(bytes) => Some(
-                String::from_utf8(bytes)
-                    .ok()
-                    .and_then(|s| s.parse::<u64>().ok())
-                    .ok_or_else(undecodable_cursor)?,
-            ),
-        };
-        Ok((events, next))
     }
 }
 

@@ -338,14 +338,16 @@ struct ExportQuery {
 impl ExportQuery {
     /// The cursor, and the page size capped by `MOVE_PAGE_BYTES_MAX`.
     fn parse(self) -> Result<(Option<Vec<u8>>, usize), ApiError> {
-        let after = match self.after {
-            None => None,
-            Some(h) => {
-                Some(hex::decode(h).map_err(|_| ApiError::invalid("/after", "after must be hex"))?)
-            }
-        };
+        let after = hex_cursor(self.after)?;
         Ok((after, self.bytes_max.clamp(1, MOVE_PAGE_BYTES_MAX)))
     }
+}
+
+/// A page cursor as it travels in a query (`after`, hex), decoded.
+pub(super) fn hex_cursor(after: Option<String>) -> Result<Option<Vec<u8>>, ApiError> {
+    after
+        .map(|h| hex::decode(h).map_err(|_| ApiError::invalid("/after", "after must be hex")))
+        .transpose()
 }
 
 /// A page's wire form, with the cursor of the next page when there is one.
