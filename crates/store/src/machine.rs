@@ -502,11 +502,7 @@ impl Machine {
         entries: &[ExportEntry],
         removed: &[Vec<u8>],
     ) -> Result<Result<GuardOutcome, Rejection>, Error> {
-        let wanted = TenantGuard::Importing {
-            operation_id: operation_id.to_owned(),
-            epoch,
-        };
-        let outcome = self.set_guard(w, tenant, wanted, |current| current.epoch() < epoch)?;
+        let outcome = self.guard_for_import(w, tenant, operation_id, epoch)?;
         let GuardOutcome::Accepted { guard, .. } = outcome else {
             return Ok(Ok(outcome));
         };
@@ -539,6 +535,23 @@ impl Machine {
         }))
     }
 
+    /// Sets the tenant's guard to `Importing` for `operation_id` at `epoch`
+    /// (a move's or failover's import), unless the store already knows the
+    /// tenant at that epoch or later.
+    fn guard_for_import(
+        &self,
+        w: &mut Writes,
+        tenant: &TenantId,
+        operation_id: &str,
+        epoch: u64,
+    ) -> Result<GuardOutcome, Error> {
+        let wanted = TenantGuard::Importing {
+            operation_id: operation_id.to_owned(),
+            epoch,
+        };
+        self.set_guard(w, tenant, wanted, |current| current.epoch() < epoch)
+    }
+
     /// `Command::ImportEvents`: under the tenant's `Importing` guard of the
     /// failover, appends each carried event not imported before to the outbox
     /// (a new sequence number, the same event id), with processed entries for
@@ -552,11 +565,7 @@ impl Machine {
         events: &[CarriedEvent],
         now: UnixMillis,
     ) -> Result<Result<GuardOutcome, Rejection>, Error> {
-        let wanted = TenantGuard::Importing {
-            operation_id: operation_id.to_owned(),
-            epoch,
-        };
-        let outcome = self.set_guard(w, tenant, wanted, |current| current.epoch() < epoch)?;
+        let outcome = self.guard_for_import(w, tenant, operation_id, epoch)?;
         let GuardOutcome::Accepted { guard, .. } = outcome else {
             return Ok(Ok(outcome));
         };
