@@ -10,21 +10,11 @@ use crate::limits::{
 };
 use crate::plan::{ClusterOptions, KillTarget};
 use crate::Error;
-use serde::Deserialize;
+pub use keyhold_clusterfile::ClusterFile;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
-
-/// `cluster.json`, the parts a run needs.
-#[derive(Debug, Clone, Deserialize)]
-pub struct ClusterFile {
-    pub admin_token: String,
-    pub regions: Vec<RegionEntry>,
-    pub psp_url: String,
-    pub control_url: String,
-    pub tenants: Vec<TenantEntry>,
-}
 
 /// A region's links to the others, as the fault layer sets them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,19 +22,6 @@ pub enum Link {
     /// Isolated: no connection between its nodes and other regions'.
     Cut,
     Healed,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-pub struct RegionEntry {
-    pub name: String,
-    pub api_url: String,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-pub struct TenantEntry {
-    pub tenant_id: String,
-    pub home_region: String,
-    pub token: String,
 }
 
 /// What the fault layer can do to a cluster.
@@ -142,7 +119,7 @@ impl UpProcess {
         let n = self.starts;
         let data = self.data_dir();
         std::fs::create_dir_all(&data)?;
-        let cluster_json = data.join("cluster.json");
+        let cluster_json = data.join(keyhold_clusterfile::FILE_NAME);
         let _ = std::fs::remove_file(&cluster_json);
         let mut cmd = tokio::process::Command::new(&self.keyhold);
         cmd.arg("up")
@@ -172,12 +149,11 @@ impl UpProcess {
                     self.log(n, "stderr").display()
                 )));
             }
-            if let Ok(bytes) = std::fs::read(&cluster_json) {
-                if let Ok(info) = serde_json::from_slice::<ClusterFile>(&bytes) {
-                    self.info = Some(info);
-                    self.child = Some(child);
-                    return Ok(());
-                }
+            // Absent until `up` is ready (it writes the file whole, then renames it).
+            if let Ok(info) = ClusterFile::read(&cluster_json) {
+                self.info = Some(info);
+                self.child = Some(child);
+                return Ok(());
             }
             if Instant::now() > deadline {
                 let _ = child.kill().await;

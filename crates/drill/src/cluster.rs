@@ -2,62 +2,14 @@
 //! `cluster.json` (contract sections 9 and 10), and the calls the drill makes
 //! to it: the control API (kill, start, isolate, heal), the admin API
 //! (cluster view, failover, operations, reconciliation) and the fake payment
-//! provider's charges.
+//! provider's charges. The file's own type is `keyhold_clusterfile`'s,
+//! shared with `keyhold up`, which writes it.
 
 use crate::limits::REQUEST_TIMEOUT_MS;
 use crate::Error;
-use serde::Deserialize;
+pub use keyhold_clusterfile::{ClusterFile, TenantEntry};
 use serde_json::Value;
-use std::path::Path;
 use std::time::Duration;
-
-#[derive(Debug, Clone, Deserialize)]
-pub struct RegionEntry {
-    pub name: String,
-    pub api_url: String,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-pub struct TenantEntry {
-    pub tenant_id: String,
-    pub home_region: String,
-    pub token: String,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-pub struct NodeEntry {
-    pub node_id: u64,
-    pub region: String,
-    pub api_url: String,
-}
-
-/// `cluster.json`, the parts a drill uses.
-#[derive(Debug, Clone, Deserialize)]
-pub struct ClusterFile {
-    pub admin_token: String,
-    pub regions: Vec<RegionEntry>,
-    pub psp_url: String,
-    pub control_url: String,
-    pub tenants: Vec<TenantEntry>,
-    pub nodes: Vec<NodeEntry>,
-}
-
-impl ClusterFile {
-    pub fn read(path: &Path) -> Result<ClusterFile, Error> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| Error::Invalid(format!("cannot read {}: {e}", path.display())))?;
-        serde_json::from_str(&text)
-            .map_err(|e| Error::Invalid(format!("{} is not a cluster.json: {e}", path.display())))
-    }
-
-    /// The API origin of a node of `region`, from the region list.
-    pub fn region_url(&self, region: &str) -> Option<&str> {
-        self.regions
-            .iter()
-            .find(|r| r.name == region)
-            .map(|r| r.api_url.as_str())
-    }
-}
 
 /// An HTTP client bound to one cluster.
 #[derive(Clone)]

@@ -37,6 +37,8 @@ pub enum Error {
     Http(#[from] reqwest::Error),
     #[error("cluster: {0}")]
     Cluster(String),
+    #[error(transparent)]
+    ClusterFile(#[from] keyhold_clusterfile::Error),
     #[error("timed out: {0}")]
     Timeout(String),
 }
@@ -98,12 +100,7 @@ pub async fn run(drill: Drill) -> Result<Report, Error> {
             "the cluster has no region {region}"
         )));
     }
-    let tenants: Vec<_> = file
-        .tenants
-        .iter()
-        .filter(|t| t.home_region == region)
-        .cloned()
-        .collect();
+    let tenants: Vec<_> = file.tenants_of(&region).cloned().collect();
     if tenants.is_empty() {
         return Err(Error::Invalid(format!(
             "cluster.json lists no tenant homed in {region}"

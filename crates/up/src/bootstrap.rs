@@ -4,10 +4,11 @@
 //! the admin API and kept in the secrets file), and every node knowing every
 //! demo tenant's token before anyone is told the cluster is up.
 
-use crate::layout::{write_json, NodePlan, Secrets, TenantSecret, SECRETS_FILE};
+use crate::layout::{write_json, NodePlan, Secrets, SECRETS_FILE};
 use crate::limits::{PROBE_TIMEOUT_MS, READY_POLL_MS};
 use crate::nodes::Nodes;
 use crate::Error;
+use keyhold_clusterfile::TenantEntry;
 use keyhold_server::limits::DEMO_TENANT_REQUESTS_PER_SECOND;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -88,7 +89,7 @@ pub async fn demo_tenants(
             }
             tokio::time::sleep(Duration::from_millis(READY_POLL_MS * 4)).await;
         };
-        secrets.tenants.push(TenantSecret {
+        secrets.tenants.push(TenantEntry {
             tenant_id,
             home_region: plan.region.clone(),
             token,
@@ -103,7 +104,7 @@ pub async fn demo_tenants(
 pub async fn wait_tenants_known(
     http: &reqwest::Client,
     plans: &[NodePlan],
-    tenants: &[TenantSecret],
+    tenants: &[TenantEntry],
     deadline: Instant,
 ) -> Result<(), Error> {
     for plan in plans {

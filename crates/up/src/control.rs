@@ -7,7 +7,7 @@
 //! healing a healed one are no-ops that answer 200 too, so a drill can repeat
 //! a step. Every error is problem+json.
 
-use crate::layout::{write_json, ClusterFile};
+use crate::layout::write_json;
 use crate::limits::REROUTE_SETTLE_MS;
 use crate::links::Links;
 use crate::nodes::{Nodes, Running};
@@ -18,6 +18,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
+use keyhold_clusterfile::ClusterFile;
 use keyhold_core::Problem;
 use keyhold_server::ApiError;
 use serde_json::{json, Value};

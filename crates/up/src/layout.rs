@@ -22,6 +22,7 @@ use crate::limits::{
     RAFT_PROXY_PORT_OFFSET, REGIONS_MAX,
 };
 use crate::Error;
+use keyhold_clusterfile::TenantEntry;
 use serde::{Deserialize, Serialize};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -29,12 +30,12 @@ use std::path::{Path, PathBuf};
 /// The file in the data dir holding the cluster's node credential.
 pub const NODE_CREDENTIAL_FILE: &str = "node-credential";
 pub const SECRETS_FILE: &str = "up-secrets.json";
-pub const CLUSTER_FILE: &str = "cluster.json";
+pub const CLUSTER_FILE: &str = keyhold_clusterfile::FILE_NAME;
 
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]
 pub struct Secrets {
     pub admin_token: String,
-    pub tenants: Vec<TenantSecret>,
+    pub tenants: Vec<TenantEntry>,
     /// The layout the cluster was created with. The registry's membership holds
     /// every node's address, so a restart must use the same ports and nodes.
     #[serde(default)]
@@ -46,45 +47,6 @@ pub struct Layout {
     pub base_port: u16,
     pub regions: Vec<String>,
     pub nodes_per_region: usize,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct TenantSecret {
-    pub tenant_id: String,
-    pub home_region: String,
-    pub token: String,
-}
-
-/// `DIR/cluster.json` (contract sections 9 and 10).
-#[derive(Debug, Clone, Serialize)]
-pub struct ClusterFile {
-    pub admin_token: String,
-    pub regions: Vec<RegionEntry>,
-    /// The fake payment provider's origin.
-    pub psp_url: String,
-    /// The control API's origin (kill, start, isolate, heal).
-    pub control_url: String,
-    pub tenants: Vec<TenantSecret>,
-    pub nodes: Vec<NodeEntry>,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct RegionEntry {
-    pub name: String,
-    pub api_url: String,
-}
-
-/// One node of the cluster (cluster.json's `nodes`).
-#[derive(Debug, Clone, Serialize)]
-pub struct NodeEntry {
-    pub node_id: u64,
-    pub region: String,
-    pub api_url: String,
-    /// `store`: holds a replica of its region's store (a member of the
-    /// region's group) and votes in the registry.
-    pub role: &'static str,
-    /// The node's process id; `null` while it is down.
-    pub pid: Option<u32>,
 }
 
 /// One node as planned: who it is, where it listens, where its files are.

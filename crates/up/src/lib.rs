@@ -21,7 +21,7 @@ pub mod limits;
 mod links;
 mod nodes;
 
-pub use layout::{ClusterFile, NodeEntry, RegionEntry, TenantSecret};
+pub use keyhold_clusterfile::{ClusterFile, NodeEntry, RegionEntry, TenantEntry};
 pub use nodes::{follow_supervisor, SUPERVISOR_PID_ENV};
 
 use crate::limits::{CLUSTER_READY_WAIT_MS, CONTROL_PORT_OFFSET, PSP_PORT_OFFSET};
@@ -184,13 +184,13 @@ pub async fn run(
         .build()
         .map_err(|e| Error::Config(format!("cannot build the HTTP client: {e}")))?;
     let nodes = nodes::Nodes::new(&up.keyhold, &up.node_args, plans.clone(), http.clone());
-    let cluster_file = layout::ClusterFile {
+    let cluster_file = ClusterFile {
         admin_token: secrets.admin_token.clone(),
         // A region's entry names its first node; the others are in `nodes`.
         regions: plans
             .iter()
             .filter(|p| p.replica == 0)
-            .map(|p| layout::RegionEntry {
+            .map(|p| RegionEntry {
                 name: p.region.clone(),
                 api_url: p.api_url(),
             })
@@ -200,11 +200,11 @@ pub async fn run(
         tenants: Vec::new(),
         nodes: plans
             .iter()
-            .map(|p| layout::NodeEntry {
+            .map(|p| NodeEntry {
                 node_id: p.id,
                 region: p.region.clone(),
                 api_url: p.api_url(),
-                role: "store",
+                role: "store".to_owned(),
                 pid: None,
             })
             .collect(),
