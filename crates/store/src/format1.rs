@@ -24,6 +24,7 @@ use std::path::Path;
 use crate::command::Command;
 use crate::limits::FORMAT_1_RECORD_BYTES_MAX;
 use crate::machine::Machine;
+use crate::overlay::Changes;
 use crate::{codec, keys, Error};
 
 /// The old write-ahead log.
@@ -183,8 +184,9 @@ fn apply_log(db: &sled::Db, machine: &Machine, logged: Vec<Logged>) -> Result<us
     for record in logged.into_iter().filter(|r| r.batch > last_batch) {
         let count = record.commands.len();
         for (position, command) in record.commands.iter().enumerate() {
-            let (_, writes) = machine.stage(command, record.batch)?;
-            let mut writes = writes.unwrap_or_default();
+            // Format 1 applied each command in its own sled batch: so does its replay.
+            let (_, writes) = machine.stage(&Changes::default(), command, record.batch)?;
+            let mut writes = writes.unwrap_or_default().into_batch();
             // The batch is whole with its last command's effect, in one sled batch.
             if position + 1 == count {
                 writes.insert(KEY_LAST_BATCH, codec::encode(record.batch, &record.batch));
@@ -264,8 +266,11 @@ mod tests {
             let machine = Machine::new(db.open_tree(crate::raft::REGION_TREE).unwrap());
             for (batch, commands) in [(1, vec![order(1), order(2)]), (2, vec![order(3)])] {
                 for command in &commands {
-                    let (_, writes) = machine.stage(command, batch).unwrap();
-                    machine.tree().apply_batch(writes.unwrap()).unwrap();
+                    let (_, writes) = machine.stage(&Changes::default(), command, batch).unwrap();
+                    machine
+                        .tree()
+                        .apply_batch(writes.unwrap().into_batch())
+                        .unwrap();
                 }
                 let stamp = codec::encode(batch, &batch);
                 machine.tree().insert(KEY_LAST_BATCH, stamp).unwrap();

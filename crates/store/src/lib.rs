@@ -35,6 +35,7 @@ mod format1;
 mod keys;
 pub mod limits;
 mod machine;
+mod overlay;
 pub mod raft;
 mod reconcile;
 mod stats;

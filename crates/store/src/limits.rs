@@ -42,6 +42,15 @@ pub const REGION_TREE_CACHE_BYTES_MAX: u64 = 256 * 1024 * 1024 * 1024;
 /// those of the log's appends.
 pub const EPOCH_COLLECTS_PER_ENTRY: usize = 64;
 
+/// An entry's changes are written to the region tree in one sled batch while
+/// they stay below this many key and value bytes; past it, the changes so far
+/// are written (with the entry's progress, so a crash resumes after them) and
+/// the entry goes on in a new batch. It bounds what an entry of large commands
+/// (a move's import pages) holds in memory beside its own commands to this plus
+/// one command's changes; an entry of new orders (about 1.5 KiB each, at most
+/// `BATCH_COMMANDS_MAX` of them) stays in one batch.
+pub const ENTRY_BATCH_BYTES_MAX: usize = 4 * 1024 * 1024;
+
 /// The largest command (or imported payload) the store decodes; a length prefix
 /// claiming more is refused before anything is allocated for it. Above the
 /// largest command the server builds: a move's import page (64 MiB body).

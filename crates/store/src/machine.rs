@@ -1,9 +1,11 @@
-//! The region state machine: applies one command to the sled tree atomically.
+//! The region state machine's decisions: what one command answers and writes.
 //!
 //! Only the region state machine calls `stage`, one command at a time, so a decision read
 //! and the writes that follow from it can never interleave with another command's.
-//! Each command's writes go into one `sled::Batch`, which sled applies atomically:
-//! an order is never visible without its record, marker and outbox event.
+//! A command is decided on a `View` (the tree with the changes of its entry's earlier
+//! commands over it) and its writes are collected in `Changes`, which the state
+//! machine writes with the rest of its entry in one atomic sled batch: an order is
+//! never visible without its record, marker and outbox event.
 
 use crate::codec::{decode, decode_plain, encode, encode_raw, order_tenant, payload};
 use crate::command::{
@@ -14,6 +16,7 @@ use crate::command::{
 use crate::consumer::Consumer;
 use crate::keys;
 use crate::limits::SWEEP_DEFER_MS;
+use crate::overlay::{Changes, View};
 use crate::reconcile::Reconciliation;
 use crate::Error;
 use keyhold_core::{
@@ -28,7 +31,7 @@ pub struct Machine {
 
 /// The writes of one command, plus the batch number stamped on every value.
 struct Writes {
-    batch: sled::Batch,
+    changes: Changes,
     number: u64,
     /// `(tenant, key)` of every movable entry of a tenant written or deleted:
     /// noted in the change index of each tenant a move tracks (`note_changes`).
@@ -38,7 +41,7 @@ struct Writes {
 impl Writes {
     fn new(number: u64) -> Writes {
         Writes {
-            batch: sled::Batch::default(),
+            changes: Changes::default(),
             number,
             changed: Vec::new(),
         }
@@ -50,7 +53,7 @@ impl Writes {
         if let Some(tenant) = keys::tenant_of(&key) {
             self.changed.push((tenant.to_vec(), key.clone()));
         }
-        self.batch.insert(key, encode(self.number, value));
+        self.changes.insert(key, encode(self.number, value));
     }
 
     /// Writes an order (keyed by id alone: its tenant is in the value).
@@ -58,7 +61,7 @@ impl Writes {
         let key = keys::order(&order.order_id);
         self.changed
             .push((order.tenant.as_str().as_bytes().to_vec(), key.clone()));
-        self.batch.insert(key, encode(self.number, order));
+        self.changes.insert(key, encode(self.number, order));
     }
 
     /// Deletes a primary entry; a record or marker counts as a change of its
@@ -67,10 +70,10 @@ impl Writes {
         if let Some(tenant) = keys::tenant_of(key) {
             self.changed.push((tenant.to_vec(), key.to_vec()));
         }
-        self.batch.remove(key);
+        self.changes.remove(key);
     }
     fn put_expiry(&mut self, at: UnixMillis, primary: &[u8]) {
-        self.batch.insert(keys::expiry(at, primary), &[][..]);
+        self.changes.insert(keys::expiry(at, primary), &[][..]);
     }
 }
 
@@ -83,25 +86,58 @@ impl Machine {
         &self.tree
     }
 
+    /// The tree as it is (reads outside any entry being applied).
+    fn view<'a>(&'a self, over: &'a Changes) -> View<'a> {
+        View::new(&self.tree, over)
+    }
+
     pub fn get<T: DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>, Error> {
-        match self.tree.get(key)? {
+        self.view(&Changes::default()).get(key)
+    }
+
+    /// The tenant's guard (`None`: never moved, executes).
+    pub fn guard(&self, tenant: &TenantId) -> Result<Option<TenantGuard>, Error> {
+        self.view(&Changes::default()).guard(tenant)
+    }
+
+    pub fn reservations(&self, order_id: &str) -> Result<Vec<Reservation>, Error> {
+        self.tree
+            .scan_prefix(keys::reservations_of(order_id))
+            .map(|item| Ok(decode::<Reservation>(&item?.1)?.0))
+            .collect()
+    }
+
+    /// Decides one command on the tree with `before` over it (the changes of the
+    /// entry's earlier commands, not yet in the tree) and returns its answer with
+    /// its own changes, applied to neither (`None` when it writes nothing: fenced
+    /// or refused). A command the state refuses is answered with
+    /// `Applied::Rejected`; `Err` is kept for failures of the store itself, so the
+    /// same log always replays to the same state. The Raft state machine writes an
+    /// entry's changes with its last applied log id in one batch, so that an
+    /// entry's effect and the record of having applied it reach the tree together.
+    pub fn stage(
+        &self,
+        before: &Changes,
+        command: &Command,
+        batch_number: u64,
+    ) -> Result<(Applied, Option<Changes>), Error> {
+        self.view(before).stage(command, batch_number)
+    }
+}
+
+impl View<'_> {
+    pub fn get<T: DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>, Error> {
+        match self.get_raw(key)? {
             None => Ok(None),
             Some(bytes) => Ok(Some(decode::<T>(&bytes)?.0)),
         }
     }
 
-    /// Decides one command and returns its answer with its writes, not yet applied
-    /// (`None` when it writes nothing: fenced or refused). A command the state
-    /// refuses is answered with `Applied::Rejected`; `Err` is kept for failures of
-    /// the store itself, so the same log always replays to the same state. The
-    /// Raft state machine adds its last applied log id to the same batch, so that
-    /// an entry's effect and the record of having applied it reach the tree
-    /// together.
-    pub fn stage(
+    fn stage(
         &self,
         command: &Command,
         batch_number: u64,
-    ) -> Result<(Applied, Option<sled::Batch>), Error> {
+    ) -> Result<(Applied, Option<Changes>), Error> {
         let mut w = Writes::new(batch_number);
         if let Some(fenced) = self.fenced(command)? {
             return Ok((fenced, None));
@@ -109,7 +145,7 @@ impl Machine {
         match self.decide(&mut w, command)? {
             Ok(applied) => {
                 self.note_changes(&mut w)?;
-                Ok((applied, Some(w.batch)))
+                Ok((applied, Some(w.changes)))
             }
             // Nothing of a refused command reaches the tree.
             Err(rejection) => Ok((Applied::Rejected(rejection), None)),
@@ -124,13 +160,13 @@ impl Machine {
             let on = match tracked.iter().find(|(t, _)| *t == tenant) {
                 Some((_, on)) => *on,
                 None => {
-                    let on = self.tree.contains_key(keys::tracking(&tenant))?;
+                    let on = self.contains_key(keys::tracking(&tenant))?;
                     tracked.push((tenant.clone(), on));
                     on
                 }
             };
             if on {
-                w.batch
+                w.changes
                     .insert(keys::change(&tenant, &key), encode(w.number, &()));
             }
         }
@@ -479,8 +515,7 @@ impl Machine {
                     w.put(keys::cursor_generation(consumer), &generation);
                 }
                 let events = self
-                    .tree
-                    .range(keys::outbox(*from_seq)..keys::outbox(u64::MAX))
+                    .range(&keys::outbox(*from_seq), &keys::outbox(u64::MAX))
                     .count() as u64;
                 Applied::Replayed { events }
             }
@@ -527,7 +562,7 @@ impl Machine {
             if !belongs {
                 return Ok(Err(Rejection::ImportForeignEntry { index }));
             }
-            w.batch.remove(key.as_slice());
+            w.changes.remove(key.as_slice());
         }
         Ok(Ok(GuardOutcome::Accepted {
             guard,
@@ -577,7 +612,7 @@ impl Machine {
                 return Ok(Err(Rejection::ImportForeignEntry { index }));
             }
             let mark = keys::imported_event(&event.event_id);
-            if self.tree.contains_key(&mark)? || !fresh.insert(event.event_id.clone()) {
+            if self.contains_key(&mark)? || !fresh.insert(event.event_id.clone()) {
                 continue;
             }
             seq += 1;
@@ -651,10 +686,10 @@ impl Machine {
         }
         let erased = self.erase_tenant(w, tenant, entries_max, consumers)?;
         if let Applied::Erased { more: false, .. } = erased {
-            w.batch.remove(keys::guard(tenant));
+            w.changes.remove(keys::guard(tenant));
             // The marks of this tenant's carried events whose event is gone
             // (erased now, or swept): a later failover carries them again.
-            for item in self.tree.scan_prefix(keys::IMPORTED_EVENT_PREFIX) {
+            for item in self.scan_prefix(keys::IMPORTED_EVENT_PREFIX) {
                 let (mark, _) = item?;
                 let Some(seq) = self.get::<u64>(&mark)? else {
                     continue;
@@ -664,7 +699,7 @@ impl Machine {
                     &e.tenant == tenant && consumers_pending(consumers, self, e.seq)
                 });
                 if event.is_none() || erased_now {
-                    w.batch.remove(mark);
+                    w.changes.remove(mark);
                 }
             }
         }
@@ -690,18 +725,18 @@ impl Machine {
                     more: false,
                 })
             }
-            Some(_) => w.batch.remove(flag),
+            Some(_) => w.changes.remove(flag),
             None => {}
         }
         let mut entries = 0;
-        for item in self.tree.scan_prefix(keys::changes_of(t)) {
+        for item in self.scan_prefix(keys::changes_of(t)) {
             if entries as usize >= entries_max {
                 return Ok(Applied::Erased {
                     entries,
                     more: true,
                 });
             }
-            w.batch.remove(item?.0);
+            w.changes.remove(item?.0);
             entries += 1;
         }
         Ok(Applied::Erased {
@@ -713,18 +748,18 @@ impl Machine {
     /// Whether the order stored at `key` is `tenant`'s (`None`: no order there),
     /// reading only the head of its payload.
     fn order_of(&self, key: &[u8], tenant: &TenantId) -> Result<Option<bool>, Error> {
-        let Some(value) = self.tree.get(key)? else {
+        let Some(value) = self.get_raw(key)? else {
             return Ok(None);
         };
         Ok(Some(order_tenant(payload(&value)?)? == tenant.as_str()))
     }
 
     /// The tenant's guard (`None`: never moved, executes).
-    pub fn guard(&self, tenant: &TenantId) -> Result<Option<TenantGuard>, Error> {
+    fn guard(&self, tenant: &TenantId) -> Result<Option<TenantGuard>, Error> {
         if let Some(guard) = self.get::<TenantGuard>(&keys::guard(tenant))? {
             return Ok(Some(guard));
         }
-        if self.tree.contains_key(keys::legacy_fence(tenant))? {
+        if self.contains_key(keys::legacy_fence(tenant))? {
             return Ok(Some(TenantGuard::Fenced {
                 operation_id: String::new(),
                 epoch: 0,
@@ -748,7 +783,7 @@ impl Machine {
                 return Ok(GuardOutcome::Refused { current });
             }
         }
-        w.batch.remove(keys::legacy_fence(tenant));
+        w.changes.remove(keys::legacy_fence(tenant));
         w.put(keys::guard(tenant), &wanted);
         Ok(GuardOutcome::Accepted {
             guard: wanted,
@@ -788,7 +823,7 @@ impl Machine {
         processed_ttl_ms: u64,
     ) -> Result<bool, Error> {
         let key = keys::processed(consumer, event_id);
-        if self.tree.contains_key(&key)? {
+        if self.contains_key(&key)? {
             return Ok(false);
         }
         let entry = Processed {
@@ -948,7 +983,7 @@ impl Machine {
         let mut doomed: Vec<Vec<u8>> = Vec::new();
         let full = |doomed: &Vec<Vec<u8>>| doomed.len() >= entries_max;
         for prefix in keys::tenant_prefixes(tenant) {
-            for item in self.tree.scan_prefix(&prefix) {
+            for item in self.scan_prefix(&prefix) {
                 if full(&doomed) {
                     break;
                 }
@@ -964,7 +999,7 @@ impl Machine {
         for &consumer in consumers {
             cursors.push(self.get::<u64>(&keys::cursor(consumer))?.unwrap_or(0));
         }
-        for item in self.tree.scan_prefix([keys::OUTBOX]) {
+        for item in self.scan_prefix([keys::OUTBOX]) {
             if full(&doomed) {
                 break;
             }
@@ -979,7 +1014,7 @@ impl Machine {
         }
         let more = full(&doomed);
         for key in &doomed {
-            w.batch.remove(key.as_slice());
+            w.changes.remove(key.as_slice());
         }
         Ok(Applied::Erased {
             entries: doomed.len() as u64,
@@ -1004,14 +1039,14 @@ impl Machine {
         // deleted (and counted) once.
         let mut deleted = std::collections::HashSet::new();
         let end = keys::expiry(now, &[]);
-        for item in self.tree.range(vec![keys::EXPIRY]..end).take(entries_max) {
+        for item in self.range(&[keys::EXPIRY], &end).take(entries_max) {
             let (index_key, _) = item?;
             let Some((_, primary)) = keys::parse_expiry(&index_key) else {
                 return Err(Error::Corrupt("malformed expiry index key".into()));
             };
             if deleted.contains(primary) {
                 out.stale_index += 1;
-                w.batch.remove(index_key);
+                w.changes.remove(index_key);
                 continue;
             }
             let due = match primary.first() {
@@ -1029,7 +1064,7 @@ impl Machine {
                         // Never drop an event a consumer has not had: look again later.
                         out.deferred += 1;
                         w.put_expiry(now.plus_ms(SWEEP_DEFER_MS), primary);
-                        w.batch.remove(index_key);
+                        w.changes.remove(index_key);
                         continue;
                     }
                     other => other.map(|e| (e.expires_at <= now, &mut out.events)),
@@ -1044,16 +1079,9 @@ impl Machine {
                 }
                 Some((false, _)) | None => out.stale_index += 1,
             }
-            w.batch.remove(index_key);
+            w.changes.remove(index_key);
         }
         Ok(out)
-    }
-
-    pub fn reservations(&self, order_id: &str) -> Result<Vec<Reservation>, Error> {
-        self.tree
-            .scan_prefix(keys::reservations_of(order_id))
-            .map(|item| Ok(decode::<Reservation>(&item?.1)?.0))
-            .collect()
     }
 }
 
@@ -1101,17 +1129,16 @@ fn import(
     if let Some(at) = expires_at {
         w.put_expiry(at, &entry.key);
     }
-    w.batch
+    w.changes
         .insert(entry.key.clone(), encode_raw(w.number, &entry.payload));
     Ok(())
 }
 
 /// True when some consumer of `consumers` has not had event `seq` yet (its
 /// cursor is before it): what `EraseTenant` erases of a tenant's events.
-fn consumers_pending(consumers: &[Consumer], machine: &Machine, seq: u64) -> bool {
+fn consumers_pending(consumers: &[Consumer], view: &View<'_>, seq: u64) -> bool {
     consumers.iter().any(|&c| {
-        machine
-            .get::<u64>(&keys::cursor(c))
+        view.get::<u64>(&keys::cursor(c))
             .ok()
             .flatten()
             .unwrap_or(0)

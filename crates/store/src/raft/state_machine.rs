@@ -1,9 +1,13 @@
 //! The region group's state machine (openraft's `RaftStateMachine`): applies each
-//! committed entry's commands through the region's `Machine`, each command's effect
-//! in one atomic sled batch with the record of how far the entry got (the last
-//! command's with the entry's log id as last applied; a membership entry's with the
-//! membership), so that a crash mid-entry re-applies exactly the commands whose
-//! effects are missing; builds snapshots by streaming the region tree to a file and
+//! committed entry's commands through the region's `Machine`, the whole entry's
+//! effect in one atomic sled batch with the entry's log id as last applied (a
+//! membership entry's with the membership), each command decided on the tree with
+//! the entry's earlier changes over it. An entry whose changes outgrow
+//! `ENTRY_BATCH_BYTES_MAX` is written in several batches, each but the last with
+//! the record of how far the entry got (`KEY_PARTIAL`, which stores written by
+//! earlier releases, one batch per command, also hold), so that a crash mid-entry
+//! re-applies exactly the commands whose effects are missing; builds snapshots by
+//! streaming the region tree to a file and
 //! installs them by streaming a file back into the tree; publishes the last applied
 //! index on a watch channel.
 //!
@@ -41,8 +45,11 @@ use super::{
     CommandBatch, Entry, EntryOutcome, LogId, RegionConfig, SnapshotMeta, StorageError,
     StoredMembership,
 };
-use crate::limits::{EPOCH_COLLECTS_PER_ENTRY, SNAPSHOT_INSTALL_BATCH_BYTES_MAX};
+use crate::limits::{
+    ENTRY_BATCH_BYTES_MAX, EPOCH_COLLECTS_PER_ENTRY, SNAPSHOT_INSTALL_BATCH_BYTES_MAX,
+};
 use crate::machine::Machine;
+use crate::overlay::Changes;
 use crate::Error;
 
 /// The last applied log id (`Option<LogId>`), in the region tree with the effects.
@@ -50,7 +57,8 @@ const KEY_APPLIED: &[u8] = b"sraft:applied";
 /// The last applied membership (`StoredMembership`).
 const KEY_MEMBERSHIP: &[u8] = b"sraft:membership";
 /// Present while an entry is applied in part (`Partial`): how many of its commands
-/// are in the tree.
+/// are in the tree. Written only for an entry larger than `ENTRY_BATCH_BYTES_MAX`
+/// (before this release, for every command but an entry's last).
 const KEY_PARTIAL: &[u8] = b"sraft:partial";
 /// Present once the replica was promoted (`RegionStateMachine::promote`): the
 /// last log index it applied (`u64`). From then on it applies nothing more.
@@ -99,6 +107,8 @@ struct Shared {
     /// afterwards (its apply task may outlive the core by a moment) is refused,
     /// never applied a second time.
     promoted: AtomicBool,
+    /// `ENTRY_BATCH_BYTES_MAX`, or another bound in tests.
+    entry_batch_bytes_max: usize,
 }
 
 /// One replica's region state machine. Cloning is cheap and shares the same state.
@@ -147,6 +157,20 @@ impl RegionStateMachine {
     /// Blocking. Finishes an installation a crash interrupted and removes temporary
     /// files a crash left behind.
     pub fn open(db: sled::Db, tree: sled::Tree, snapshots: &Path) -> Result<Self, Error> {
+        Self::open_with_entry_batch_bytes_max(db, tree, snapshots, ENTRY_BATCH_BYTES_MAX)
+    }
+
+    /// `open`, writing an entry's changes in batches of about `bytes` instead of
+    /// `ENTRY_BATCH_BYTES_MAX`; 0 writes each command in its own batch with the
+    /// entry's progress, as releases before one batch per entry did: for tests
+    /// of entries applied in part.
+    #[doc(hidden)]
+    pub fn open_with_entry_batch_bytes_max(
+        db: sled::Db,
+        tree: sled::Tree,
+        snapshots: &Path,
+        bytes: usize,
+    ) -> Result<Self, Error> {
         std::fs::create_dir_all(snapshots).map_err(Error::Io)?;
         let shared = Shared {
             db,
@@ -156,6 +180,7 @@ impl RegionStateMachine {
             applied_index: watch::channel(0).0,
             seq: AtomicU64::new(0),
             promoted: AtomicBool::new(false),
+            entry_batch_bytes_max: bytes,
         };
         if shared.snapshots.join(INSTALL_PENDING).exists() {
             tracing::warn!("finishing a snapshot installation a crash interrupted");
@@ -274,10 +299,9 @@ impl Shared {
         Ok((applied, membership))
     }
 
-    /// Applies entries in order. Each command of an entry is applied in its own
-    /// atomic sled batch (a command decides from the tree as the commands before it
-    /// left it), which also records how far the entry got (`KEY_PARTIAL`) or, for its
-    /// last command, that the entry is applied (`KEY_APPLIED`).
+    /// Applies entries in order, each in one atomic sled batch with the record
+    /// that it is applied (`KEY_APPLIED`), or for a large one in several batches
+    /// that record how far it got (`KEY_PARTIAL`).
     fn apply(&self, entries: impl IntoIterator<Item = Entry>) -> Result<Vec<EntryOutcome>, Error> {
         let _cut = self.lock();
         if self.promoted.load(Ordering::SeqCst) {
@@ -329,31 +353,34 @@ impl Shared {
         };
         let count = batch.commands.len();
         let mut answers = Vec::with_capacity(count);
+        // The changes of this entry's commands not yet in the tree: each command
+        // is decided on the tree with them over it.
+        let mut pending = Changes::default();
         for (position, command) in batch.commands.iter().enumerate() {
             // The log index is the batch number stamped on every value: it only
             // grows, as batch numbers must.
-            let (applied, writes) = self.machine.stage(command, log_id.index)?;
+            let (applied, writes) = self.machine.stage(&pending, command, log_id.index)?;
             answers.push(applied);
             if position < done {
                 // Its answer is decided again on the state it produced; nobody
                 // waits for it any more (the process that took it is gone).
                 continue;
             }
-            let mut writes = writes.unwrap_or_default();
-            if position + 1 == count {
-                self.finish_entry(writes, log_id, None)?;
-            } else {
+            if let Some(writes) = writes {
+                pending.absorb(writes);
+            }
+            if position + 1 < count && pending.bytes() >= self.entry_batch_bytes_max {
+                let mut writes = std::mem::take(&mut pending).into_batch();
                 let partial = Partial {
                     log_id,
                     commands: (position + 1) as u32,
                 };
                 writes.insert(KEY_PARTIAL, encode(&partial)?);
                 tree.apply_batch(writes)?;
+                collect_replaced_nodes();
             }
         }
-        if count == 0 {
-            self.finish_entry(sled::Batch::default(), log_id, None)?;
-        }
+        self.finish_entry(pending.into_batch(), log_id, None)?;
         Ok(EntryOutcome::Commands(answers))
     }
 

@@ -4,11 +4,17 @@
 //! millisecond and flushing now and then, so that the state on disk is some prefix
 //! of what it applied (cut at any sled batch), and the parent SIGKILLs it mid-stream. After
 //! reopening, the record of what was applied must match the effects exactly: the
-//! orders present are the first `p` of the log, the last applied entry's are all
-//! among them and at most the commands of one more entry besides; re-applying every
+//! orders present are the first `p` of the log, exactly those of the applied
+//! entries (an entry is one sled batch); re-applying every
 //! entry after the last applied one, as openraft does from the log at startup,
 //! creates each missing order anew and writes none twice, and the region ends up
 //! identical to a replica that applied every entry once.
+//!
+//! The same again with a child that writes each command in its own sled batch with
+//! the entry's progress (`APPLY_PER_COMMAND_CHILD_DIR`: as an entry over the batch
+//! limit is written, and as every entry was before one batch per entry), reopened
+//! by the ordinary state machine: besides the applied entries' orders there may be
+//! part of the next entry's, and re-applying that entry writes only the rest.
 
 use std::io::{BufRead, BufReader};
 use std::time::{Duration, Instant};
@@ -19,6 +25,7 @@ use openraft::storage::RaftStateMachine;
 use crate::helpers::{answers, commands_entry, is_created, membership_entry, new_order};
 
 const CHILD_DIR_ENV: &str = "APPLY_CHILD_DIR";
+const PER_COMMAND_CHILD_DIR_ENV: &str = "APPLY_PER_COMMAND_CHILD_DIR";
 /// Entries of the whole run; the child stops by itself after them.
 const ENTRIES_MAX: u64 = 2_000;
 const COMMANDS_PER_ENTRY: u64 = 3;
@@ -45,12 +52,23 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("runtime")
 }
 
-/// Child side; returns at once in a normal test run.
+/// Child side, one sled batch per entry; returns at once in a normal test run.
 #[test]
 fn apply_child_entry_point() {
-    let Ok(dir) = std::env::var(CHILD_DIR_ENV) else {
-        return;
-    };
+    if let Ok(dir) = std::env::var(CHILD_DIR_ENV) {
+        run_child(&dir, keyhold_store::limits::ENTRY_BATCH_BYTES_MAX);
+    }
+}
+
+/// Child side, one sled batch per command; returns at once in a normal test run.
+#[test]
+fn apply_per_command_child_entry_point() {
+    if let Ok(dir) = std::env::var(PER_COMMAND_CHILD_DIR_ENV) {
+        run_child(&dir, 0);
+    }
+}
+
+fn run_child(dir: &str, entry_batch_bytes_max: usize) {
     runtime().block_on(async {
         // The layout of `raft::open`, with sled persisting in the background every
         // millisecond, so that the kill finds states in the middle of entries too.
@@ -61,8 +79,13 @@ fn apply_child_entry_point() {
             .open()
             .expect("open db");
         let tree = db.open_tree(raft::REGION_TREE).expect("tree");
-        let mut state_machine =
-            RegionStateMachine::open(db, tree, &dir.join("snapshots")).expect("open");
+        let mut state_machine = RegionStateMachine::open_with_entry_batch_bytes_max(
+            db,
+            tree,
+            &dir.join("snapshots"),
+            entry_batch_bytes_max,
+        )
+        .expect("open");
         state_machine
             .apply([membership_entry(1)])
             .await
@@ -83,12 +106,23 @@ fn apply_child_entry_point() {
 
 #[test]
 fn an_entry_is_applied_exactly_once_across_sigkill() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut child = crate::common::spawn_child(
-        "exactly_once::apply_child_entry_point",
-        CHILD_DIR_ENV,
-        dir.path(),
+    kill_and_recover("exactly_once::apply_child_entry_point", CHILD_DIR_ENV, true);
+}
+
+#[test]
+fn an_entry_written_per_command_resumes_exactly_once_across_sigkill() {
+    kill_and_recover(
+        "exactly_once::apply_per_command_child_entry_point",
+        PER_COMMAND_CHILD_DIR_ENV,
+        false,
     );
+}
+
+/// Runs child `test`, kills it, reopens its state machine and checks it; with
+/// `whole_entries`, no part of an entry may be in the tree without the rest.
+fn kill_and_recover(test: &str, env: &str, whole_entries: bool) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut child = crate::common::spawn_child(test, env, dir.path());
     let stdout = child.stdout.take().expect("child stdout");
     let started = Instant::now();
     let mut last_ack = 0u64;
@@ -131,11 +165,16 @@ fn an_entry_is_applied_exactly_once_across_sigkill() {
         let mut sorted = orders.clone();
         sorted.sort_unstable();
         assert_eq!(sorted, (1..=present).collect::<Vec<_>>());
-        // Every command of the applied entries is there, and besides them at most
-        // part of the next entry.
+        // Every command of the applied entries is there, and besides them (an
+        // entry written per command) at most part of the next entry.
         let of_applied = COMMANDS_PER_ENTRY * applied.saturating_sub(1);
+        let at_most = if whole_entries {
+            of_applied
+        } else {
+            of_applied + COMMANDS_PER_ENTRY - 1
+        };
         assert!(
-            (of_applied..of_applied + COMMANDS_PER_ENTRY).contains(&present),
+            (of_applied..=at_most).contains(&present),
             "{present} orders present, entries up to {applied} applied"
         );
 
