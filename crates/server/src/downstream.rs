@@ -11,6 +11,12 @@
 //! answer is the same charge. A charge request the provider refuses is settled
 //! only after looking the key up at the provider: an earlier attempt (this
 //! round's, whose answer was lost, or one before a crash) may have charged.
+//!
+//! A round prepares its events in parallel (bounded: the charges), then tells
+//! the store once: one batch command per consumer holds every finished event's
+//! effect and the cursor move past the finished prefix, since each command is
+//! applied serially on the region's state machine and the store's commands per
+//! order bound the new-order rate.
 
 use crate::limits::{
     PSP_ATTEMPTS_MAX, PSP_BACKOFF_MS_BASE, PSP_BACKOFF_MS_MAX, PSP_REQUEST_TIMEOUT_MS,
@@ -26,7 +32,8 @@ use tokio::sync::{watch, Semaphore};
 
 /// Set to a consumer's name, the process aborts right after that consumer's first
 /// effect is durable and before its cursor moves: the fault tests' way to kill a
-/// consumer between its effect and its acknowledgement.
+/// consumer between its effect and its acknowledgement. While it is set, that
+/// consumer's rounds move the cursor in a command of their own.
 pub const FAULT_ENV: &str = "KEYHOLD_FAULT_ABORT_AFTER_EFFECT";
 
 /// The consumers this node runs: inventory always, payments when a payment
@@ -146,6 +153,8 @@ async fn relay_round(
     }
     *attempted = (*attempted).max(events.last().map_or(0, |e| e.seq));
 
+    // Each event is prepared on its own (the payments consumer's charges run in
+    // parallel, bounded); the store hears of the round once, in one command.
     let limit = Arc::new(Semaphore::new(RELAY_INFLIGHT_EVENTS_MAX));
     let mut tasks = Vec::with_capacity(events.len());
     for event in &events {
@@ -157,28 +166,51 @@ async fn relay_round(
             .await
             .expect("semaphore is never closed");
         tasks.push(tokio::spawn(async move {
-            let result = handle(&node, consumer, &event).await;
+            let result = prepare(&node, consumer, &event).await;
             drop(permit);
             result
         }));
     }
     // The cursor moves past the longest finished prefix, so an event is never
-    // skipped because a later one finished first.
+    // skipped because a later one finished first. Every finished event is
+    // recorded, also after a failed one: its effect (a charge made) is kept.
     let mut done_to = cursor;
     let mut first_error = None;
+    let mut effects = Vec::new();
     for (event, task) in events.iter().zip(tasks) {
         let result = task
             .await
             .unwrap_or_else(|e| Err(Failure(format!("consumer task failed: {e}"))));
         match result {
-            Ok(()) if first_error.is_none() => done_to = event.seq,
-            Ok(()) => {}
+            Ok(prepared) => {
+                if let Prepared::Effect(effect) = prepared {
+                    effects.push((event, effect));
+                }
+                if first_error.is_none() {
+                    done_to = event.seq;
+                }
+            }
             Err(e) => {
                 first_error.get_or_insert(e);
             }
         }
     }
-    if done_to > cursor {
+    // With the fault hook armed the cursor moves in a command of its own, so
+    // that there is a moment between the effect and its acknowledgement.
+    let fault = std::env::var(FAULT_ENV).is_ok_and(|v| v == consumer.as_str());
+    let mut cursor_moved = false;
+    if !effects.is_empty() {
+        let move_to = (done_to > cursor && !fault).then_some(keyhold_store::Cursor {
+            seq: done_to,
+            generation,
+        });
+        let refused = record(node, consumer, effects, move_to).await?;
+        cursor_moved = move_to.is_some();
+        if let Some(e) = refused {
+            first_error.get_or_insert(e);
+        }
+    }
+    if done_to > cursor && !cursor_moved {
         store
             .advance_cursor(consumer, done_to, generation)
             .await
@@ -190,7 +222,26 @@ async fn relay_round(
     }
 }
 
-async fn handle(node: &Node, consumer: Consumer, event: &OutboxEvent) -> Result<(), Failure> {
+/// What one event needs from the round's command.
+enum Prepared {
+    /// Nothing: processed already, or unreadable (skipped loudly).
+    Skip,
+    Effect(Effect),
+}
+
+/// One event's effect, to be recorded in the round's command.
+enum Effect {
+    Inventory(keyhold_store::InventoryEffect),
+    Payment(keyhold_store::PaymentEffect),
+}
+
+/// Everything about one event short of recording its effect: whether it was
+/// processed already, and for payments the charge at the provider.
+async fn prepare(
+    node: &Node,
+    consumer: Consumer,
+    event: &OutboxEvent,
+) -> Result<Prepared, Failure> {
     // A redelivered event whose effect is recorded needs no work at all.
     let processed = node
         .store()
@@ -200,7 +251,7 @@ async fn handle(node: &Node, consumer: Consumer, event: &OutboxEvent) -> Result<
     if processed {
         metrics::counter!("keyhold_consumer_duplicates_skipped_total", "consumer" => consumer.as_str())
             .increment(1);
-        return Ok(());
+        return Ok(Prepared::Skip);
     }
     let payload: EventPayload = match serde_json::from_slice(&event.payload) {
         Ok(p) => p,
@@ -209,17 +260,17 @@ async fn handle(node: &Node, consumer: Consumer, event: &OutboxEvent) -> Result<
             // retrying would not help. Skip it loudly rather than stall the outbox.
             tracing::error!(event_id = %event.event_id, error = %e, "unreadable outbox event skipped");
             metrics::counter!("keyhold_outbox_unreadable_total").increment(1);
-            return Ok(());
+            return Ok(Prepared::Skip);
         }
     };
     let (event_id, order_id) = (event.event_id.clone(), payload.order.order_id.clone());
-    let stored = match consumer {
-        Consumer::Inventory => {
-            let items = payload.items;
-            node.store()
-                .consume_inventory(event_id, order_id, items, now(), node.policy())
-                .await
-        }
+    Ok(Prepared::Effect(match consumer {
+        Consumer::Inventory => Effect::Inventory(keyhold_store::InventoryEffect {
+            seq: event.seq,
+            event_id,
+            order_id,
+            items: payload.items,
+        }),
         Consumer::Payments => {
             let base = node
                 .config()
@@ -228,31 +279,79 @@ async fn handle(node: &Node, consumer: Consumer, event: &OutboxEvent) -> Result<
                 .expect("payments runs only with a provider");
             let key = format!("keyhold-pay-{}", event.event_id);
             let (charge_id, paid) = charge(node.http(), base, &key, &payload.order).await?;
-            node.store()
-                .consume_payment(event_id, order_id, charge_id, paid, now(), node.policy())
-                .await
+            Effect::Payment(keyhold_store::PaymentEffect {
+                seq: event.seq,
+                event_id,
+                order_id,
+                charge_id,
+                paid,
+            })
         }
-    };
-    let outcome = stored.map_err(|e| Failure(e.to_string()))?;
-    if outcome == ConsumeOutcome::Duplicate {
-        metrics::counter!("keyhold_consumer_duplicates_skipped_total", "consumer" => consumer.as_str())
-            .increment(1);
-    } else {
-        metrics::counter!("keyhold_consumer_effects_total", "consumer" => consumer.as_str())
-            .increment(1);
-        // From the order's commit to its effect: the relay's end-to-end lag.
-        let lag_ms = now().0.saturating_sub(event.occurred_at.0);
-        metrics::histogram!("keyhold_outbox_delivery_lag_seconds", "consumer" => consumer.as_str())
-            .record(lag_ms as f64 / 1000.0);
-        if std::env::var(FAULT_ENV).is_ok_and(|v| v == consumer.as_str()) {
-            tracing::error!(
-                consumer = consumer.as_str(),
-                "fault injection: aborting after the effect, before the ack"
-            );
-            std::process::abort();
+    }))
+}
+
+/// Records a round's effects, and with `cursor` its cursor move, in one
+/// command. Returns the first event the store refused (it is delivered again;
+/// the store stopped the cursor before it).
+async fn record(
+    node: &Node,
+    consumer: Consumer,
+    effects: Vec<(&OutboxEvent, Effect)>,
+    cursor: Option<keyhold_store::Cursor>,
+) -> Result<Option<Failure>, Failure> {
+    let store = node.store();
+    let (events, effects): (Vec<&OutboxEvent>, Vec<Effect>) = effects.into_iter().unzip();
+    // A consumer prepares effects of its own kind only.
+    let (mut reservations, mut payments) = (Vec::new(), Vec::new());
+    for effect in effects {
+        match effect {
+            Effect::Inventory(e) => reservations.push(e),
+            Effect::Payment(e) => payments.push(e),
         }
     }
-    Ok(())
+    let outcome = match consumer {
+        Consumer::Inventory => {
+            store
+                .consume_inventory_batch(reservations, cursor, now(), node.policy())
+                .await
+        }
+        Consumer::Payments => {
+            store
+                .consume_payment_batch(payments, cursor, now(), node.policy())
+                .await
+        }
+    }
+    .map_err(|e| Failure(e.to_string()))?;
+    let mut refused = None;
+    let mut applied = false;
+    for (event, result) in events.into_iter().zip(outcome.events) {
+        match result {
+            Ok(ConsumeOutcome::Duplicate) => {
+                metrics::counter!("keyhold_consumer_duplicates_skipped_total", "consumer" => consumer.as_str())
+                    .increment(1);
+            }
+            Ok(ConsumeOutcome::Applied) => {
+                applied = true;
+                metrics::counter!("keyhold_consumer_effects_total", "consumer" => consumer.as_str())
+                    .increment(1);
+                // From the order's commit to its effect: the relay's end-to-end lag.
+                let lag_ms = now().0.saturating_sub(event.occurred_at.0);
+                metrics::histogram!("keyhold_outbox_delivery_lag_seconds", "consumer" => consumer.as_str())
+                    .record(lag_ms as f64 / 1000.0);
+            }
+            Err(rejection) => {
+                refused.get_or_insert(Failure(rejection.to_string()));
+            }
+        }
+    }
+    if applied && std::env::var(FAULT_ENV).is_ok_and(|v| v == consumer.as_str()) {
+        tracing::error!(
+            consumer = consumer.as_str(),
+            "fault injection: aborting after the effect, before the ack"
+        );
+        std::process::abort();
+    }
+    Ok(refused)
 }
 
 #[derive(Deserialize)]

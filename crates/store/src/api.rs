@@ -12,9 +12,9 @@
 //! the command, so the command still carries everything its effect depends on.
 
 use crate::command::{
-    Applied, CarriedEvent, ChangePage, ClaimOutcome, Command, CompleteOutcome, ConsumeOutcome,
-    CursorOutcome, EraseOutcome, ExportEntry, GuardOutcome, HeartbeatOutcome, OrderOutcome,
-    ReplayOutcome, SweepOutcome,
+    Applied, BatchOutcome, CarriedEvent, ChangePage, ClaimOutcome, Command, CompleteOutcome,
+    ConsumeOutcome, Cursor, CursorOutcome, EraseOutcome, ExportEntry, GuardOutcome,
+    HeartbeatOutcome, InventoryEffect, OrderOutcome, PaymentEffect, ReplayOutcome, SweepOutcome,
 };
 use crate::consumer::Consumer;
 use crate::reconcile::Reconciliation;
@@ -53,6 +53,7 @@ answer! {
     ConsumeOutcome => Consumed,
     CursorOutcome => Cursor,
     GuardOutcome => Guard,
+    BatchOutcome => ConsumedBatch,
 }
 
 impl Answer for EraseOutcome {
@@ -283,6 +284,43 @@ impl Store {
             paid,
             now,
             processed_ttl_ms: policy.processed_ttl_ms,
+        })
+        .await
+    }
+
+    /// One relay round of the inventory consumer as one command: every event's
+    /// reservations, then (with `cursor`) the cursor move, in one atomic write.
+    pub async fn consume_inventory_batch(
+        &self,
+        events: Vec<InventoryEffect>,
+        cursor: Option<Cursor>,
+        now: UnixMillis,
+        policy: &Policy,
+    ) -> Result<BatchOutcome, Error> {
+        self.run(Command::ConsumeInventoryBatch {
+            events,
+            now,
+            processed_ttl_ms: policy.processed_ttl_ms,
+            cursor,
+        })
+        .await
+    }
+
+    /// One relay round of the payments consumer as one command: every event's
+    /// charge result, then (with `cursor`) the cursor move, in one atomic
+    /// write. An event whose order is missing is refused alone.
+    pub async fn consume_payment_batch(
+        &self,
+        events: Vec<PaymentEffect>,
+        cursor: Option<Cursor>,
+        now: UnixMillis,
+        policy: &Policy,
+    ) -> Result<BatchOutcome, Error> {
+        self.run(Command::ConsumePaymentBatch {
+            events,
+            now,
+            processed_ttl_ms: policy.processed_ttl_ms,
+            cursor,
         })
         .await
     }
@@ -595,6 +633,29 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(paid, ConsumeOutcome::Applied);
+        let reserved = store
+            .consume_inventory_batch(vec![], None, T0, &POLICY)
+            .await
+            .unwrap();
+        assert_eq!(
+            reserved,
+            BatchOutcome {
+                events: vec![],
+                cursor: None
+            }
+        );
+        let again = PaymentEffect {
+            seq: 1,
+            event_id: event.clone(),
+            order_id: "ord_1".into(),
+            charge_id: "ch_1".into(),
+            paid: false,
+        };
+        let paid = store
+            .consume_payment_batch(vec![again], None, T0, &POLICY)
+            .await
+            .unwrap();
+        assert_eq!(paid.events, vec![Ok(ConsumeOutcome::Duplicate)]);
         // A refusal stays an error, as from `execute`.
         let missing = store
             .consume_payment(

@@ -205,6 +205,61 @@ pub enum Command {
         entries_max: u32,
         consumers: Vec<Consumer>,
     },
+    /// One relay round of the inventory consumer: each event's effect as
+    /// `ConsumeInventory` (reserve its item lines with its processed-message
+    /// entry, unless processed already, also earlier in this same command),
+    /// then, with `cursor`, the cursor move of `AdvanceCursor` in the same
+    /// atomic write. The move stops short of any event this command refused.
+    /// Answers `Applied::ConsumedBatch`, one outcome per event in order.
+    ConsumeInventoryBatch {
+        events: Vec<InventoryEffect>,
+        now: UnixMillis,
+        processed_ttl_ms: u64,
+        cursor: Option<Cursor>,
+    },
+    /// `ConsumeInventoryBatch` for the payments consumer: each event's charge
+    /// result as `ConsumePayment`. An event whose order this store does not
+    /// hold is refused alone (`Err(PaymentForMissingOrder)` in its place,
+    /// nothing of it written, so it is delivered again); the others apply, and
+    /// the cursor stops just before it.
+    ConsumePaymentBatch {
+        events: Vec<PaymentEffect>,
+        now: UnixMillis,
+        processed_ttl_ms: u64,
+        cursor: Option<Cursor>,
+    },
+}
+
+/// One event's inventory effect within `Command::ConsumeInventoryBatch`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InventoryEffect {
+    /// The event's outbox sequence number: where the cursor stops if the
+    /// effect is refused.
+    pub seq: u64,
+    pub event_id: String,
+    pub order_id: String,
+    pub items: Vec<Item>,
+}
+
+/// One event's payment result within `Command::ConsumePaymentBatch`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PaymentEffect {
+    /// As in `InventoryEffect`.
+    pub seq: u64,
+    pub event_id: String,
+    pub order_id: String,
+    pub charge_id: String,
+    pub paid: bool,
+}
+
+/// What a consumer's batch command did (`Applied::ConsumedBatch`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchOutcome {
+    /// One per event of the command, in its order: written now, processed
+    /// before, or refused alone (nothing of that event written).
+    pub events: Vec<Result<ConsumeOutcome, Rejection>>,
+    /// The cursor move's outcome, `None` when the command carried none.
+    pub cursor: Option<CursorOutcome>,
 }
 
 /// An outbox event a failover carries from the failed region's copy, with
@@ -356,8 +411,9 @@ pub struct Reservation {
     pub at: UnixMillis,
 }
 
-/// Where a consumer stands in the outbox.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// Where a consumer stands in the outbox; in a batch command, where its
+/// round moves it and the generation that round read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Cursor {
     /// Every event up to and including this sequence number is handled.
     pub seq: u64,
@@ -534,4 +590,85 @@ pub enum Applied {
     },
     /// `RecordReconciliation` or `FinishReconciliation`: the stored report.
     Reconciliation(Box<crate::reconcile::Reconciliation>),
+    /// `ConsumeInventoryBatch` or `ConsumePaymentBatch`.
+    ConsumedBatch(BatchOutcome),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Raft logs written before the batch commands hold the single-event
+    /// commands at their old variant indexes: those bytes still decode to the
+    /// same command, and the batch commands come after every older variant.
+    #[test]
+    fn single_event_commands_keep_their_log_form_and_batches_come_last() {
+        // bincode 2, standard config: the variant index, then each field
+        // (strings as length and bytes, integers as varints).
+        let mut reserve = vec![6, 5];
+        reserve.extend_from_slice(b"evt_1");
+        reserve.push(5);
+        reserve.extend_from_slice(b"ord_1");
+        reserve.extend_from_slice(&[0, 7, 9]);
+        let decoded = Command::decode(&reserve).unwrap();
+        assert_eq!(
+            decoded,
+            Command::ConsumeInventory {
+                event_id: "evt_1".into(),
+                order_id: "ord_1".into(),
+                items: vec![],
+                now: UnixMillis(7),
+                processed_ttl_ms: 9,
+            }
+        );
+        assert_eq!(decoded.encode(), reserve);
+
+        let mut pay = vec![7, 5];
+        pay.extend_from_slice(b"evt_1");
+        pay.push(5);
+        pay.extend_from_slice(b"ord_1");
+        pay.push(4);
+        pay.extend_from_slice(b"ch_1");
+        pay.extend_from_slice(&[1, 7, 9]);
+        let decoded = Command::decode(&pay).unwrap();
+        assert_eq!(
+            decoded,
+            Command::ConsumePayment {
+                event_id: "evt_1".into(),
+                order_id: "ord_1".into(),
+                charge_id: "ch_1".into(),
+                paid: true,
+                now: UnixMillis(7),
+                processed_ttl_ms: 9,
+            }
+        );
+        assert_eq!(decoded.encode(), pay);
+
+        // AbandonImport (21) is the last variant older logs can hold.
+        let inventory = Command::ConsumeInventoryBatch {
+            events: vec![],
+            now: UnixMillis(7),
+            processed_ttl_ms: 9,
+            cursor: None,
+        };
+        assert_eq!(inventory.encode(), [22, 0, 7, 9, 0]);
+        let payments = Command::ConsumePaymentBatch {
+            events: vec![PaymentEffect {
+                seq: 3,
+                event_id: "e".into(),
+                order_id: "o".into(),
+                charge_id: String::new(),
+                paid: false,
+            }],
+            now: UnixMillis(7),
+            processed_ttl_ms: 9,
+            cursor: Some(Cursor {
+                seq: 3,
+                generation: 2,
+            }),
+        };
+        let bytes = payments.encode();
+        assert_eq!(bytes[0], 23);
+        assert_eq!(Command::decode(&bytes).unwrap(), payments);
+    }
 }

@@ -41,10 +41,10 @@ mod reconcile;
 mod stats;
 
 pub use command::{
-    Applied, CarriedEvent, ChangePage, ClaimOutcome, Command, CompleteOutcome, ConsumeOutcome,
-    Cursor, CursorOutcome, EraseOutcome, ExportEntry, GuardOutcome, HeartbeatOutcome, OrderOutcome,
-    OutboxEvent, Processed, Rejection, ReplayOutcome, Reservation, SweepOutcome, TenantGuard,
-    Tracking,
+    Applied, BatchOutcome, CarriedEvent, ChangePage, ClaimOutcome, Command, CompleteOutcome,
+    ConsumeOutcome, Cursor, CursorOutcome, EraseOutcome, ExportEntry, GuardOutcome,
+    HeartbeatOutcome, InventoryEffect, OrderOutcome, OutboxEvent, PaymentEffect, Processed,
+    Rejection, ReplayOutcome, Reservation, SweepOutcome, TenantGuard, Tracking,
 };
 pub use consumer::Consumer;
 pub use format::STORAGE_FORMAT;

@@ -9,9 +9,10 @@
 
 use crate::codec::{decode, decode_plain, encode, encode_raw, order_tenant, payload};
 use crate::command::{
-    Applied, CarriedEvent, ClaimOutcome, Command, CompleteOutcome, ConsumeOutcome, CursorOutcome,
-    ExportEntry, GuardOutcome, HeartbeatOutcome, OrderOutcome, OutboxEvent, Processed, Rejection,
-    Reservation, SweepOutcome, TenantGuard, Tracking,
+    Applied, BatchOutcome, CarriedEvent, ClaimOutcome, Command, CompleteOutcome, ConsumeOutcome,
+    Cursor, CursorOutcome, ExportEntry, GuardOutcome, HeartbeatOutcome, InventoryEffect,
+    OrderOutcome, OutboxEvent, PaymentEffect, Processed, Rejection, Reservation, SweepOutcome,
+    TenantGuard, Tracking,
 };
 use crate::consumer::Consumer;
 use crate::keys;
@@ -24,9 +25,32 @@ use keyhold_core::{
     OrderStatus, OwnerCheck, OwnerToken, Record, RecordState, Scope, TenantId, UnixMillis,
 };
 use serde::de::DeserializeOwned;
+use std::collections::{HashMap, HashSet};
 
 pub struct Machine {
     tree: sled::Tree,
+}
+
+/// What one consumer command wrote so far, for the events after it in the
+/// same command: reads see only the tree, not the command's own writes.
+struct Round {
+    now: UnixMillis,
+    processed_ttl_ms: u64,
+    /// Event ids whose processed entry this command writes.
+    processed: HashSet<String>,
+    /// Orders this command read or wrote, as they will be.
+    orders: HashMap<String, Order>,
+}
+
+impl Round {
+    fn new(now: UnixMillis, processed_ttl_ms: u64) -> Round {
+        Round {
+            now,
+            processed_ttl_ms,
+            processed: HashSet::new(),
+            orders: HashMap::new(),
+        }
+    }
 }
 
 /// The writes of one command, plus the batch number stamped on every value.
@@ -288,50 +312,60 @@ impl View<'_> {
                 now,
                 processed_ttl_ms,
             } => {
-                let fresh =
-                    self.mark_processed(w, Consumer::Inventory, event_id, *now, *processed_ttl_ms)?;
-                if fresh {
-                    for (line, item) in items.iter().enumerate() {
-                        let line = line as u32;
-                        let reservation = Reservation {
-                            order_id: order_id.clone(),
-                            line,
-                            sku: item.sku.clone(),
-                            quantity: item.quantity,
-                            event_id: event_id.clone(),
-                            at: *now,
-                        };
-                        w.put(keys::reservation(order_id, line), &reservation);
-                    }
-                }
-                Applied::Consumed(consumed(fresh))
+                let effect = InventoryEffect {
+                    seq: 0,
+                    event_id: event_id.clone(),
+                    order_id: order_id.clone(),
+                    items: items.clone(),
+                };
+                let mut round = Round::new(*now, *processed_ttl_ms);
+                Applied::Consumed(self.reserve(w, &mut round, &effect)?)
             }
             Command::ConsumePayment {
                 event_id,
                 order_id,
-                charge_id: _,
+                charge_id,
                 paid,
                 now,
                 processed_ttl_ms,
             } => {
-                let fresh =
-                    self.mark_processed(w, Consumer::Payments, event_id, *now, *processed_ttl_ms)?;
-                if fresh {
-                    let key = keys::order(order_id);
-                    let Some(mut order) = self.get::<Order>(&key)? else {
-                        return Ok(Err(Rejection::PaymentForMissingOrder {
-                            order_id: order_id.clone(),
-                        }));
-                    };
-                    order.status = if *paid {
-                        OrderStatus::Paid
-                    } else {
-                        OrderStatus::PaymentFailed
-                    };
-                    w.put_order(&order);
+                let effect = PaymentEffect {
+                    seq: 0,
+                    event_id: event_id.clone(),
+                    order_id: order_id.clone(),
+                    charge_id: charge_id.clone(),
+                    paid: *paid,
+                };
+                let mut round = Round::new(*now, *processed_ttl_ms);
+                match self.record_payment(w, &mut round, &effect)? {
+                    Ok(outcome) => Applied::Consumed(outcome),
+                    Err(rejection) => return Ok(Err(rejection)),
                 }
-                Applied::Consumed(consumed(fresh))
             }
+            Command::ConsumeInventoryBatch {
+                events,
+                now,
+                processed_ttl_ms,
+                cursor,
+            } => Applied::ConsumedBatch(self.consume_round(
+                w,
+                (Consumer::Inventory, *cursor),
+                Round::new(*now, *processed_ttl_ms),
+                events.iter().map(|e| (e.seq, e)),
+                |m, w, round, effect| Ok(Ok(m.reserve(w, round, effect)?)),
+            )?),
+            Command::ConsumePaymentBatch {
+                events,
+                now,
+                processed_ttl_ms,
+                cursor,
+            } => Applied::ConsumedBatch(self.consume_round(
+                w,
+                (Consumer::Payments, *cursor),
+                Round::new(*now, *processed_ttl_ms),
+                events.iter().map(|e| (e.seq, e)),
+                Machine::record_payment,
+            )?),
             Command::Fence {
                 tenant,
                 operation_id,
@@ -480,21 +514,7 @@ impl View<'_> {
                 consumer,
                 seq,
                 generation,
-            } => {
-                let key = keys::cursor(*consumer);
-                let current: u64 = self.get(&key)?.unwrap_or(0);
-                let now_at: u64 = self.get(&keys::cursor_generation(*consumer))?.unwrap_or(0);
-                // Cursors only move forward here; a replay moves them back, and a
-                // round that read the cursor before that replay moves nothing.
-                Applied::Cursor(if *generation != now_at {
-                    CursorOutcome::Superseded
-                } else if *seq > current {
-                    w.put(key, seq);
-                    CursorOutcome::Advanced
-                } else {
-                    CursorOutcome::Behind
-                })
-            }
+            } => Applied::Cursor(self.advance_cursor(w, *consumer, *seq, *generation)?),
             Command::ReplayOutbox {
                 from_seq,
                 consumers,
@@ -813,15 +833,20 @@ impl View<'_> {
     }
 
     /// Writes the processed-message entry of `(consumer, event_id)` unless it
-    /// exists; returns whether it was new (and so whether the effect may happen).
+    /// exists, in the tree or earlier in this command (`round`); returns whether
+    /// it was new (and so whether the effect may happen).
     fn mark_processed(
         &self,
         w: &mut Writes,
+        round: &mut Round,
         consumer: Consumer,
         event_id: &str,
-        now: UnixMillis,
-        processed_ttl_ms: u64,
     ) -> Result<bool, Error> {
+        // Reads see the tree, not this command's own writes: an event twice in
+        // one batch is caught here.
+        if round.processed.contains(event_id) {
+            return Ok(false);
+        }
         let key = keys::processed(consumer, event_id);
         if self.contains_key(&key)? {
             return Ok(false);
@@ -829,12 +854,148 @@ impl View<'_> {
         let entry = Processed {
             consumer,
             event_id: event_id.to_owned(),
-            at: now,
-            expires_at: now.plus_ms(processed_ttl_ms),
+            at: round.now,
+            expires_at: round.now.plus_ms(round.processed_ttl_ms),
         };
         w.put_expiry(entry.expires_at, &key);
         w.put(key, &entry);
+        round.processed.insert(event_id.to_owned());
         Ok(true)
+    }
+
+    /// The inventory consumer's effect of one event: its item lines reserved,
+    /// with its processed-message entry, unless processed already.
+    fn reserve(
+        &self,
+        w: &mut Writes,
+        round: &mut Round,
+        effect: &InventoryEffect,
+    ) -> Result<ConsumeOutcome, Error> {
+        let fresh = self.mark_processed(w, round, Consumer::Inventory, &effect.event_id)?;
+        if fresh {
+            for (line, item) in effect.items.iter().enumerate() {
+                let line = line as u32;
+                let reservation = Reservation {
+                    order_id: effect.order_id.clone(),
+                    line,
+                    sku: item.sku.clone(),
+                    quantity: item.quantity,
+                    event_id: effect.event_id.clone(),
+                    at: round.now,
+                };
+                w.put(keys::reservation(&effect.order_id, line), &reservation);
+            }
+        }
+        Ok(consumed(fresh))
+    }
+
+    /// The payments consumer's effect of one event: the charge's result on its
+    /// order, with its processed-message entry, unless processed already. A
+    /// missing order refuses the event; nothing of it is written (its
+    /// processed entry is taken back out of `w`).
+    fn record_payment(
+        &self,
+        w: &mut Writes,
+        round: &mut Round,
+        effect: &PaymentEffect,
+    ) -> Result<Result<ConsumeOutcome, Rejection>, Error> {
+        let key = keys::order(&effect.order_id);
+        // An order this command wrote already (two events of one order) is
+        // read back from the command, not from the tree.
+        let order = match round.orders.remove(&effect.order_id) {
+            Some(order) => Some(order),
+            None => self.get::<Order>(&key)?,
+        };
+        let Some(mut order) = order else {
+            // Checked before the processed entry, so a refused event leaves no
+            // write behind in a batch whose other events do apply.
+            if round.processed.contains(effect.event_id.as_str())
+                || self
+                    .tree
+                    .contains_key(keys::processed(Consumer::Payments, &effect.event_id))?
+            {
+                return Ok(Ok(ConsumeOutcome::Duplicate));
+            }
+            return Ok(Err(Rejection::PaymentForMissingOrder {
+                order_id: effect.order_id.clone(),
+            }));
+        };
+        let fresh = self.mark_processed(w, round, Consumer::Payments, &effect.event_id)?;
+        if fresh {
+            order.status = if effect.paid {
+                OrderStatus::Paid
+            } else {
+                OrderStatus::PaymentFailed
+            };
+            w.put_order(&order);
+        }
+        round.orders.insert(effect.order_id.clone(), order);
+        Ok(Ok(consumed(fresh)))
+    }
+
+    /// Moves `consumer`'s cursor forward to `seq` for a round that read it at
+    /// `generation`, unless an outbox replay happened since.
+    fn advance_cursor(
+        &self,
+        w: &mut Writes,
+        consumer: Consumer,
+        seq: u64,
+        generation: u64,
+    ) -> Result<CursorOutcome, Error> {
+        let key = keys::cursor(consumer);
+        let current: u64 = self.get(&key)?.unwrap_or(0);
+        let now_at: u64 = self.get(&keys::cursor_generation(consumer))?.unwrap_or(0);
+        // Cursors only move forward here; a replay moves them back, and a
+        // round that read the cursor before that replay moves nothing.
+        Ok(if generation != now_at {
+            CursorOutcome::Superseded
+        } else if seq > current {
+            w.put(key, &seq);
+            CursorOutcome::Advanced
+        } else {
+            CursorOutcome::Behind
+        })
+    }
+
+    /// A consumer's batch command: `apply` to each `(seq, effect)` in order,
+    /// then the cursor move, stopped just before the first event refused (the
+    /// events up to there are all recorded).
+    fn consume_round<'a, E: 'a>(
+        &self,
+        w: &mut Writes,
+        (consumer, cursor): (Consumer, Option<Cursor>),
+        mut round: Round,
+        events: impl Iterator<Item = (u64, &'a E)>,
+        apply: impl Fn(
+            &Machine,
+            &mut Writes,
+            &mut Round,
+            &E,
+        ) -> Result<Result<ConsumeOutcome, Rejection>, Error>,
+    ) -> Result<BatchOutcome, Error> {
+        let mut outcomes = Vec::new();
+        let mut first_refused: Option<u64> = None;
+        for (seq, effect) in events {
+            let outcome = apply(self, w, &mut round, effect)?;
+            if outcome.is_err() {
+                first_refused = Some(first_refused.map_or(seq, |s| s.min(seq)));
+            }
+            outcomes.push(outcome);
+        }
+        let cursor = match cursor {
+            None => None,
+            Some(Cursor { seq, generation }) => {
+                let seq = match first_refused {
+                    Some(refused) => seq.min(refused.saturating_sub(1)),
+                    None => seq,
+                };
+                Some(self.advance_cursor(w, consumer, seq, generation)?)
+            }
+        };
+        Ok(BatchOutcome {
+            events: outcomes,
+            cursor,
+        })
     }
 
     /// `ttls_ms` is `[response, marker, processed]`.

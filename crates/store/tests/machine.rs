@@ -746,6 +746,198 @@ async fn a_relay_round_in_flight_cannot_undo_an_outbox_replay() {
     assert_eq!(store.cursor(Consumer::Inventory).await.unwrap(), 4);
 }
 
+/// Issue 13: one relay round of a consumer is one command. Each event is
+/// deduplicated alone (processed before, or twice in the batch), a payment for
+/// a missing order is refused alone (the others apply and the cursor stops
+/// just before it), and a replay in between drops the cursor part while the
+/// effects stay.
+#[tokio::test]
+async fn a_consumer_batch_applies_each_event_once_and_moves_the_cursor_with_it() {
+    use keyhold_core::Item;
+    use keyhold_store::{
+        BatchOutcome, ConsumeOutcome, Cursor, CursorOutcome, InventoryEffect, PaymentEffect,
+        Rejection,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let store = common::open(dir.path()).await;
+    for i in 0..3 {
+        let (k, c, id) = (format!("k{i}"), format!("c{i}"), format!("ord_{i}"));
+        order(&store, create(&k, &c, "fp", &id, T0)).await;
+    }
+    let events = store.outbox_after(0, 10).await.unwrap();
+    let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, [1, 2, 3]);
+    let reserve = |i: usize| InventoryEffect {
+        seq: events[i].seq,
+        event_id: events[i].event_id.clone(),
+        order_id: format!("ord_{i}"),
+        items: vec![
+            Item {
+                sku: format!("sku{i}"),
+                quantity: 1,
+            },
+            Item {
+                sku: "b".into(),
+                quantity: 2,
+            },
+        ],
+    };
+    // ord_0's event was processed alone before (an older log's command).
+    let single = Command::ConsumeInventory {
+        event_id: events[0].event_id.clone(),
+        order_id: "ord_0".into(),
+        items: reserve(0).items,
+        now: T0,
+        processed_ttl_ms: HOUR_MS,
+    };
+    assert_eq!(
+        store.execute(single).await.unwrap(),
+        Applied::Consumed(ConsumeOutcome::Applied)
+    );
+    let batch = Command::ConsumeInventoryBatch {
+        events: vec![reserve(0), reserve(1), reserve(1), reserve(2)],
+        now: T0.plus_ms(1),
+        processed_ttl_ms: HOUR_MS,
+        cursor: Some(Cursor {
+            seq: 3,
+            generation: 0,
+        }),
+    };
+    assert_eq!(
+        store.execute(batch).await.unwrap(),
+        Applied::ConsumedBatch(BatchOutcome {
+            events: vec![
+                Ok(ConsumeOutcome::Duplicate),
+                Ok(ConsumeOutcome::Applied),
+                Ok(ConsumeOutcome::Duplicate),
+                Ok(ConsumeOutcome::Applied),
+            ],
+            cursor: Some(CursorOutcome::Advanced),
+        })
+    );
+    assert_eq!(store.cursor(Consumer::Inventory).await.unwrap(), 3);
+    for (i, event) in events.iter().enumerate() {
+        let rs = store.reservations(&format!("ord_{i}")).await.unwrap();
+        assert_eq!(rs.len(), 2, "ord_{i}: {rs:?}");
+        assert_eq!(rs[0].event_id, event.event_id);
+        // ord_0 keeps the single command's reservation time.
+        let at = if i == 0 { T0 } else { T0.plus_ms(1) };
+        assert!(rs.iter().all(|r| r.at == at), "ord_{i}: {rs:?}");
+        assert!(store
+            .is_processed(Consumer::Inventory, &event.event_id)
+            .await
+            .unwrap());
+    }
+
+    // Payments: ord_0 twice (the second result cannot flip the first), an
+    // event at seq 2 whose order is gone, and ord_2.
+    let pay = |seq: u64, event_id: &str, order_id: &str, paid: bool| PaymentEffect {
+        seq,
+        event_id: event_id.into(),
+        order_id: order_id.into(),
+        charge_id: format!("ch_{order_id}"),
+        paid,
+    };
+    let generation = store
+        .cursor_at(Consumer::Payments)
+        .await
+        .unwrap()
+        .generation;
+    let batch = Command::ConsumePaymentBatch {
+        events: vec![
+            pay(1, &events[0].event_id, "ord_0", true),
+            pay(1, &events[0].event_id, "ord_0", false),
+            pay(2, "evt_ord_gone", "ord_gone", true),
+            pay(3, &events[2].event_id, "ord_2", false),
+        ],
+        now: T0,
+        processed_ttl_ms: HOUR_MS,
+        cursor: Some(Cursor { seq: 3, generation }),
+    };
+    assert_eq!(
+        store.execute(batch).await.unwrap(),
+        Applied::ConsumedBatch(BatchOutcome {
+            events: vec![
+                Ok(ConsumeOutcome::Applied),
+                Ok(ConsumeOutcome::Duplicate),
+                Err(Rejection::PaymentForMissingOrder {
+                    order_id: "ord_gone".into()
+                }),
+                Ok(ConsumeOutcome::Applied),
+            ],
+            cursor: Some(CursorOutcome::Advanced),
+        })
+    );
+    // The cursor stops just before the refused event; nothing of it is kept.
+    assert_eq!(store.cursor(Consumer::Payments).await.unwrap(), 1);
+    assert!(!store
+        .is_processed(Consumer::Payments, "evt_ord_gone")
+        .await
+        .unwrap());
+    let status = |id: &'static str| {
+        let store = &store;
+        async move { store.order(id).await.unwrap().unwrap().status }
+    };
+    assert_eq!(status("ord_0").await, OrderStatus::Paid);
+    assert_eq!(status("ord_2").await, OrderStatus::PaymentFailed);
+    // The refused event alone, without a cursor: refused again, the command
+    // itself is no error, and nothing moves.
+    let alone = Command::ConsumePaymentBatch {
+        events: vec![pay(2, "evt_ord_gone", "ord_gone", true)],
+        now: T0,
+        processed_ttl_ms: HOUR_MS,
+        cursor: None,
+    };
+    let Applied::ConsumedBatch(out) = store.execute(alone).await.unwrap() else {
+        panic!("a batch answers with a batch outcome")
+    };
+    assert!(out.events[0].is_err() && out.cursor.is_none(), "{out:?}");
+
+    // A replay between a round's cursor read and its command: the round's
+    // effects are kept, its cursor move is dropped.
+    let replay = Command::ReplayOutbox {
+        from_seq: 1,
+        consumers: vec![Consumer::Payments],
+    };
+    store.execute(replay).await.unwrap();
+    let late = store
+        .consume_payment_batch(
+            vec![pay(2, &events[1].event_id, "ord_1", true)],
+            Some(Cursor { seq: 3, generation }),
+            T0,
+            &keyhold_core::Policy::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        late,
+        BatchOutcome {
+            events: vec![Ok(ConsumeOutcome::Applied)],
+            cursor: Some(CursorOutcome::Superseded),
+        }
+    );
+    assert_eq!(store.cursor(Consumer::Payments).await.unwrap(), 0);
+    assert_eq!(status("ord_1").await, OrderStatus::Paid);
+    // A batch whose events were all handled before still moves the cursor.
+    let current = store.cursor_at(Consumer::Payments).await.unwrap();
+    let again = store
+        .consume_payment_batch(
+            vec![pay(2, &events[1].event_id, "ord_1", false)],
+            Some(Cursor {
+                seq: 3,
+                generation: current.generation,
+            }),
+            T0,
+            &keyhold_core::Policy::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(again.events, vec![Ok(ConsumeOutcome::Duplicate)]);
+    assert_eq!(again.cursor, Some(CursorOutcome::Advanced));
+    assert_eq!(store.cursor(Consumer::Payments).await.unwrap(), 3);
+    assert_eq!(status("ord_1").await, OrderStatus::Paid);
+}
+
 /// The same order command for another tenant.
 fn for_tenant(tenant: &str, mut command: Command) -> Command {
     if let Command::CreateOrder { scope, order, .. } = &mut command {
