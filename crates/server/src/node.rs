@@ -217,6 +217,8 @@ impl Node {
                     .await?;
                 let owned = matches!(outcome, GuardOutcome::Accepted { .. });
                 if owned {
+                    // The events the failover carried are in the outbox now.
+                    self.outbox_notify.notify_waiters();
                     metrics::counter!("keyhold_failover_guards_lifted_total").increment(1);
                     tracing::info!(tenant = %tenant.as_str(), epoch, "the store owns the failed-over tenant");
                 }

@@ -58,7 +58,8 @@ pub enum Command {
         consumers: Vec<Consumer>,
     },
     /// Erases up to `entries_max` entries of a deleted tenant: its records,
-    /// markers, order index and orders, and its outbox events that some
+    /// markers, order index and orders, the events a failover carried that
+    /// are still held (with their marks), and its outbox events that some
     /// consumer in `consumers` has not had yet (delivered events stay, and so
     /// do the consumers' effects). Repeat until `Erased { more: false }`.
     EraseTenant {
@@ -160,11 +161,15 @@ pub enum Command {
     StandbyMatched { index: u64 },
     /// A failover `operation_id` carries `tenant`'s outbox events over from the
     /// failed region's promoted copy (the events some consumer there had not
-    /// handled), at the tenant's guard `epoch` (`Importing`, as `Import`):
-    /// each becomes a new event of this outbox with the same event id,
-    /// marked processed for the consumers in its `handled_by`, so only the
-    /// others deliver it. An event id imported before is skipped, so the
-    /// command can be repeated. `now` dates those processed entries.
+    /// handled), at the tenant's guard `epoch` (`Importing`, as `Import`).
+    /// Each is *held*, outside the outbox, so no relay here sees it while
+    /// the failover may still fail (the failed region then keeps the tenant
+    /// and delivers the event itself): `OwnImported` makes it a new event of
+    /// this outbox with the same event id, marked processed for the
+    /// consumers in its `handled_by`, so only the others deliver it; any
+    /// other end of the `Importing` guard drops it. An event id imported
+    /// before is skipped, so the command can be repeated. `now` dates those
+    /// processed entries.
     ImportEvents {
         tenant: TenantId,
         operation_id: String,
@@ -175,8 +180,10 @@ pub enum Command {
     /// The registry gives this region `tenant` at `epoch` by the failover
     /// `operation_id`, which imported it here at that same epoch: the store
     /// owns it (as `Own`), its `Importing` guard of that operation and epoch
-    /// giving way too. A move's import is of an earlier epoch than the one
-    /// its completion gives, so `Own` suffices there; a failover's is not.
+    /// giving way too, and the events that failover carried join the outbox
+    /// (in the failed region's order, after every event already there). A
+    /// move's import is of an earlier epoch than the one its completion
+    /// gives, so `Own` suffices there; a failover's is not.
     OwnImported {
         tenant: TenantId,
         operation_id: String,
@@ -194,7 +201,7 @@ pub enum Command {
     FinishReconciliation { operation_id: String },
     /// The failover `operation_id` that imported `tenant` here failed: while
     /// the tenant's guard is that failover's `Importing`, erases up to
-    /// `entries_max` of its entries and undelivered events (as `EraseTenant`),
+    /// `entries_max` of its entries, held and undelivered events (as `EraseTenant`),
     /// and with the last page drops the guard and the marks of the events
     /// that failover carried (so a later failover carries them again). Any
     /// other guard is left alone (`Erased { entries: 0, more: false }`).
@@ -389,6 +396,16 @@ pub struct OutboxEvent {
     pub expires_at: UnixMillis,
     /// The event as JSON: the order body plus its item lines.
     pub payload: Vec<u8>,
+}
+
+/// A carried event waiting for the failover that carried it to be done
+/// (`Command::ImportEvents`): the event as the failed region's outbox had it
+/// with the consumers that handled it there, and when it was imported (the
+/// date of its processed entries once `Command::OwnImported` releases it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct HeldEvent {
+    pub carried: CarriedEvent,
+    pub imported_at: UnixMillis,
 }
 
 /// A consumer's memory of one handled event: `(consumer, event_id)`.

@@ -96,10 +96,30 @@ pub fn tenant_last_event(tenant: &TenantId) -> Vec<u8> {
 pub const IMPORTED_EVENT_PREFIX: &[u8] = b"simported_event:";
 
 /// Present once the event `event_id` was imported by a failover: its
-/// sequence number here.
+/// sequence number here, or 0 while it is held (`held_event`).
 pub fn imported_event(event_id: &str) -> Vec<u8> {
     let mut key = IMPORTED_EVENT_PREFIX.to_vec();
     key.extend_from_slice(event_id.as_bytes());
+    key
+}
+
+/// Prefix of the events a failover carried that wait for the failover to be
+/// done (`Command::ImportEvents`, released by `Command::OwnImported`).
+pub const HELD_EVENT_PREFIX: &[u8] = b"sheld_event:";
+
+/// Prefix of one tenant's held events.
+pub fn held_events_of(tenant: &TenantId) -> Vec<u8> {
+    let mut key = HELD_EVENT_PREFIX.to_vec();
+    key.extend_from_slice(tenant.as_str().as_bytes());
+    key.push(0);
+    key
+}
+
+/// A held event of `tenant`, by its sequence number in the failed region's
+/// outbox (so a tenant's held events keep that region's order).
+pub fn held_event(tenant: &TenantId, source_seq: u64) -> Vec<u8> {
+    let mut key = held_events_of(tenant);
+    key.extend_from_slice(&source_seq.to_be_bytes());
     key
 }
 

@@ -599,6 +599,21 @@ impl Store {
             .count()
     }
 
+    /// How many events a failover carried for the tenant that wait, unseen
+    /// by the relays, for that failover to be done (`Command::ImportEvents`).
+    pub fn held_events(&self, tenant: &TenantId) -> Result<u64, Error> {
+        let held = self
+            .inner
+            .machine_tree()
+            .scan_prefix(keys::held_events_of(tenant));
+        let mut count = 0;
+        for item in held {
+            item?;
+            count += 1;
+        }
+        Ok(count)
+    }
+
     /// How many entries a move of the tenant would carry.
     pub fn tenant_entry_count(&self, tenant: &TenantId) -> Result<u64, Error> {
         let mut count = 0;

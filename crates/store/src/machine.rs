@@ -10,7 +10,7 @@
 use crate::codec::{decode, decode_plain, encode, encode_raw, order_tenant, payload};
 use crate::command::{
     Applied, BatchOutcome, CarriedEvent, ClaimOutcome, Command, CompleteOutcome, ConsumeOutcome,
-    Cursor, CursorOutcome, ExportEntry, GuardOutcome, HeartbeatOutcome, InventoryEffect,
+    Cursor, CursorOutcome, ExportEntry, GuardOutcome, HeartbeatOutcome, HeldEvent, InventoryEffect,
     OrderOutcome, OutboxEvent, PaymentEffect, Processed, Rejection, Reservation, SweepOutcome,
     TenantGuard, Tracking,
 };
@@ -608,9 +608,8 @@ impl View<'_> {
     }
 
     /// `Command::ImportEvents`: under the tenant's `Importing` guard of the
-    /// failover, appends each carried event not imported before to the outbox
-    /// (a new sequence number, the same event id), with processed entries for
-    /// the consumers that handled it in the failed region.
+    /// failover, holds each carried event not imported before (its mark
+    /// says 0 until `release_held` gives it a sequence number).
     fn import_events(
         &self,
         w: &mut Writes,
@@ -620,11 +619,15 @@ impl View<'_> {
         events: &[CarriedEvent],
         now: UnixMillis,
     ) -> Result<Result<GuardOutcome, Rejection>, Error> {
+        let before = self.guard(tenant)?;
         let outcome = self.guard_for_import(w, tenant, operation_id, epoch)?;
         let GuardOutcome::Accepted { guard, .. } = outcome else {
             return Ok(Ok(outcome));
         };
-        let mut seq = self.get::<u64>(keys::META_OUTBOX_SEQ)?.unwrap_or(0);
+        // A new import superseding another one's guard drops that one's
+        // held events and marks in this same batch: their marks (0) do not
+        // count, so this import holds those events again.
+        let superseded = matches!(&before, Some(g @ TenantGuard::Importing { .. }) if *g != guard);
         let mut fresh = std::collections::HashSet::new();
         for (index, carried) in events.iter().enumerate() {
             let event = &carried.event;
@@ -632,37 +635,91 @@ impl View<'_> {
                 return Ok(Err(Rejection::ImportForeignEntry { index }));
             }
             let mark = keys::imported_event(&event.event_id);
-            if self.contains_key(&mark)? || !fresh.insert(event.event_id.clone()) {
+            let imported = match self.get::<u64>(&mark)? {
+                Some(0) => !superseded,
+                Some(_) => true,
+                None => false,
+            };
+            if imported || !fresh.insert(event.event_id.clone()) {
                 continue;
             }
-            seq += 1;
-            let imported = OutboxEvent {
-                seq,
-                ..event.clone()
+            let held = HeldEvent {
+                carried: carried.clone(),
+                imported_at: now,
             };
-            w.put_expiry(imported.expires_at, &keys::outbox(seq));
-            w.put(keys::outbox(seq), &imported);
-            w.put(mark, &seq);
-            for &consumer in &carried.handled_by {
-                let key = keys::processed(consumer, &event.event_id);
-                let entry = Processed {
-                    consumer,
-                    event_id: event.event_id.clone(),
-                    at: now,
-                    expires_at: event.expires_at,
-                };
-                w.put_expiry(entry.expires_at, &key);
-                w.put(key, &entry);
-            }
-        }
-        if !fresh.is_empty() {
-            w.put(keys::META_OUTBOX_SEQ.to_vec(), &seq);
-            w.put(keys::tenant_last_event(tenant), &seq);
+            w.put(keys::held_event(tenant, event.seq), &held);
+            w.put(mark, &0u64);
         }
         Ok(Ok(GuardOutcome::Accepted {
             guard,
             imported: fresh.len() as u64,
         }))
+    }
+
+    /// The tenant's held events, in the failed region's order, with their keys.
+    fn held_events(&self, tenant: &TenantId) -> Result<Vec<(Vec<u8>, HeldEvent)>, Error> {
+        let mut out = Vec::new();
+        for item in self.scan_prefix(keys::held_events_of(tenant)) {
+            let (key, value) = item?;
+            out.push((key.to_vec(), decode::<HeldEvent>(&value)?.0));
+        }
+        Ok(out)
+    }
+
+    /// The failover that carried the tenant's held events is done here
+    /// (`Command::OwnImported`): each becomes a new outbox event with the
+    /// same event id, after every event already there, marked processed for
+    /// the consumers that handled it in the failed region.
+    fn release_held(&self, w: &mut Writes, tenant: &TenantId) -> Result<(), Error> {
+        let held = self.held_events(tenant)?;
+        if held.is_empty() {
+            return Ok(());
+        }
+        let mut seq = self.get::<u64>(keys::META_OUTBOX_SEQ)?.unwrap_or(0);
+        for (
+            key,
+            HeldEvent {
+                carried,
+                imported_at,
+            },
+        ) in held
+        {
+            seq += 1;
+            let event = OutboxEvent {
+                seq,
+                ..carried.event
+            };
+            w.put_expiry(event.expires_at, &keys::outbox(seq));
+            w.put(keys::outbox(seq), &event);
+            w.put(keys::imported_event(&event.event_id), &seq);
+            for consumer in carried.handled_by {
+                let key = keys::processed(consumer, &event.event_id);
+                let entry = Processed {
+                    consumer,
+                    event_id: event.event_id.clone(),
+                    at: imported_at,
+                    expires_at: event.expires_at,
+                };
+                w.put_expiry(entry.expires_at, &key);
+                w.put(key, &entry);
+            }
+            w.changes.remove(key);
+        }
+        w.put(keys::META_OUTBOX_SEQ.to_vec(), &seq);
+        w.put(keys::tenant_last_event(tenant), &seq);
+        Ok(())
+    }
+
+    /// Drops the tenant's held events and their marks (a later failover
+    /// carries them again): the import that carried them ended without
+    /// becoming the tenant's owner here.
+    fn drop_held(&self, w: &mut Writes, tenant: &TenantId) -> Result<(), Error> {
+        for (key, held) in self.held_events(tenant)? {
+            w.changes.remove(key);
+            w.changes
+                .remove(keys::imported_event(&held.carried.event.event_id));
+        }
+        Ok(())
     }
 
     /// True when `entry` is an order of `tenant` still `Confirmed` whose
@@ -711,7 +768,8 @@ impl View<'_> {
             // (erased now, or swept): a later failover carries them again.
             for item in self.scan_prefix(keys::IMPORTED_EVENT_PREFIX) {
                 let (mark, _) = item?;
-                let Some(seq) = self.get::<u64>(&mark)? else {
+                // 0: a held event's; this tenant's went with `erase_tenant`.
+                let Some(seq) = self.get::<u64>(&mark)?.filter(|&seq| seq > 0) else {
                     continue;
                 };
                 let event = self.get::<OutboxEvent>(&keys::outbox(seq))?;
@@ -798,9 +856,22 @@ impl View<'_> {
         wanted: TenantGuard,
         gives_way: impl FnOnce(&TenantGuard) -> bool,
     ) -> Result<GuardOutcome, Error> {
-        if let Some(current) = self.guard(tenant)? {
-            if current != wanted && !gives_way(&current) {
-                return Ok(GuardOutcome::Refused { current });
+        let current = self.guard(tenant)?;
+        if let Some(current) = &current {
+            if *current != wanted && !gives_way(current) {
+                return Ok(GuardOutcome::Refused {
+                    current: current.clone(),
+                });
+            }
+        }
+        // Held events exist only under the `Importing` guard of the failover
+        // that carried them: ownership at that very epoch (`OwnImported`, the
+        // only way there) releases them, any other change drops them.
+        if let Some(TenantGuard::Importing { epoch, .. }) = &current {
+            if wanted == (TenantGuard::Owned { epoch: *epoch }) {
+                self.release_held(w, tenant)?;
+            } else if current.as_ref() != Some(&wanted) {
+                self.drop_held(w, tenant)?;
             }
         }
         w.changes.remove(keys::legacy_fence(tenant));
@@ -1155,6 +1226,15 @@ impl View<'_> {
                 }
                 doomed.push(key.to_vec());
             }
+        }
+        for item in self.scan_prefix(keys::held_events_of(tenant)) {
+            if full(&doomed) {
+                break;
+            }
+            let (key, value) = item?;
+            let held = decode::<HeldEvent>(&value)?.0;
+            doomed.push(keys::imported_event(&held.carried.event.event_id));
+            doomed.push(key.to_vec());
         }
         let mut cursors = Vec::with_capacity(consumers.len());
         for &consumer in consumers {

@@ -1,9 +1,10 @@
 //! Store tests of a failover's import, through the public handle on real sled:
 //! a promoted copy offers the outbox events some consumer had not handled,
-//! each with the consumers that had; the importing store appends them once
-//! (by event id) under the failover's `Importing` guard, marked processed
-//! for those consumers; and only ownership under that very failover lifts
-//! the guard at the import's epoch.
+//! each with the consumers that had; the importing store holds them once
+//! (by event id) under the failover's `Importing` guard, out of its relays'
+//! sight; only ownership under that very failover lifts the guard at the
+//! import's epoch, and appends them to the outbox, marked processed for
+//! those consumers; a failed failover's import drops them.
 
 mod common;
 
@@ -33,6 +34,11 @@ async fn carried(source: &Store) -> Vec<CarriedEvent> {
             None => return all,
         }
     }
+}
+
+async fn outbox_ids(store: &Store) -> Vec<String> {
+    let outbox = store.outbox_after(0, 100).await.unwrap();
+    outbox.into_iter().map(|e| e.event_id).collect()
 }
 
 async fn guard(outcome: Result<GuardOutcome, keyhold_store::Error>) -> GuardOutcome {
@@ -101,6 +107,48 @@ async fn unhandled_events_are_carried_once_and_the_failover_owns_the_tenant() {
             imported: 4
         }
     );
+    // Held: no relay sees them while the failover may still fail, and no
+    // consumer is marked as having handled them here yet.
+    assert_eq!(outbox_ids(&target).await, ["evt_ord_t2_000000000007"]);
+    assert_eq!(target.held_events(&tenant()).unwrap(), 4);
+    assert!(!target
+        .is_processed(Consumer::Inventory, "evt_ord_1")
+        .await
+        .unwrap());
+    // Again (a retry, a new leader): nothing new.
+    let state = target.state_for_tests();
+    let again = guard(import(events.clone()).await).await;
+    assert!(matches!(again, GuardOutcome::Accepted { imported: 0, .. }));
+    assert_eq!(
+        target.state_for_tests(),
+        state,
+        "the repeat changed nothing"
+    );
+
+    // Nothing executes for the tenant while it is imported.
+    assert!(matches!(
+        target.execute(common::new_order(9)).await.unwrap(),
+        Applied::Order(OrderOutcome::Fenced)
+    ));
+    // Ownership at the import's epoch: only under this failover.
+    assert!(matches!(
+        guard(target.own(tenant(), 2).await).await,
+        GuardOutcome::Refused { .. }
+    ));
+    assert!(matches!(
+        guard(target.own_imported(tenant(), "f0".into(), 2).await).await,
+        GuardOutcome::Refused { .. }
+    ));
+    assert_eq!(
+        guard(target.own_imported(tenant(), "f1".into(), 2).await).await,
+        GuardOutcome::Accepted {
+            guard: TenantGuard::Owned { epoch: 2 },
+            imported: 0
+        }
+    );
+    // Owned: the held events join the outbox after t2's, in the failed
+    // region's order, marked processed for the consumers that handled them.
+    assert_eq!(target.held_events(&tenant()).unwrap(), 0);
     let outbox = target.outbox_after(0, 100).await.unwrap();
     let ids: Vec<_> = outbox.iter().map(|e| e.event_id.as_str()).collect();
     assert_eq!(
@@ -135,37 +183,6 @@ async fn unhandled_events_are_carried_once_and_the_failover_owns_the_tenant() {
         );
     }
 
-    // Again (a retry, a new leader): nothing new.
-    let state = target.state_for_tests();
-    let again = guard(import(events.clone()).await).await;
-    assert!(matches!(again, GuardOutcome::Accepted { imported: 0, .. }));
-    assert_eq!(
-        target.state_for_tests(),
-        state,
-        "the repeat changed nothing"
-    );
-
-    // Nothing executes for the tenant while it is imported.
-    assert!(matches!(
-        target.execute(common::new_order(9)).await.unwrap(),
-        Applied::Order(OrderOutcome::Fenced)
-    ));
-    // Ownership at the import's epoch: only under this failover.
-    assert!(matches!(
-        guard(target.own(tenant(), 2).await).await,
-        GuardOutcome::Refused { .. }
-    ));
-    assert!(matches!(
-        guard(target.own_imported(tenant(), "f0".into(), 2).await).await,
-        GuardOutcome::Refused { .. }
-    ));
-    assert_eq!(
-        guard(target.own_imported(tenant(), "f1".into(), 2).await).await,
-        GuardOutcome::Accepted {
-            guard: TenantGuard::Owned { epoch: 2 },
-            imported: 0
-        }
-    );
     assert!(matches!(
         target.execute(common::new_order(9)).await.unwrap(),
         Applied::Order(OrderOutcome::Created { .. })
@@ -178,7 +195,7 @@ async fn unhandled_events_are_carried_once_and_the_failover_owns_the_tenant() {
 }
 
 /// A repeated import keeps an order whose payment this store settled
-/// meanwhile (the carried event was delivered here between the two imports).
+/// meanwhile (a payment recorded here between the two imports).
 #[tokio::test]
 async fn a_repeated_import_keeps_an_order_settled_here() {
     let (source_dir, target_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
@@ -280,6 +297,7 @@ async fn a_failed_failovers_import_is_abandoned_and_a_later_one_starts_clean() {
     assert!(pages > 1, "erased in pages");
     assert_eq!(target.guard(&tenant()).unwrap(), None);
     assert_eq!(target.tenant_entry_count(&tenant()).unwrap(), 0);
+    assert_eq!(target.held_events(&tenant()).unwrap(), 0);
     let left: Vec<_> = target
         .outbox_after(0, 100)
         .await
@@ -306,6 +324,55 @@ async fn a_failed_failovers_import_is_abandoned_and_a_later_one_starts_clean() {
     assert!(
         matches!(carried_again, GuardOutcome::Accepted { imported: 3, .. }),
         "{carried_again:?}"
+    );
+}
+
+/// Held events live only under the import that carried them: a later
+/// failover's import at a higher epoch (the first failed, and this store has
+/// not abandoned it yet) holds them again under its own guard; ownership by
+/// any other way than that failover's own (`Own` at a later epoch) drops
+/// them with their marks, since that failover never gave the tenant here.
+#[tokio::test]
+async fn held_events_follow_the_import_that_holds_them() {
+    let (source_dir, target_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let source = common::open(source_dir.path()).await;
+    let target = common::open(target_dir.path()).await;
+    for n in 1..=3 {
+        source.execute(common::new_order(n)).await.unwrap();
+    }
+    let events = carried(&source).await;
+    let import = |op: &'static str, epoch: u64| {
+        let (target, events) = (target.clone(), events.clone());
+        async move {
+            guard(
+                target
+                    .import_events(tenant(), op.into(), epoch, events, common::T0)
+                    .await,
+            )
+            .await
+        }
+    };
+    assert!(matches!(
+        import("f1", 2).await,
+        GuardOutcome::Accepted { imported: 3, .. }
+    ));
+    assert!(matches!(
+        import("f2", 3).await,
+        GuardOutcome::Accepted { imported: 3, .. }
+    ));
+    assert_eq!(target.held_events(&tenant()).unwrap(), 3);
+    assert!(matches!(
+        guard(target.own(tenant(), 4).await).await,
+        GuardOutcome::Accepted { .. }
+    ));
+    assert_eq!(target.held_events(&tenant()).unwrap(), 0);
+    assert!(outbox_ids(&target).await.is_empty(), "nothing released");
+    assert!(
+        matches!(
+            import("f3", 5).await,
+            GuardOutcome::Accepted { imported: 3, .. }
+        ),
+        "the marks went with the held events"
     );
 }
 

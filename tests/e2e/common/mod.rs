@@ -9,6 +9,7 @@
 
 #![allow(dead_code)]
 
+pub mod drill;
 pub mod load;
 pub mod raw;
 

@@ -21,7 +21,11 @@
 //! the tenant's entries and unhandled events from the source's copy (read
 //! directly when the source is this node) into this region's store, under the
 //! guard `Importing { operation_id, epoch + 1 }`, the epoch the tenant gets
-//! when the failover completes. Every step repeats safely: entries are
+//! when the failover completes. The events wait there, held out of the
+//! relays' sight: the failover may still fail, and then r keeps its tenants
+//! and delivers them itself; they join the outbox when the store takes the
+//! tenant over (`Node::ensure_owned`, once the registry shows the failover
+//! done). Every step repeats safely: entries are
 //! overwritten with the same values, events are imported once per event id,
 //! so a retry or a new leader's run answers the same and adds nothing.
 
@@ -415,8 +419,6 @@ async fn import(
         entries += import_entries(&node, &source, &region, &tenant, &scope).await?;
         events += import_events(&node, &source, &region, &tenant, &scope).await?;
     }
-    // The relays deliver what was carried over at once.
-    node.outbox_notify.notify_waiters();
     metrics::counter!("keyhold_failover_imports_total").increment(1);
     tracing::info!(
         region,
