@@ -364,7 +364,7 @@ impl View<'_> {
                 (Consumer::Payments, *cursor),
                 Round::new(*now, *processed_ttl_ms),
                 events.iter().map(|e| (e.seq, e)),
-                Machine::record_payment,
+                View::record_payment,
             )?),
             Command::Fence {
                 tenant,
@@ -981,9 +981,7 @@ impl View<'_> {
             // Checked before the processed entry, so a refused event leaves no
             // write behind in a batch whose other events do apply.
             if round.processed.contains(effect.event_id.as_str())
-                || self
-                    .tree
-                    .contains_key(keys::processed(Consumer::Payments, &effect.event_id))?
+                || self.contains_key(keys::processed(Consumer::Payments, &effect.event_id))?
             {
                 return Ok(Ok(ConsumeOutcome::Duplicate));
             }
@@ -1038,7 +1036,7 @@ impl View<'_> {
         mut round: Round,
         events: impl Iterator<Item = (u64, &'a E)>,
         apply: impl Fn(
-            &Machine,
+            &Self,
             &mut Writes,
             &mut Round,
             &E,
