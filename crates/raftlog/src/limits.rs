@@ -14,4 +14,23 @@ pub const DB_OPEN_LOCK_RETRY_MS: u64 = 20;
 /// a snapshot purges it.
 pub const LOG_DB_CACHE_BYTES: u64 = 16 * 1024 * 1024;
 
+/// sled splits its LRU cache into this many shards of `cache / 256` bytes each
+/// and never evicts the page a shard saw last (sled 0.34's `lru.rs`).
+pub const SLED_CACHE_SHARDS: u64 = 256;
+/// sled splits a leaf page above this many keys (sled 0.34's `Node::should_split`).
+pub const SLED_LEAF_KEYS_MAX: u64 = 16;
+
+/// An entry is stored in sled values of at most this many bytes (one key per
+/// chunk), so that a log leaf holds at most `SLED_LEAF_KEYS_MAX + 1` chunks and
+/// fits one shard of the log `Db`'s cache. With whole entries as values a leaf
+/// held up to 17 entries (2 MiB of a move's 128 KiB import commands), far more
+/// than a 64 KiB shard, and every shard kept its last such leaf: the log's
+/// memory grew with the log to ~256 leaves, whatever `LOG_DB_CACHE_BYTES` said
+/// (225 of 356 MB of heap at 300k stored orders, docs/benchmarks.md).
+pub const LOG_VALUE_CHUNK_BYTES: usize = 3 * 1024;
+
 const _: () = assert!(DB_OPEN_LOCK_RETRY_MS * 10 <= DB_OPEN_LOCK_WAIT_MS);
+const _: () = assert!(
+    (SLED_LEAF_KEYS_MAX + 1) * LOG_VALUE_CHUNK_BYTES as u64
+        <= LOG_DB_CACHE_BYTES / SLED_CACHE_SHARDS
+);

@@ -1,6 +1,7 @@
 //! The Raft log store on sled (openraft's `RaftLogStorage`), generic over a group's
-//! type configuration: entries keyed by big-endian index, plus the vote, the committed
-//! log id and the last purged log id. A vote or an append is acknowledged only after
+//! type configuration: entries keyed by big-endian index, each cut into values of
+//! at most `LOG_VALUE_CHUNK_BYTES` (see that limit for why), plus the vote, the
+//! committed log id and the last purged log id. A vote or an append is acknowledged only after
 //! `flush_async` has made it durable, because openraft counts an acknowledged entry
 //! towards a quorum and an acknowledged vote towards an election; losing either on a
 //! crash could elect two leaders or lose a committed write.
@@ -23,6 +24,7 @@ use serde::Serialize;
 use sled::Transactional;
 
 use crate::codec;
+use crate::limits::LOG_VALUE_CHUNK_BYTES;
 
 const KEY_VOTE: &[u8] = b"vote";
 const KEY_COMMITTED: &[u8] = b"committed";
@@ -31,8 +33,10 @@ const KEY_LAST_PURGED: &[u8] = b"last_purged";
 /// The names of the two trees one group's log occupies in a sled `Db`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LogTrees {
-    /// 8-byte big-endian log index → encoded entry (big-endian so that sled's byte
-    /// order is log order).
+    /// 8-byte big-endian log index and 4-byte big-endian chunk number → that
+    /// chunk of the encoded entry (big-endian so that sled's byte order is log
+    /// order, then chunk order). A log written before entries were chunked has
+    /// 8-byte keys holding whole entries; both forms are read.
     pub log: String,
     /// `vote`, `committed`, `last_purged` → encoded value. Other keys are the owner's
     /// (the registry keeps its format version here).
@@ -78,22 +82,54 @@ impl<C: RaftTypeConfig> Debug for LogStore<C> {
     }
 }
 
-/// Big-endian key of a log index, so that key order is index order.
+/// Big-endian key of a log index, so that key order is index order; the prefix
+/// of every chunk key of that index (`chunk_key`), and sorted before them.
 fn index_key(index: u64) -> [u8; 8] {
     index.to_be_bytes()
 }
 
+/// Key of chunk `chunk` of the entry at `index`, 12 bytes.
+fn chunk_key(index: u64, chunk: u32) -> [u8; 12] {
+    let mut key = [0; 12];
+    key[..8].copy_from_slice(&index_key(index));
+    key[8..].copy_from_slice(&chunk.to_be_bytes());
+    key
+}
+
+/// The log index and chunk number of a key of the log tree: a 12-byte chunk key,
+/// or an 8-byte key of a whole entry (a log written before chunking), chunk 0.
+fn parse_key(key: &[u8]) -> Option<(u64, u32)> {
+    let index = u64::from_be_bytes(key.get(..8)?.try_into().ok()?);
+    match key.len() {
+        8 => Some((index, 0)),
+        12 => Some((index, u32::from_be_bytes(key[8..].try_into().ok()?))),
+        _ => None,
+    }
+}
+
+/// The keys of the entries whose indexes are in `range`: from the first key of
+/// its first index up to, not including, the first key of the index after it.
 fn to_key_range<RB: RangeBounds<u64>>(range: &RB) -> (Bound<[u8; 8]>, Bound<[u8; 8]>) {
+    let after = |i: u64| match i.checked_add(1) {
+        Some(next) => Bound::Excluded(index_key(next)),
+        None => Bound::Unbounded,
+    };
     let start = match range.start_bound() {
         Bound::Included(i) => Bound::Included(index_key(*i)),
         Bound::Excluded(i) => match i.checked_add(1) {
             Some(next) => Bound::Included(index_key(next)),
-            None => Bound::Excluded(index_key(u64::MAX)),
+            // Nothing comes after the last index: an empty range.
+            None => {
+                return (
+                    Bound::Excluded(index_key(u64::MAX)),
+                    Bound::Excluded(index_key(0)),
+                )
+            }
         },
         Bound::Unbounded => Bound::Unbounded,
     };
     let end = match range.end_bound() {
-        Bound::Included(i) => Bound::Included(index_key(*i)),
+        Bound::Included(i) => after(*i),
         Bound::Excluded(i) => Bound::Excluded(index_key(*i)),
         Bound::Unbounded => Bound::Unbounded,
     };
@@ -131,6 +167,56 @@ where
         codec::decode(bytes).map_err(|e| StorageIOError::read_logs(&e))
     }
 
+    /// The entries whose indexes are in `range`, each put together from its
+    /// chunks and checked against its keys.
+    fn read_entries<RB: RangeBounds<u64>>(
+        &self,
+        range: &RB,
+    ) -> Result<Vec<C::Entry>, StorageError<C::NodeId>> {
+        let corrupt = |index: u64, why: &'static str| -> StorageError<C::NodeId> {
+            StorageIOError::read_log_at_index(index, openraft::AnyError::error(why)).into()
+        };
+        let mut entries = Vec::new();
+        // The index being put together and its bytes so far.
+        let mut current: Option<(u64, Vec<u8>, u32)> = None;
+        let mut finish = |index: u64, bytes: &[u8]| -> Result<(), StorageError<C::NodeId>> {
+            let entry = Self::decode_entry(bytes)?;
+            // The key is derived from the entry; a mismatch means a corrupted tree.
+            if entry.get_log_id().index != index {
+                return Err(corrupt(index, "log key does not match the entry's index"));
+            }
+            entries.push(entry);
+            Ok(())
+        };
+        for item in self.log.range(to_key_range(range)) {
+            let (key, value) = item.map_err(|e| StorageIOError::read_logs(&e))?;
+            let (index, chunk) =
+                parse_key(&key).ok_or_else(|| corrupt(0, "log key of an unknown length"))?;
+            match &mut current {
+                Some((at, bytes, next)) if *at == index => {
+                    if chunk != *next {
+                        return Err(corrupt(index, "log entry with a missing chunk"));
+                    }
+                    bytes.extend_from_slice(&value);
+                    *next += 1;
+                }
+                _ => {
+                    if let Some((at, bytes, _)) = current.take() {
+                        finish(at, &bytes)?;
+                    }
+                    if chunk != 0 {
+                        return Err(corrupt(index, "log entry without its first chunk"));
+                    }
+                    current = Some((index, value.to_vec(), 1));
+                }
+            }
+        }
+        if let Some((at, bytes, _)) = current {
+            finish(at, &bytes)?;
+        }
+        Ok(entries)
+    }
+
     async fn flush(&self) -> Result<(), sled::Error> {
         self.db.flush_async().await.map(|_| ())
     }
@@ -145,22 +231,7 @@ where
         &mut self,
         range: RB,
     ) -> Result<Vec<C::Entry>, StorageError<C::NodeId>> {
-        let mut entries = Vec::new();
-        for item in self.log.range(to_key_range(&range)) {
-            let (key, value) = item.map_err(|e| StorageIOError::read_logs(&e))?;
-            let entry = Self::decode_entry(&value)?;
-            let index = entry.get_log_id().index;
-            // The key is derived from the entry; a mismatch means a corrupted tree.
-            if key.as_ref() != index_key(index) {
-                return Err(StorageIOError::read_log_at_index(
-                    index,
-                    openraft::AnyError::error("log key does not match the entry's index"),
-                )
-                .into());
-            }
-            entries.push(entry);
-        }
-        Ok(entries)
+        self.read_entries(&range)
     }
 }
 
@@ -173,9 +244,23 @@ where
 
     async fn get_log_state(&mut self) -> Result<LogState<C>, StorageError<C::NodeId>> {
         let last_purged_log_id: Option<LogId<C::NodeId>> = self.read_meta(KEY_LAST_PURGED)?;
-        let last_entry = self.log.last().map_err(|e| StorageIOError::read_logs(&e))?;
-        let last_log_id = match last_entry {
-            Some((_, value)) => Some(Self::decode_entry(&value)?.get_log_id().clone()),
+        let last_key = self.log.last().map_err(|e| StorageIOError::read_logs(&e))?;
+        let last_index = match last_key {
+            Some((key, _)) => Some(parse_key(&key).map(|(index, _)| index).ok_or_else(|| {
+                StorageIOError::read_logs(openraft::AnyError::error("log key of an unknown length"))
+            })?),
+            None => None,
+        };
+        let last_log_id = match last_index {
+            Some(index) => match self.read_entries(&(index..=index))?.pop() {
+                Some(entry) => Some(entry.get_log_id().clone()),
+                None => {
+                    return Err(StorageIOError::read_logs(openraft::AnyError::error(
+                        "the log's last entry vanished while read",
+                    ))
+                    .into())
+                }
+            },
             None => last_purged_log_id.clone(),
         };
         Ok(LogState {
@@ -236,7 +321,20 @@ where
         let mut batch = sled::Batch::default();
         for entry in entries {
             let bytes = codec::encode(&entry).map_err(|e| StorageIOError::write_logs(&e))?;
-            batch.insert(&index_key(entry.get_log_id().index), bytes);
+            let index = entry.get_log_id().index;
+            // An empty encoding still gets its chunk 0, so every entry has a key.
+            let mut chunks = bytes.chunks(LOG_VALUE_CHUNK_BYTES).peekable();
+            if chunks.peek().is_none() {
+                batch.insert(&chunk_key(index, 0), &[][..]);
+            }
+            for (n, chunk) in chunks.enumerate() {
+                let n = u32::try_from(n).map_err(|_| {
+                    StorageIOError::write_logs(openraft::AnyError::error(
+                        "log entry of more than 2^32 chunks",
+                    ))
+                })?;
+                batch.insert(&chunk_key(index, n), chunk);
+            }
         }
         self.log
             .apply_batch(batch)
@@ -271,7 +369,7 @@ where
     async fn purge(&mut self, log_id: LogId<C::NodeId>) -> Result<(), StorageError<C::NodeId>> {
         let marker = codec::encode(&log_id).map_err(|e| StorageIOError::write_logs(&e))?;
         let mut doomed = Vec::new();
-        for key in self.log.range(..=index_key(log_id.index)).keys() {
+        for key in self.log.range(to_key_range(&(..=log_id.index))).keys() {
             doomed.push(key.map_err(|e| StorageIOError::write_logs(&e))?);
         }
         // Marker and deletions in one transaction: a crash never leaves a purged range
@@ -288,5 +386,135 @@ where
         result
             .map_err(|e| StorageIOError::write_logs(openraft::AnyError::error(format!("{e:?}"))))?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    // The snapshot data type `declare_raft_types!` defaults to names it.
+    use std::io::Cursor;
+
+    use openraft::storage::RaftLogStorageExt;
+    use openraft::{CommittedLeaderId, EntryPayload};
+
+    openraft::declare_raft_types!(
+        /// A group whose entries carry bytes, to store entries of any size.
+        Bytes:
+            D = Vec<u8>,
+            R = (),
+    );
+
+    type Entry = openraft::Entry<Bytes>;
+
+    fn log_id(index: u64) -> LogId<u64> {
+        LogId::new(CommittedLeaderId::new(1, 0), index)
+    }
+
+    /// The entry at `index`, `len` payload bytes that differ from one index to
+    /// the next.
+    fn entry(index: u64, len: usize) -> Entry {
+        let payload = (0..len).map(|i| (i as u64 + index) as u8).collect();
+        Entry {
+            log_id: log_id(index),
+            payload: EntryPayload::Normal(payload),
+        }
+    }
+
+    fn open() -> LogStore<Bytes> {
+        let db = sled::Config::new()
+            .temporary(true)
+            .open()
+            .expect("temporary sled");
+        LogStore::open(&db, &LogTrees::for_group("test")).expect("open log")
+    }
+
+    /// Sizes around the chunk size: empty payload, one chunk, exactly one, one
+    /// byte more, many chunks.
+    const SIZES: [usize; 5] = [
+        0,
+        100,
+        LOG_VALUE_CHUNK_BYTES - 8,
+        LOG_VALUE_CHUNK_BYTES + 1,
+        40 * LOG_VALUE_CHUNK_BYTES + 7,
+    ];
+
+    async fn filled() -> (LogStore<Bytes>, Vec<Entry>) {
+        let mut log = open();
+        let entries: Vec<Entry> = (1..=10).map(|i| entry(i, SIZES[i as usize % 5])).collect();
+        log.blocking_append(entries.clone()).await.expect("append");
+        (log, entries)
+    }
+
+    #[tokio::test]
+    async fn entries_of_many_chunks_read_back_whole_by_any_range() {
+        let (mut log, entries) = filled().await;
+        // A large entry really is cut into chunks.
+        assert!(log.log.len() > 40, "{} keys", log.log.len());
+        assert_eq!(log.try_get_log_entries(1..=10).await.unwrap(), entries);
+        assert_eq!(log.try_get_log_entries(..).await.unwrap(), entries);
+        assert_eq!(log.try_get_log_entries(4..=4).await.unwrap(), entries[3..4]);
+        assert_eq!(log.try_get_log_entries(4..9).await.unwrap(), entries[3..8]);
+        assert_eq!(
+            log.try_get_log_entries((Bound::Excluded(3), Bound::Included(5)))
+                .await
+                .unwrap(),
+            entries[3..5]
+        );
+        assert!(log.try_get_log_entries(11..).await.unwrap().is_empty());
+        let state = log.get_log_state().await.unwrap();
+        assert_eq!(state.last_log_id, Some(log_id(10)));
+        assert_eq!(state.last_purged_log_id, None);
+    }
+
+    #[tokio::test]
+    async fn purge_and_truncate_take_every_chunk_of_their_entries() {
+        let (mut log, entries) = filled().await;
+        // Entry 4 and 9 are the many-chunk ones.
+        log.purge(log_id(4)).await.unwrap();
+        assert_eq!(log.try_get_log_entries(..).await.unwrap(), entries[4..]);
+        log.truncate(log_id(9)).await.unwrap();
+        assert_eq!(log.try_get_log_entries(..).await.unwrap(), entries[4..8]);
+        let state = log.get_log_state().await.unwrap();
+        assert_eq!(state.last_log_id, Some(log_id(8)));
+        assert_eq!(state.last_purged_log_id, Some(log_id(4)));
+        // No chunk of a removed entry is left behind.
+        let first = log.log.first().unwrap().unwrap().0;
+        assert_eq!(parse_key(&first), Some((5, 0)));
+        log.purge(log_id(8)).await.unwrap();
+        assert!(log.log.is_empty());
+        let state = log.get_log_state().await.unwrap();
+        assert_eq!(state.last_log_id, Some(log_id(8)));
+    }
+
+    #[tokio::test]
+    async fn a_log_of_whole_entries_from_before_chunking_is_read() {
+        let mut log = open();
+        // Entries 1 and 2 as the earlier format wrote them: one 8-byte key each.
+        let old: Vec<Entry> = vec![entry(1, 5 * LOG_VALUE_CHUNK_BYTES), entry(2, 10)];
+        for e in &old {
+            let bytes = codec::encode(e).unwrap();
+            log.log.insert(index_key(e.log_id.index), bytes).unwrap();
+        }
+        assert_eq!(
+            log.get_log_state().await.unwrap().last_log_id,
+            Some(log_id(2))
+        );
+        let new = vec![entry(3, 3 * LOG_VALUE_CHUNK_BYTES)];
+        log.blocking_append(new.clone()).await.unwrap();
+        let all: Vec<Entry> = old.iter().chain(&new).cloned().collect();
+        assert_eq!(log.try_get_log_entries(..).await.unwrap(), all);
+        log.purge(log_id(1)).await.unwrap();
+        assert_eq!(log.try_get_log_entries(..).await.unwrap(), all[1..]);
+    }
+
+    #[tokio::test]
+    async fn a_missing_chunk_is_a_read_error() {
+        let (mut log, _) = filled().await;
+        log.log.remove(chunk_key(4, 7)).unwrap();
+        assert!(log.try_get_log_entries(3..=5).await.is_err());
+        assert!(log.try_get_log_entries(5..=5).await.is_ok());
+        log.log.remove(chunk_key(9, 0)).unwrap();
+        assert!(log.try_get_log_entries(9..=9).await.is_err());
     }
 }

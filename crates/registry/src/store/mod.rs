@@ -13,8 +13,9 @@
 //! snapshot is built or installed, because openraft may purge the log behind it.
 //!
 //! Directory `path/`:
-//! - `log/` (a sled `Db`): tree `raft_log`: 8-byte big-endian log index → bincode
-//!   `Entry` (big-endian so that sled's byte order is log order); tree `raft_meta`:
+//! - `log/` (a sled `Db`): tree `raft_log`: 8-byte big-endian log index and 4-byte
+//!   big-endian chunk number → that chunk of the bincode `Entry` (big-endian so that
+//!   sled's byte order is log order; see `keyhold_raftlog::LogTrees`); tree `raft_meta`:
 //!   `format` (u32 BE), `vote`, `committed`, `last_purged` → bincode.
 //! - `state/` (a sled `Db`): tree `state`: `meta/applied`, `meta/membership`,
 //!   `region/{name}`, `tenant/{id}`, `operation/{id}`, `node/{u64 BE}` → bincode; tree
