@@ -7,15 +7,6 @@
 //! `raft_router` is the registry's, which also serves `/raft/registry/write`, where
 //! followers forward client writes to the leader.
 //!
-//! A network may bound the bytes of one AppendEntries (`with_append_bytes_max`):
-//! openraft 0.9 bounds a request by its entry count only, and a group whose
-//! entries vary in size (a region group's entries are whole commit batches)
-//! would otherwise have to pick a count small enough for its largest entries.
-//! A request over the bound carries the longest prefix of its entries within
-//! it (at least one), and the follower's success is reported to openraft as
-//! `PartialSuccess` up to the last entry sent: openraft sends the rest next,
-//! and a follower commits no further than the last entry it holds.
-//!
 //! Every request carries the cluster's node credential (`credential.rs`); the router
 //! answers anything else with 401 `unauthenticated` (problem+json) before decoding it,
 //! so a forged vote, append or write changes nothing.
@@ -43,7 +34,7 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
-use openraft::{AnyError, RPCTypes, RaftLogId, RaftTypeConfig};
+use openraft::{AnyError, RPCTypes, RaftTypeConfig};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncSeek, AsyncWrite};
@@ -92,7 +83,6 @@ pub struct HttpNetwork<C = TypeConfig> {
     local_id: NodeId,
     credentials: NodeCredentials,
     group: Arc<str>,
-    append_bytes_max: Option<usize>,
     config: PhantomData<fn() -> C>,
 }
 
@@ -103,7 +93,6 @@ impl<C> Clone for HttpNetwork<C> {
             local_id: self.local_id,
             credentials: self.credentials.clone(),
             group: self.group.clone(),
-            append_bytes_max: self.append_bytes_max,
             config: PhantomData,
         }
     }
@@ -123,16 +112,8 @@ impl<C> HttpNetwork<C> {
             local_id,
             credentials,
             group: group.into(),
-            append_bytes_max: None,
             config: PhantomData,
         }
-    }
-
-    /// Bounds each AppendEntries to `bytes` of encoded entries (at least one
-    /// entry goes whatever its size); see the module's documentation.
-    pub fn with_append_bytes_max(mut self, bytes: usize) -> Self {
-        self.append_bytes_max = Some(bytes);
-        self
     }
 }
 
@@ -145,7 +126,6 @@ impl<C: NodeGroup> RaftNetworkFactory<C> for HttpNetwork<C> {
             local_id: self.local_id,
             credentials: self.credentials.clone(),
             group: self.group.clone(),
-            append_bytes_max: self.append_bytes_max,
             target,
             raft_addr: node.raft_addr.clone(),
             config: PhantomData,
@@ -160,7 +140,6 @@ pub struct HttpConnection<C = TypeConfig> {
     local_id: NodeId,
     credentials: NodeCredentials,
     group: Arc<str>,
-    append_bytes_max: Option<usize>,
     target: NodeId,
     raft_addr: String,
     config: PhantomData<fn() -> C>,
@@ -252,32 +231,11 @@ impl<C> HttpConnection<C> {
 impl<C: NodeGroup> RaftNetwork<C> for HttpConnection<C> {
     async fn append_entries(
         &mut self,
-        mut rpc: AppendEntriesRequest<C>,
+        rpc: AppendEntriesRequest<C>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RpcError> {
-        let cut = match self.append_bytes_max {
-            Some(budget) if rpc.entries.len() > 1 => {
-                let sizes = rpc.entries.iter().map(codec::encoded_len);
-                let sizes: Result<Vec<usize>, _> = sizes.collect();
-                let sizes = sizes.map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-                prefix_within(&sizes, budget)
-            }
-            _ => None,
-        };
-        let Some(cut) = cut else {
-            return self
-                .call(RPCTypes::AppendEntries, "append", &rpc, &option)
-                .await;
-        };
-        rpc.entries.truncate(cut);
-        let last = *rpc.entries[cut - 1].get_log_id();
-        match self
-            .call(RPCTypes::AppendEntries, "append", &rpc, &option)
-            .await?
-        {
-            AppendEntriesResponse::Success => Ok(AppendEntriesResponse::PartialSuccess(Some(last))),
-            other => Ok(other),
-        }
+        self.call(RPCTypes::AppendEntries, "append", &rpc, &option)
+            .await
     }
 
     async fn install_snapshot(
@@ -296,20 +254,6 @@ impl<C: NodeGroup> RaftNetwork<C> for HttpConnection<C> {
     ) -> Result<VoteResponse<NodeId>, RpcError> {
         self.call(RPCTypes::Vote, "vote", &rpc, &option).await
     }
-}
-
-/// How many of the entries of `sizes` (bytes each) one AppendEntries carries
-/// within `budget`: `None` when all of them fit, else the longest prefix that
-/// does, at least one entry.
-fn prefix_within(sizes: &[usize], budget: usize) -> Option<usize> {
-    let mut total = 0usize;
-    for (i, size) in sizes.iter().enumerate() {
-        total = total.saturating_add(*size);
-        if total > budget {
-            return Some(i.max(1));
-        }
-    }
-    None
 }
 
 /// The axum router serving one group's Raft RPCs, to be merged at the root of the
@@ -485,23 +429,4 @@ async fn write(State(registry): State<Registry>, body: Bytes) -> HttpResponse {
         Err(e) => return bad_request(e),
     };
     reply(&registry.write_here(request).await)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::prefix_within;
-
-    #[test]
-    fn an_append_carries_the_longest_prefix_within_its_bytes_and_at_least_one_entry() {
-        assert_eq!(prefix_within(&[10, 10, 10], 30), None, "all fit");
-        assert_eq!(prefix_within(&[10, 10, 10], 29), Some(2));
-        assert_eq!(prefix_within(&[10, 25, 10], 30), Some(1));
-        assert_eq!(
-            prefix_within(&[40, 1], 30),
-            Some(1),
-            "one entry goes anyway"
-        );
-        assert_eq!(prefix_within(&[], 30), None);
-        assert_eq!(prefix_within(&[usize::MAX, 1], 30), Some(1));
-    }
 }

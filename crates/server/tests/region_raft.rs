@@ -45,17 +45,6 @@ impl Voter {
         info: NodeInfo,
         bootstrap: Bootstrap,
     ) -> Voter {
-        Voter::start_with(id, listener, info, bootstrap, None).await
-    }
-
-    /// `start`, each AppendEntries it sends bounded to `append_bytes_max`.
-    async fn start_with(
-        id: NodeId,
-        listener: tokio::net::TcpListener,
-        info: NodeInfo,
-        bootstrap: Bootstrap,
-        append_bytes_max: Option<usize>,
-    ) -> Voter {
         let dir = tempfile::tempdir().unwrap();
         let credentials = NodeCredentials::parse(CREDENTIAL).unwrap();
         let member = Member {
@@ -64,10 +53,7 @@ impl Voter {
             info,
         };
         let client = reqwest::Client::builder().no_proxy().build().unwrap();
-        let mut network = HttpNetwork::<RegionConfig>::new(client, GROUP, id, credentials.clone());
-        if let Some(bytes) = append_bytes_max {
-            network = network.with_append_bytes_max(bytes);
-        }
+        let network = HttpNetwork::<RegionConfig>::new(client, GROUP, id, credentials.clone());
         let group = RegionGroup::start(dir.path(), &member, network, bootstrap)
             .await
             .expect("start the region group");
@@ -320,81 +306,5 @@ async fn an_empty_learner_catches_up_by_snapshot_over_http() {
         .unwrap();
     assert!(unheld.index > written.index);
     assert!(!leader.group.wait_matched(&[2], unheld.index, short).await);
-    leader.kill().await;
-}
-
-/// With its AppendEntries bounded to one byte, the leader sends a learner
-/// that joins late one entry per request (the longest prefix within the
-/// bound, at least one entry) and reports each as a partial success: the
-/// learner still receives the whole log, entry by entry, and holds the same
-/// region. Had a cut request been reported as a full success, the leader
-/// would take the learner for caught up and send it nothing more.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_byte_bound_on_appends_sends_a_learner_the_log_in_prefixes() {
-    let mut listeners = Vec::new();
-    let mut infos = Vec::new();
-    for _ in 0..2 {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        infos.push(NodeInfo::new("eu", "-", addr));
-        listeners.push(listener);
-    }
-    let mut listeners = listeners.into_iter();
-    let voters = Bootstrap::Voters(BTreeMap::from([(1, infos[0].clone())]));
-    let one_byte = Some(1);
-    let leader = Voter::start_with(
-        1,
-        listeners.next().unwrap(),
-        infos[0].clone(),
-        voters,
-        one_byte,
-    )
-    .await;
-    let raft = leader.group.raft().clone();
-    raft.wait(Some(WAIT))
-        .current_leader(1, "the only voter leads")
-        .await
-        .unwrap();
-    for n in 1..=ORDERS {
-        let answer = leader
-            .group
-            .execute(common::new_order(n))
-            .await
-            .unwrap()
-            .value;
-        assert!(matches!(
-            answer,
-            Applied::Order(OrderOutcome::Created { .. })
-        ));
-    }
-    let last = raft.metrics().borrow().last_applied.unwrap();
-    assert!(last.index > ORDERS, "one entry per order at least: {last}");
-    let learner = Voter::start(
-        2,
-        listeners.next().unwrap(),
-        infos[1].clone(),
-        Bootstrap::Joiner,
-    )
-    .await;
-    raft.add_learner(2, infos[1].clone(), true)
-        .await
-        .expect("add the learner");
-    learner
-        .group
-        .raft()
-        .wait(Some(WAIT))
-        .applied_index_at_least(Some(last.index), "the learner has the whole log")
-        .await
-        .unwrap();
-    assert_eq!(
-        learner.group.raft().metrics().borrow().snapshot,
-        None,
-        "from the log, not a snapshot"
-    );
-    assert_eq!(
-        learner.group.state_machine().entries_for_tests(),
-        leader.group.state_machine().entries_for_tests()
-    );
-    learner.kill().await;
     leader.kill().await;
 }
