@@ -351,7 +351,11 @@ fn a_tenant_with_large_claim_responses_moves() {
         }
     });
     let op = start_move(&cluster.api("c"), &admin, &tenant.tenant_id, "b");
-    let done = wait_finished(&cluster.api("c"), &admin, &op, Duration::from_secs(120));
+    // 66 MB of responses: ~27 s with release builds, but this test runs the
+    // debug binary beside the file's other tests, where the same move took up
+    // to ~120 s on the 2-core CI machine. The bound is liveness, not speed
+    // (docs/benchmarks.md holds the move's timings).
+    let done = wait_finished(&cluster.api("c"), &admin, &op, Duration::from_secs(300));
     assert_eq!(done["state"], "done", "{done}");
     let b = cluster.api("b");
     for i in (0..CLAIMS).step_by(37).chain([CLAIMS - 1]) {
