@@ -252,6 +252,42 @@ async fn wait_registry_without_a(node: &Node) {
 /// Writes `request` through `node`'s registry (retrying while the registry
 /// elects a leader), waits until `node`'s replica applied it, and returns
 /// its log index.
+/// Region a is lost: once b's copy holds everything a applied, a's node
+/// stops, and b (with a registry leader other than a) begins failover
+/// `operation_id` of a into b. Returns b's node, b's API origin and the URL
+/// that imports b's copy (node 2's) for that failover.
+async fn lose_a_and_begin_failover(
+    nodes: &mut Vec<TestNode>,
+    operation_id: &str,
+) -> (Arc<Node>, String, String) {
+    let a = nodes[0].node.clone();
+    let a_applied = a.store().applied_index().unwrap();
+    let b = nodes[1].node.clone();
+    wait_until("b's copy holds all of a", || async {
+        let copy = b.standby_copy("a").unwrap();
+        copy.store.applied_index().unwrap() >= a_applied
+    })
+    .await;
+    nodes.remove(0).stop().await;
+    drop(a);
+    let b_api = nodes[0].api.clone();
+    wait_until("b ready without a", || ready(&b_api)).await;
+    wait_registry_without_a(&b).await;
+    write(
+        &b,
+        Request::BeginFailover {
+            operation_id: operation_id.into(),
+            region: "a".into(),
+            to: "b".into(),
+            now_ms: keyhold_server_now(),
+        },
+    )
+    .await;
+    let import_url =
+        format!("{b_api}/internal/v1/failover/a/import?operation_id={operation_id}&source=2");
+    (b, b_api, import_url)
+}
+
 async fn write(node: &Node, request: Request) -> u64 {
     let deadline = Instant::now() + WAIT;
     let written = loop {
@@ -726,30 +762,7 @@ async fn a_promoted_copy_survives_a_restart_of_its_node() {
     let token = create_tenant(&nodes[0].api).await;
     let (status, _, acknowledged) = order(&nodes[0].api, &token, "before").await;
     assert_eq!(status, 201);
-    let a = nodes[0].node.clone();
-    let a_applied = a.store().applied_index().unwrap();
-    let b = nodes[1].node.clone();
-    wait_until("b's copy holds all of a", || async {
-        let copy = b.standby_copy("a").unwrap();
-        copy.store.applied_index().unwrap() >= a_applied
-    })
-    .await;
-    nodes.remove(0).stop().await;
-    drop(a);
-    let b_api = nodes[0].api.clone();
-    wait_until("b ready without a", || ready(&b_api)).await;
-    wait_registry_without_a(&b).await;
-    write(
-        &b,
-        Request::BeginFailover {
-            operation_id: "fo-4".into(),
-            region: "a".into(),
-            to: "b".into(),
-            now_ms: keyhold_server_now(),
-        },
-    )
-    .await;
-    let import_url = format!("{b_api}/internal/v1/failover/a/import?operation_id=fo-4&source=2");
+    let (b, b_api, import_url) = lose_a_and_begin_failover(&mut nodes, "fo-4").await;
     let (status, first) = internal(reqwest::Method::POST, import_url.clone()).await;
     assert_eq!(status, 200, "{first}");
     let at = first["at"].as_u64().unwrap();
@@ -815,30 +828,7 @@ async fn a_failed_failovers_import_is_erased_from_the_standby() {
     let token = create_tenant(&nodes[0].api).await;
     let (status, _, _) = order(&nodes[0].api, &token, "before").await;
     assert_eq!(status, 201);
-    let a = nodes[0].node.clone();
-    let a_applied = a.store().applied_index().unwrap();
-    let b = nodes[1].node.clone();
-    wait_until("b's copy holds all of a", || async {
-        let copy = b.standby_copy("a").unwrap();
-        copy.store.applied_index().unwrap() >= a_applied
-    })
-    .await;
-    nodes.remove(0).stop().await;
-    drop(a);
-    let b_api = nodes[0].api.clone();
-    wait_until("b ready without a", || ready(&b_api)).await;
-    wait_registry_without_a(&b).await;
-    write(
-        &b,
-        Request::BeginFailover {
-            operation_id: "fo-5".into(),
-            region: "a".into(),
-            to: "b".into(),
-            now_ms: keyhold_server_now(),
-        },
-    )
-    .await;
-    let import_url = format!("{b_api}/internal/v1/failover/a/import?operation_id=fo-5&source=2");
+    let (b, _, import_url) = lose_a_and_begin_failover(&mut nodes, "fo-5").await;
     let (status, answer) = internal(reqwest::Method::POST, import_url).await;
     assert_eq!(status, 200, "{answer}");
     let tenant = TenantId::parse(TENANT).unwrap();
@@ -910,30 +900,7 @@ async fn a_failed_failovers_carried_events_take_no_effect_in_the_standby() {
         let (status, _, body) = order(&nodes[0].api, &token, &format!("order-{n}")).await;
         assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
     }
-    let a = nodes[0].node.clone();
-    let a_applied = a.store().applied_index().unwrap();
-    let b = nodes[1].node.clone();
-    wait_until("b's copy holds all of a", || async {
-        let copy = b.standby_copy("a").unwrap();
-        copy.store.applied_index().unwrap() >= a_applied
-    })
-    .await;
-    nodes.remove(0).stop().await;
-    drop(a);
-    let b_api = nodes[0].api.clone();
-    wait_until("b ready without a", || ready(&b_api)).await;
-    wait_registry_without_a(&b).await;
-    write(
-        &b,
-        Request::BeginFailover {
-            operation_id: "fo-6".into(),
-            region: "a".into(),
-            to: "b".into(),
-            now_ms: keyhold_server_now(),
-        },
-    )
-    .await;
-    let import_url = format!("{b_api}/internal/v1/failover/a/import?operation_id=fo-6&source=2");
+    let (b, _, import_url) = lose_a_and_begin_failover(&mut nodes, "fo-6").await;
     let (status, answer) = internal(reqwest::Method::POST, import_url).await;
     assert_eq!(status, 200, "{answer}");
     assert_eq!(answer["events"], json!(ORDERS), "{answer}");
