@@ -12,6 +12,16 @@
 //! only after looking the key up at the provider: an earlier attempt (this
 //! round's, whose answer was lost, or one before a crash) may have charged.
 //!
+//! An event of a tenant a failover took away from this region is not this
+//! region's to take effect for (`Disposition`, by the store's marks of the
+//! loss): one the failover carried is the new home's, and one it lost is an
+//! orphan's, listed for compensation, whose payment is only looked up at the
+//! provider. Such events are settled without an effect (the cursor moves past
+//! them). The relay runs only while the region lease holds, so the registry
+//! replica it reads knows every failover that could have taken a tenant
+//! away, and it holds back the events of a tenant lost by a done failover
+//! until the reconciliation has marked the loss (`reconcile.rs`).
+//!
 //! A round prepares its events in parallel (bounded: the charges), then tells
 //! the store once: one batch command per consumer holds every finished event's
 //! effect and the cursor move past the finished prefix, since each command is
@@ -24,7 +34,7 @@ use crate::limits::{
 };
 use crate::node::{now, Node};
 use keyhold_core::Item;
-use keyhold_store::{ConsumeOutcome, Consumer, OutboxEvent};
+use keyhold_store::{ConsumeOutcome, Consumer, Disposition, OutboxEvent};
 use serde::Deserialize;
 use std::sync::Arc;
 use std::time::Duration;
@@ -121,6 +131,13 @@ async fn relay_round(
     consumer: Consumer,
     attempted: &mut u64,
 ) -> Result<usize, Failure> {
+    // Effects only under the region lease: a region cut off from the
+    // registry may have been failed over, and one that just came back reads
+    // a registry replica that may not show the failover yet; with the lease,
+    // the replica has applied what the registry had at the last contact.
+    if !node.lease().holds() {
+        return Ok(0);
+    }
     let store = node.store();
     // The generation read here goes with the cursor move at the end: an outbox
     // replay in between makes that move a no-op instead of undoing the replay.
@@ -142,7 +159,11 @@ async fn relay_round(
     if events.is_empty() {
         return Ok(0);
     }
-    for e in &events {
+    let events = dispositions(node, events)?;
+    if events.is_empty() {
+        return Ok(0);
+    }
+    for (e, _) in &events {
         let label = if e.seq <= *attempted {
             "redelivery"
         } else {
@@ -151,14 +172,14 @@ async fn relay_round(
         metrics::counter!("keyhold_outbox_deliveries_total", "consumer" => consumer.as_str(), "kind" => label)
             .increment(1);
     }
-    *attempted = (*attempted).max(events.last().map_or(0, |e| e.seq));
+    *attempted = (*attempted).max(events.last().map_or(0, |(e, _)| e.seq));
 
     // Each event is prepared on its own (the payments consumer's charges run in
     // parallel, bounded); the store hears of the round once, in one command.
     let limit = Arc::new(Semaphore::new(RELAY_INFLIGHT_EVENTS_MAX));
     let mut tasks = Vec::with_capacity(events.len());
-    for event in &events {
-        let event = event.clone();
+    for (event, disposition) in &events {
+        let (event, disposition) = (event.clone(), *disposition);
         let node = node.clone();
         let permit = limit
             .clone()
@@ -166,7 +187,7 @@ async fn relay_round(
             .await
             .expect("semaphore is never closed");
         tasks.push(tokio::spawn(async move {
-            let result = prepare(&node, consumer, &event).await;
+            let result = prepare(&node, consumer, &event, disposition).await;
             drop(permit);
             result
         }));
@@ -177,7 +198,7 @@ async fn relay_round(
     let mut done_to = cursor;
     let mut first_error = None;
     let mut effects = Vec::new();
-    for (event, task) in events.iter().zip(tasks) {
+    for ((event, _), task) in events.iter().zip(tasks) {
         let result = task
             .await
             .unwrap_or_else(|e| Err(Failure(format!("consumer task failed: {e}"))));
@@ -222,9 +243,34 @@ async fn relay_round(
     }
 }
 
+/// The round's events in order, each with whose it is to take effect for,
+/// up to the first one held back: an event of a tenant a done failover took
+/// away from this region whose loss the store has not marked yet (the
+/// reconciliation marks it moments after the region is back). The next round
+/// starts at that event again.
+fn dispositions(
+    node: &Node,
+    events: Vec<OutboxEvent>,
+) -> Result<Vec<(OutboxEvent, Disposition)>, Failure> {
+    let unmarked = crate::reconcile::unmarked_losses(node).map_err(Failure)?;
+    let mut out = Vec::with_capacity(events.len());
+    for event in events {
+        let disposition = node
+            .store()
+            .disposition(&event)
+            .map_err(|e| Failure(e.to_string()))?;
+        if disposition == Disposition::Ours && unmarked.contains(event.tenant.as_str()) {
+            break;
+        }
+        out.push((event, disposition));
+    }
+    Ok(out)
+}
+
 /// What one event needs from the round's command.
 enum Prepared {
-    /// Nothing: processed already, or unreadable (skipped loudly).
+    /// Nothing: processed already, unreadable (skipped loudly), or not this
+    /// region's (its tenant was lost in a failover).
     Skip,
     Effect(Effect),
 }
@@ -236,11 +282,13 @@ enum Effect {
 }
 
 /// Everything about one event short of recording its effect: whether it was
-/// processed already, and for payments the charge at the provider.
+/// processed already or is not this region's (`disposition`), and for
+/// payments the charge at the provider (for an orphan, the lookup of one).
 async fn prepare(
     node: &Node,
     consumer: Consumer,
     event: &OutboxEvent,
+    disposition: Disposition,
 ) -> Result<Prepared, Failure> {
     // A redelivered event whose effect is recorded needs no work at all.
     let processed = node
@@ -264,30 +312,55 @@ async fn prepare(
         }
     };
     let (event_id, order_id) = (event.event_id.clone(), payload.order.order_id.clone());
-    Ok(Prepared::Effect(match consumer {
-        Consumer::Inventory => Effect::Inventory(keyhold_store::InventoryEffect {
+    let provider = || {
+        let base = node.config().psp_url.as_deref();
+        let key = format!("keyhold-pay-{}", event.event_id);
+        (base.expect("payments runs only with a provider"), key)
+    };
+    let (charge_id, paid) = match (disposition, consumer) {
+        (Disposition::Ours, Consumer::Inventory) => {
+            return Ok(Prepared::Effect(Effect::Inventory(
+                keyhold_store::InventoryEffect {
+                    seq: event.seq,
+                    event_id,
+                    order_id,
+                    items: payload.items,
+                },
+            )));
+        }
+        (Disposition::Ours, Consumer::Payments) => {
+            let (base, key) = provider();
+            charge(node.http(), base, &key, &payload.order).await?
+        }
+        // An orphan's payment is never charged now; an attempt before the
+        // loss may have charged, and then the orphan is listed `charged`.
+        (Disposition::Orphan, Consumer::Payments) => {
+            let (base, key) = provider();
+            match charge_by_key(node.http(), base, &key).await? {
+                Some(c) => (c.id, c.status == "succeeded"),
+                None => return Ok(not_ours(consumer)),
+            }
+        }
+        (Disposition::Carried, _) | (Disposition::Orphan, Consumer::Inventory) => {
+            return Ok(not_ours(consumer));
+        }
+    };
+    Ok(Prepared::Effect(Effect::Payment(
+        keyhold_store::PaymentEffect {
             seq: event.seq,
             event_id,
             order_id,
-            items: payload.items,
-        }),
-        Consumer::Payments => {
-            let base = node
-                .config()
-                .psp_url
-                .as_deref()
-                .expect("payments runs only with a provider");
-            let key = format!("keyhold-pay-{}", event.event_id);
-            let (charge_id, paid) = charge(node.http(), base, &key, &payload.order).await?;
-            Effect::Payment(keyhold_store::PaymentEffect {
-                seq: event.seq,
-                event_id,
-                order_id,
-                charge_id,
-                paid,
-            })
-        }
-    }))
+            charge_id,
+            paid,
+        },
+    )))
+}
+
+/// An event settled without an effect: its tenant was lost in a failover.
+fn not_ours(consumer: Consumer) -> Prepared {
+    metrics::counter!("keyhold_outbox_not_ours_total", "consumer" => consumer.as_str())
+        .increment(1);
+    Prepared::Skip
 }
 
 /// Records a round's effects, and with `cursor` its cursor move, in one
@@ -328,6 +401,12 @@ async fn record(
         match result {
             Ok(ConsumeOutcome::Duplicate) => {
                 metrics::counter!("keyhold_consumer_duplicates_skipped_total", "consumer" => consumer.as_str())
+                    .increment(1);
+            }
+            // The store found the event's tenant lost after the round read
+            // it: settled without an effect.
+            Ok(ConsumeOutcome::NotOurs) => {
+                metrics::counter!("keyhold_outbox_not_ours_total", "consumer" => consumer.as_str())
                     .increment(1);
             }
             Ok(ConsumeOutcome::Applied) => {

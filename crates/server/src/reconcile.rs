@@ -11,21 +11,35 @@
 //! 1. fence each lost tenant in r's store under the failover's operation id
 //!    (through the apply loop: from then on nothing of theirs can change here,
 //!    so the orphans read next are final even on a stale registry replica);
-//! 2. wait until this region's consumers have handled the tenants' outbox
-//!    events (so `charged` is final: a charge in flight when r went down, or
-//!    delivered since it is back, is on the order), then read the orphans
+//! 2. mark each tenant lost at `at` (`MarkLost`): from then on r's consumers
+//!    take no new effect for an event of theirs written before the mark. One
+//!    the copy held (written at or below `at`) was carried to `to`, which
+//!    delivers it; reserving or charging it here too would be a second effect
+//!    (a second reservation in r's ledger, a second charge wherever the
+//!    provider's key dedupe does not reach: another provider account, a key
+//!    retention shorter than r's absence). One written above `at` is an
+//!    orphan's: its order exists nowhere any more, and a person compensates
+//!    it from the report, so nothing is reserved or charged for it now; its
+//!    payment is only looked up at the provider by its key, so `charged`
+//!    says whether an attempt before the loss went through. Until the mark
+//!    the relays hold the tenants' events back (`unmarked_losses`; the relay
+//!    runs only under the region lease, so the registry replica it reads
+//!    knows the failover);
+//! 3. wait until this region's consumers have settled the tenants' outbox
+//!    events (so `charged` is final: a charge in flight when r went down is
+//!    found by its key and put on the order), then read the orphans
 //!    (of the zone-survival tenants: a region-survival tenant's suffix was
 //!    never acknowledged) (`Store::orphans`: records stamped above `at`) and ask
 //!    the tenant's new home, from its business markers, which orders it holds
 //!    under the orphans' client order ids (`duplicate_of`: a client's retry
 //!    created the order again there);
-//! 3. store the report by a command of r's log (`RecordReconciliation`: the
+//! 4. store the report by a command of r's log (`RecordReconciliation`: the
 //!    first one stays, so a leader that starts over after the erasure began
 //!    cannot replace it with a shorter one);
-//! 4. erase everything of the lost tenants from r's store with the deleted
+//! 5. erase everything of the lost tenants from r's store with the deleted
 //!    tenants' erasure (`EraseTenant`, in pages): the tenants live in `to` now,
 //!    and a planned move back must start from an empty store;
-//! 5. mark the report done (`FinishReconciliation`).
+//! 6. mark the report done (`FinishReconciliation`).
 //!
 //! Until the report is done, r's store refuses to import those tenants
 //! (`import_blocked`): a move back that began before the erasure would have its
@@ -38,7 +52,7 @@ use keyhold_registry::{Survival, NODE_CREDENTIAL_HEADER};
 use keyhold_store::limits::ERASE_ENTRIES_MAX;
 use keyhold_store::{GuardOutcome, OrphanKind, Reconciliation};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -127,12 +141,25 @@ async fn reconcile(node: &Node, failover: &Failover) -> Result<(), String> {
     for id in &failover.tenants {
         tenants.push(TenantId::parse(id).map_err(|e| format!("tenant {id:?}: {e}"))?);
     }
-    let report = match store.reconciliation(op).map_err(|e| e.to_string())? {
+    let recorded = store.reconciliation(op).map_err(|e| e.to_string())?;
+    if recorded.is_none() {
+        for tenant in &tenants {
+            fence(node, tenant, op).await?;
+        }
+    }
+    // Behind the fence nothing of theirs is written here any more: every
+    // event of theirs in this outbox is before the mark, and this region's
+    // consumers settle each without an effect (`Disposition`). Until the
+    // mark the relays hold those events back (`unmarked_losses`).
+    for tenant in &tenants {
+        store
+            .mark_lost(tenant.clone(), op.clone(), failover.at)
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    let report = match recorded {
         Some(report) => report,
         None => {
-            for tenant in &tenants {
-                fence(node, tenant, op).await?;
-            }
             for tenant in &tenants {
                 events_settled(node, tenant).await?;
             }
@@ -334,6 +361,36 @@ async fn erase(node: &Node, tenant: &TenantId) -> Result<(), String> {
             return Ok(());
         }
     }
+}
+
+/// The tenants a done failover took away from this region whose loss this
+/// store has not marked yet (`Command::MarkLost`), while that failover's
+/// reconciliation is not done: the relays deliver none of their events until
+/// the mark says whose each one is. (Once a reconciliation is done, the lost
+/// tenants' undelivered events are erased, and any later event of theirs is
+/// this region's again after a move back.)
+pub fn unmarked_losses(node: &Node) -> Result<HashSet<String>, String> {
+    let store = node.store();
+    let mut out = HashSet::new();
+    for failover in failovers_from(node, node.region()) {
+        let done = store
+            .reconciliation(&failover.operation_id)
+            .map_err(|e| e.to_string())?
+            .is_some_and(|r| r.done);
+        if done {
+            continue;
+        }
+        for id in failover.tenants {
+            let tenant = TenantId::parse(&id).map_err(|e| format!("tenant {id:?}: {e}"))?;
+            let marked = store
+                .lost_marked(&tenant, &failover.operation_id)
+                .map_err(|e| e.to_string())?;
+            if !marked {
+                out.insert(id);
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Why this store must not import `tenant_id` yet (a move back into this

@@ -20,7 +20,8 @@
 //! driver do it all, opened through the admin route, a fourth restarts b
 //! between two imports, a fifth fails the failover after its import, and a
 //! sixth checks that the events a failed failover carried never take effect
-//! in b.
+//! in b; a seventh brings a back after a failover and checks that it takes no
+//! downstream effect for the tenant it lost (issue 12).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -98,9 +99,18 @@ async fn start_cluster(dir: &Path, psp: &str, regions: &[&str]) -> Vec<TestNode>
     }
     let mut nodes = Vec::new();
     for (id, listener, raft) in listeners {
+        let psp = ProviderOfA::Unreachable(psp);
         nodes.push(start_node(dir, &members, id, psp, listener, raft).await);
     }
     nodes
+}
+
+/// The payment provider of the nodes: b's is the one given; a's too when a
+/// comes back (`Reachable`), else nothing listens at a's.
+#[derive(Clone, Copy)]
+enum ProviderOfA<'a> {
+    Unreachable(&'a str),
+    Reachable(&'a str),
 }
 
 /// Starts node `id` of `members` on its listeners, with its data under
@@ -109,7 +119,7 @@ async fn start_node(
     dir: &Path,
     members: &[Member],
     id: u64,
-    psp: &str,
+    provider: ProviderOfA<'_>,
     listener: tokio::net::TcpListener,
     raft: tokio::net::TcpListener,
 ) -> TestNode {
@@ -125,10 +135,11 @@ async fn start_node(
     config.raft_listen = member.raft_addr.clone();
     config.members = members.to_vec();
     config.node_credential_file = Some(dir.join("node-credential"));
-    config.psp_url = match member.region.as_str() {
+    let (ProviderOfA::Unreachable(psp) | ProviderOfA::Reachable(psp)) = provider;
+    config.psp_url = match (member.region.as_str(), provider) {
         // Nothing listens there.
-        "a" => Some(format!("http://{}", free_addr())),
-        "b" => Some(psp.to_owned()),
+        ("a", ProviderOfA::Unreachable(_)) => Some(format!("http://{}", free_addr())),
+        ("a" | "b", _) => Some(psp.to_owned()),
         _ => None,
     };
     let api_addr = listener.local_addr().unwrap();
@@ -152,7 +163,12 @@ async fn start_node(
 }
 
 /// Starts node `id` again on the addresses it had.
-async fn restart_node(dir: &Path, members: &[Member], id: u64, psp: &str) -> TestNode {
+async fn restart_node(
+    dir: &Path,
+    members: &[Member],
+    id: u64,
+    provider: ProviderOfA<'_>,
+) -> TestNode {
     let member = members.iter().find(|m| m.id == id).unwrap();
     let listener = tokio::net::TcpListener::bind(&member.api_addr)
         .await
@@ -160,7 +176,7 @@ async fn restart_node(dir: &Path, members: &[Member], id: u64, psp: &str) -> Tes
     let raft = tokio::net::TcpListener::bind(&member.raft_addr)
         .await
         .unwrap();
-    start_node(dir, members, id, psp, listener, raft).await
+    start_node(dir, members, id, provider, listener, raft).await
 }
 
 fn client() -> reqwest::Client {
@@ -775,7 +791,10 @@ async fn a_promoted_copy_survives_a_restart_of_its_node() {
     let aside = dir.path().join("node-2").join("standby-a.reset");
     std::fs::create_dir_all(aside.join("db")).unwrap();
     std::fs::write(aside.join("db").join("leftover"), b"x").unwrap();
-    nodes.insert(0, restart_node(dir.path(), &members, 2, &psp).await);
+    nodes.insert(
+        0,
+        restart_node(dir.path(), &members, 2, ProviderOfA::Unreachable(&psp)).await,
+    );
     let b = nodes[0].node.clone();
     assert!(!aside.exists(), "the set-aside copy is removed at start");
     wait_until("b ready again", || ready(&b_api)).await;
@@ -931,6 +950,159 @@ async fn a_failed_failovers_carried_events_take_no_effect_in_the_standby() {
     assert_eq!(outbox_ids(b.store()).await, Vec::<String>::new());
     assert_eq!(b.registry().tenant(TENANT).unwrap().home_region, "a");
     drop(b);
+    for node in nodes {
+        node.stop().await;
+    }
+    let _ = psp_stop.send(());
+}
+
+/// The order id of a 201 answer's body.
+fn order_id_of(body: &[u8]) -> String {
+    let body: Value = serde_json::from_slice(body).unwrap();
+    body["order_id"].as_str().unwrap().to_owned()
+}
+
+/// Issue 12: a region that comes back after a failover away from it takes no
+/// downstream effect for the tenants it lost. Region a takes three orders
+/// its standby b copies (a's inventory consumer handles them, its payments
+/// cannot reach a provider), then two more while b is down: those are the
+/// suffix the failover loses. a fails, b comes back, and the failover
+/// carries the three undelivered payments into b, which charges them. A
+/// client retries one lost order against b (a new order there). Then a comes
+/// back, now with the payment provider reachable. Its outbox still holds all
+/// five payments past its payments cursor: the three are b's (b charged
+/// them; a charging them again is a second effect in a's store, and a second
+/// charge wherever the provider's key dedupe does not reach), the two lost
+/// ones are orphans, listed for a person to compensate, and the retried one
+/// is already charged by b. So a charges nothing: every surviving order has
+/// exactly one charge (b's), the orphans none (`charged: false`), and a's
+/// store holds no payment effect for an event b carried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_returning_region_takes_no_effect_for_the_tenants_it_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let (psp, psp_stop) = provider(dir.path()).await;
+    let mut nodes = start_cluster(dir.path(), &psp, &["a", "b", "c"]).await;
+    for node in &nodes {
+        wait_until("every node ready", || ready(&node.api)).await;
+    }
+    let members = nodes[0].node.config().members.clone();
+    let a_api = nodes[0].api.clone();
+    let token = create_tenant(&a_api).await;
+    let mut carried = Vec::new();
+    for n in 0..ORDERS {
+        let (status, _, body) = order(&a_api, &token, &format!("order-{n}")).await;
+        assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+        carried.push(order_id_of(&body));
+    }
+    let (a, b) = (nodes[0].node.clone(), nodes[1].node.clone());
+    wait_until("a's inventory consumer is done", || async {
+        a.store().cursor(Consumer::Inventory).await.unwrap() >= ORDERS as u64
+    })
+    .await;
+    let a_applied = a.store().applied_index().unwrap();
+    wait_until("b's copy holds all of a", || async {
+        let copy = b.standby_copy("a").unwrap();
+        copy.store.applied_index().unwrap() >= a_applied
+    })
+    .await;
+
+    // b goes down: what a acknowledges now never reaches b's copy.
+    drop(b);
+    nodes.remove(1).stop().await;
+    let mut lost = Vec::new();
+    for n in 0..2 {
+        let (status, _, body) = order_settled(&a_api, &token, &format!("lost-{n}")).await;
+        assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+        lost.push(order_id_of(&body));
+    }
+
+    // a fails; b comes back and the failover re-homes the tenant in b.
+    drop(a);
+    nodes.remove(0).stop().await;
+    nodes.insert(
+        0,
+        restart_node(dir.path(), &members, 2, ProviderOfA::Unreachable(&psp)).await,
+    );
+    let (b, b_api) = (nodes[0].node.clone(), nodes[0].api.clone());
+    wait_until("b ready without a", || ready(&b_api)).await;
+    wait_registry_without_a(&b).await;
+    write(
+        &b,
+        Request::BeginFailover {
+            operation_id: "fo-7".into(),
+            region: "a".into(),
+            to: "b".into(),
+            now_ms: keyhold_server_now(),
+        },
+    )
+    .await;
+    let import_url = format!("{b_api}/internal/v1/failover/a/import?operation_id=fo-7&source=2");
+    let (status, imported) = internal(reqwest::Method::POST, import_url).await;
+    assert_eq!(status, 200, "{imported}");
+    assert_eq!(imported["events"], json!(ORDERS), "{imported}");
+    let at = imported["at"].as_u64().unwrap();
+    write(
+        &b,
+        Request::CompleteFailover {
+            operation_id: "fo-7".into(),
+            at,
+            estimated_lost: LostEstimate::default(),
+            now_ms: keyhold_server_now(),
+        },
+    )
+    .await;
+    let tenant = TenantId::parse(TENANT).unwrap();
+    wait_until("b's store owns the tenant", || async {
+        b.store().guard(&tenant).unwrap() == Some(TenantGuard::Owned { epoch: 2 })
+    })
+    .await;
+    // The client of lost-1 retries it against the new home.
+    let (status, replayed, body) = order_settled(&b_api, &token, "lost-1").await;
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+    assert!(!replayed, "b never had lost-1");
+    let retried = order_id_of(&body);
+    wait_until("b's payments consumer is done", || async {
+        let head = b.store().outbox_after(0, 1_000).await.unwrap().len() as u64;
+        b.store().cursor(Consumer::Payments).await.unwrap() >= head
+    })
+    .await;
+
+    // a comes back, able to charge now, and reconciles.
+    nodes.push(restart_node(dir.path(), &members, 1, ProviderOfA::Reachable(&psp)).await);
+    let a = nodes.last().unwrap().node.clone();
+    wait_until("a's reconciliation is done", || async {
+        a.store()
+            .reconciliation("fo-7")
+            .unwrap()
+            .is_some_and(|r| r.done)
+    })
+    .await;
+    let report = a.store().reconciliation("fo-7").unwrap().unwrap();
+    assert_eq!(report.orphans.len(), lost.len(), "{report:?}");
+    for (orphan, order_id) in report.orphans.iter().zip(&lost) {
+        assert_eq!(orphan.order_id.as_ref(), Some(order_id), "{orphan:?}");
+        assert!(
+            !orphan.charged,
+            "a charged an orphan after losing its tenant: {orphan:?}"
+        );
+    }
+    assert_eq!(report.orphans[1].duplicate_of.as_ref(), Some(&retried));
+    // One charge per surviving order, made by b; none for an orphan.
+    let mut expected: Vec<String> = carried.iter().chain([&retried]).cloned().collect();
+    expected.sort_unstable();
+    assert_eq!(charged_orders(&psp).await, expected);
+    for order_id in &carried {
+        let event_id = format!("evt_{order_id}");
+        assert!(
+            !a.store()
+                .is_processed(Consumer::Payments, &event_id)
+                .await
+                .unwrap(),
+            "a took the payment effect of {event_id}, which b carried and charged"
+        );
+    }
+
+    drop((a, b));
     for node in nodes {
         node.stop().await;
     }

@@ -9,10 +9,11 @@
 //! client's retry of one of them creates it again
 //! in b. When a is back, its region leader publishes the report at
 //! `GET /admin/v1/regions/a/reconciliation` (asked through another region's
-//! node): the lost orders as orphans, charged (the payment provider is down
-//! until a has been back a while, and the report waits until a's payments
-//! consumer has charged them), `duplicate_of` naming b's order for the retried
-//! one. A move back while the report is pending fails (a refuses to import the
+//! node): the lost orders as orphans, not charged (the payment provider is
+//! down until a has been back a while; a returning region charges nothing for
+//! a tenant it lost, and the report waits until a's payments consumer has
+//! looked each orphan's charge up at the provider), `duplicate_of` naming b's
+//! order for the retried one. A move back while the report is pending fails (a refuses to import the
 //! tenant over its stale data); once it is done a's store holds nothing of the
 //! tenant, so a planned move brings the tenant back to a with b's orders and
 //! none of the stale ones.
@@ -360,8 +361,8 @@ async fn a_returning_region_lists_its_orphans_erases_them_and_takes_its_tenant_b
         0,
         start_node(dir.path(), &a_member, &members, listener, &psp),
     );
-    // Its payments consumer cannot charge the lost orders yet: the report
-    // waits, as `charged` is not final.
+    // Its payments consumer cannot look the lost orders' charges up yet: the
+    // report waits, as `charged` is not final.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let (_, waiting) = admin_get(&c, "/admin/v1/regions/a/reconciliation").await;
     assert_eq!(waiting["state"], json!("pending"), "{waiting}");
@@ -400,7 +401,8 @@ async fn a_returning_region_lists_its_orphans_erases_them_and_takes_its_tenant_b
         assert_eq!(orphan["order_id"], json!(lost[i]));
         assert_eq!(orphan["client_order_id"], json!(format!("co-after-{i}")));
         assert!(orphan["created_at"].is_string(), "{orphan}");
-        assert_eq!(orphan["charged"], json!(true), "{orphan}");
+        // Nothing charged them before the loss, and a charges no orphan.
+        assert_eq!(orphan["charged"], json!(false), "{orphan}");
         let duplicate = if i == 1 { json!(retried) } else { Value::Null };
         assert_eq!(orphan["duplicate_of"], duplicate, "{orphan}");
     }

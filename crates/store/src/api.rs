@@ -17,7 +17,7 @@ use crate::command::{
     HeartbeatOutcome, InventoryEffect, OrderOutcome, PaymentEffect, ReplayOutcome, SweepOutcome,
 };
 use crate::consumer::Consumer;
-use crate::reconcile::Reconciliation;
+use crate::reconcile::{LostTenant, Reconciliation};
 use crate::{Error, Logged, Store};
 use keyhold_core::{
     Item, Order, Outcome, OwnerToken, Policy, Scope, StoredResponse, TenantId, UnixMillis,
@@ -54,6 +54,7 @@ answer! {
     CursorOutcome => Cursor,
     GuardOutcome => Guard,
     BatchOutcome => ConsumedBatch,
+    LostTenant => Lost,
 }
 
 impl Answer for EraseOutcome {
@@ -513,6 +514,23 @@ impl Store {
     ) -> Result<Reconciliation, Error> {
         self.run(Command::RecordReconciliation {
             reconciliation: Box::new(reconciliation),
+        })
+        .await
+    }
+
+    /// Marks that the failover `operation_id` took `tenant` away from this
+    /// region from a copy at `at` (`Command::MarkLost`); answers the stored
+    /// mark (the first one of that failover).
+    pub async fn mark_lost(
+        &self,
+        tenant: TenantId,
+        operation_id: String,
+        at: u64,
+    ) -> Result<LostTenant, Error> {
+        self.run(Command::MarkLost {
+            tenant,
+            operation_id,
+            at,
         })
         .await
     }

@@ -235,6 +235,24 @@ pub enum Command {
         processed_ttl_ms: u64,
         cursor: Option<Cursor>,
     },
+    /// The failover `operation_id` re-homed `tenant` away from this region
+    /// from the standby's copy of this region's log up to `at`: recorded by
+    /// the returning region's reconciliation once the tenant is fenced here,
+    /// so that nothing of the tenant's is written after it. From then on this
+    /// store's consumers take no effect for an event of the tenant written
+    /// before it (`Disposition`): one written at or below `at` is in the
+    /// copy, and the failover carried it to the new home, which delivers it;
+    /// one written above `at` is an orphan's, which reconciliation lists for a
+    /// person to compensate (its payment is only looked up at the provider,
+    /// never charged). Events written after it (the tenant moved back) are
+    /// this store's again. The first mark of a failover stays. Answers
+    /// `Applied::Lost` with the stored mark. Added after every older variant,
+    /// so older logs decode as before.
+    MarkLost {
+        tenant: TenantId,
+        operation_id: String,
+        at: u64,
+    },
 }
 
 /// One event's inventory effect within `Command::ConsumeInventoryBatch`.
@@ -455,6 +473,10 @@ pub enum ConsumeOutcome {
     Applied,
     /// The event was processed before; nothing was written.
     Duplicate,
+    /// The event is not this store's to take effect for (its tenant was lost
+    /// in a failover, `Command::MarkLost`); nothing was written, and the
+    /// event is settled here: the cursor may move past it.
+    NotOurs,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -609,6 +631,8 @@ pub enum Applied {
     Reconciliation(Box<crate::reconcile::Reconciliation>),
     /// `ConsumeInventoryBatch` or `ConsumePaymentBatch`.
     ConsumedBatch(BatchOutcome),
+    /// `MarkLost`: the stored mark (the first one of that failover).
+    Lost(crate::reconcile::LostTenant),
 }
 
 #[cfg(test)]
@@ -687,5 +711,15 @@ mod tests {
         let bytes = payments.encode();
         assert_eq!(bytes[0], 23);
         assert_eq!(Command::decode(&bytes).unwrap(), payments);
+        // MarkLost (issue 12) comes after the batches: the logs written
+        // before it decode as they did.
+        let lost = Command::MarkLost {
+            tenant: TenantId::parse("t1").unwrap(),
+            operation_id: "op".into(),
+            at: 5,
+        };
+        let bytes = lost.encode();
+        assert_eq!(bytes[0], 24);
+        assert_eq!(Command::decode(&bytes).unwrap(), lost);
     }
 }

@@ -123,6 +123,26 @@ pub fn held_event(tenant: &TenantId, source_seq: u64) -> Vec<u8> {
     key
 }
 
+/// Prefix of the marks of tenants a failover took away from this region
+/// (`Command::MarkLost`).
+pub const LOST_PREFIX: &[u8] = b"slost:";
+
+/// Prefix of `tenant`'s marks of `lost`.
+pub fn lost_of(tenant: &TenantId) -> Vec<u8> {
+    let mut key = LOST_PREFIX.to_vec();
+    key.extend_from_slice(tenant.as_str().as_bytes());
+    key.push(0);
+    key
+}
+
+/// The mark that the failover `operation_id` took `tenant` away from this
+/// region.
+pub fn lost(tenant: &TenantId, operation_id: &str) -> Vec<u8> {
+    let mut key = lost_of(tenant);
+    key.extend_from_slice(operation_id.as_bytes());
+    key
+}
+
 /// Prefix of the tenants' guards (`TenantGuard`).
 pub const GUARD_PREFIX: &[u8] = b"sguard:";
 

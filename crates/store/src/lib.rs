@@ -48,7 +48,7 @@ pub use command::{
 };
 pub use consumer::Consumer;
 pub use format::STORAGE_FORMAT;
-pub use reconcile::{Orphan, OrphanKind, Reconciliation};
+pub use reconcile::{Disposition, LostTenant, Orphan, OrphanKind, Reconciliation};
 pub use stats::CommitStats;
 
 use keyhold_core::{Marker, Order, Record, Scope, TenantId, UnixMillis};

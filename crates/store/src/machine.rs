@@ -18,7 +18,7 @@ use crate::consumer::Consumer;
 use crate::keys;
 use crate::limits::SWEEP_DEFER_MS;
 use crate::overlay::{Changes, View};
-use crate::reconcile::Reconciliation;
+use crate::reconcile::{Disposition, LostTenant, Reconciliation};
 use crate::Error;
 use keyhold_core::{
     check_owner, decide_claim, decide_order, ClaimDecision, Marker, Order, OrderDecision,
@@ -122,6 +122,12 @@ impl Machine {
     /// The tenant's guard (`None`: never moved, executes).
     pub fn guard(&self, tenant: &TenantId) -> Result<Option<TenantGuard>, Error> {
         self.view(&Changes::default()).guard(tenant)
+    }
+
+    /// Whose the outbox event at `seq` is to take effect for (`Ours` when no
+    /// event `event_id` is there).
+    pub fn disposition(&self, seq: u64, event_id: &str) -> Result<Disposition, Error> {
+        self.view(&Changes::default()).disposition(seq, event_id)
     }
 
     pub fn reservations(&self, order_id: &str) -> Result<Vec<Reservation>, Error> {
@@ -352,7 +358,15 @@ impl View<'_> {
                 (Consumer::Inventory, *cursor),
                 Round::new(*now, *processed_ttl_ms),
                 events.iter().map(|e| (e.seq, e)),
-                |m, w, round, effect| Ok(Ok(m.reserve(w, round, effect)?)),
+                |m, w, round, effect| {
+                    // A lost tenant's event reserves nothing here: the new
+                    // home reserves what its copy carried, and an orphan's
+                    // order no longer exists anywhere.
+                    Ok(Ok(match m.disposition(effect.seq, &effect.event_id)? {
+                        Disposition::Ours => m.reserve(w, round, effect)?,
+                        Disposition::Carried | Disposition::Orphan => ConsumeOutcome::NotOurs,
+                    }))
+                },
             )?),
             Command::ConsumePaymentBatch {
                 events,
@@ -364,7 +378,17 @@ impl View<'_> {
                 (Consumer::Payments, *cursor),
                 Round::new(*now, *processed_ttl_ms),
                 events.iter().map(|e| (e.seq, e)),
-                View::record_payment,
+                |m, w, round, effect| {
+                    // An orphan's payment is recorded: the relay only looked
+                    // it up at the provider (an attempt before the loss may
+                    // have charged). A carried one is the new home's.
+                    match m.disposition(effect.seq, &effect.event_id)? {
+                        Disposition::Carried => Ok(Ok(ConsumeOutcome::NotOurs)),
+                        Disposition::Ours | Disposition::Orphan => {
+                            m.record_payment(w, round, effect)
+                        }
+                    }
+                },
             )?),
             Command::Fence {
                 tenant,
@@ -473,6 +497,25 @@ impl View<'_> {
                     w.put(key, &stored);
                 }
                 Applied::Reconciliation(Box::new(stored))
+            }
+            Command::MarkLost {
+                tenant,
+                operation_id,
+                at,
+            } => {
+                let key = keys::lost(tenant, operation_id);
+                let stored = match self.get::<LostTenant>(&key)? {
+                    Some(stored) => stored,
+                    None => {
+                        let mark = LostTenant {
+                            operation_id: operation_id.clone(),
+                            at: *at,
+                        };
+                        w.put(key, &mark);
+                        mark
+                    }
+                };
+                Applied::Lost(stored)
             }
             Command::Own { tenant, epoch } => {
                 let wanted = TenantGuard::Owned { epoch: *epoch };
@@ -654,6 +697,26 @@ impl View<'_> {
             guard,
             imported: fresh.len() as u64,
         }))
+    }
+
+    /// Whose the outbox event at `seq` is to take effect for, by the log
+    /// index that wrote it and its tenant's marks (`Command::MarkLost`).
+    /// `Ours` when no event `event_id` is there (a single-event command's
+    /// `seq` is 0).
+    fn disposition(&self, seq: u64, event_id: &str) -> Result<Disposition, Error> {
+        let Some(raw) = self.get_raw(&keys::outbox(seq))? else {
+            return Ok(Disposition::Ours);
+        };
+        let (event, written) = decode::<OutboxEvent>(&raw)?;
+        if event.event_id != event_id {
+            return Ok(Disposition::Ours);
+        }
+        let mut marks = Vec::new();
+        for item in self.scan_prefix(keys::lost_of(&event.tenant)) {
+            let (_, value) = item?;
+            marks.push(decode::<LostTenant>(&value)?);
+        }
+        Ok(Disposition::of(written, marks))
     }
 
     /// The tenant's held events, in the failed region's order, with their keys.

@@ -77,6 +77,49 @@ pub struct Reconciliation {
     pub done: bool,
 }
 
+/// The mark that a failover took a tenant away from this region
+/// (`Command::MarkLost`), stamped with the log index that wrote it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LostTenant {
+    /// The failover.
+    pub operation_id: String,
+    /// The log position its promoted copy held.
+    pub at: u64,
+}
+
+/// Whose an outbox event is to take effect for, by the marks of its tenant.
+/// An event written before a mark (by a lower log index) belongs to the
+/// earliest such mark's failover: the copy it promoted held the event when
+/// the event's index is at or below that failover's `at`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Disposition {
+    /// This store's consumers take its effects.
+    Ours,
+    /// The failover carried it to the tenant's new home, whose consumers
+    /// take its effects; here it is settled without any.
+    Carried,
+    /// The failover lost it with its order (an orphan): no consumer takes a
+    /// new effect for it; its payment is only looked up at the provider, so
+    /// that the orphan's `charged` says what an earlier attempt did.
+    Orphan,
+}
+
+impl Disposition {
+    /// The disposition of an event written at log index `written` for a
+    /// tenant with `marks` (each with the index that wrote it).
+    pub(crate) fn of(written: u64, marks: impl IntoIterator<Item = (LostTenant, u64)>) -> Self {
+        let first_after = marks
+            .into_iter()
+            .filter(|(_, marked)| *marked > written)
+            .min_by_key(|(_, marked)| *marked);
+        match first_after {
+            None => Disposition::Ours,
+            Some((mark, _)) if written <= mark.at => Disposition::Carried,
+            Some(_) => Disposition::Orphan,
+        }
+    }
+}
+
 /// Every record of `tenants` written by a log entry above `at`, oldest first
 /// (by creation, then tenant and key), at most `RECONCILIATION_ORPHANS_MAX`,
 /// and how many more there were.
@@ -165,6 +208,22 @@ impl Store {
     /// The stored reconciliation of the failover `operation_id`, if recorded.
     pub fn reconciliation(&self, operation_id: &str) -> Result<Option<Reconciliation>, Error> {
         self.inner.machine.get(&keys::reconciliation(operation_id))
+    }
+
+    /// True once the failover `operation_id`'s loss of `tenant` is marked
+    /// (`Command::MarkLost`).
+    pub fn lost_marked(&self, tenant: &TenantId, operation_id: &str) -> Result<bool, Error> {
+        Ok(self
+            .inner
+            .machine
+            .get::<LostTenant>(&keys::lost(tenant, operation_id))?
+            .is_some())
+    }
+
+    /// Whose `event` (read from this store's outbox) is to take effect for;
+    /// `Ours` when it is no longer in the outbox.
+    pub fn disposition(&self, event: &crate::OutboxEvent) -> Result<Disposition, Error> {
+        self.inner.machine.disposition(event.seq, &event.event_id)
     }
 }
 
@@ -322,5 +381,143 @@ mod tests {
         };
         store.execute(replay).await.unwrap();
         assert_eq!(store.reconciliation("op_f").unwrap().unwrap(), kept);
+    }
+
+    /// Whose an event is, by the index that wrote it: a mark written before
+    /// it (the tenant came back) leaves it this store's; the earliest mark
+    /// after it decides between carried (at or below that failover's `at`)
+    /// and orphan.
+    #[test]
+    fn an_event_belongs_to_the_first_loss_marked_after_it() {
+        let mark = |at: u64, marked: u64| {
+            (
+                LostTenant {
+                    operation_id: format!("op_{marked}"),
+                    at,
+                },
+                marked,
+            )
+        };
+        assert_eq!(Disposition::of(10, []), Disposition::Ours);
+        assert_eq!(Disposition::of(10, [mark(10, 20)]), Disposition::Carried);
+        assert_eq!(Disposition::of(11, [mark(10, 20)]), Disposition::Orphan);
+        assert_eq!(Disposition::of(21, [mark(10, 20)]), Disposition::Ours);
+        // Lost, moved back, lost again: the second loss owns what came after
+        // the first mark.
+        let both = [mark(40, 50), mark(10, 20)];
+        assert_eq!(Disposition::of(15, both.clone()), Disposition::Orphan);
+        assert_eq!(Disposition::of(30, both.clone()), Disposition::Carried);
+        assert_eq!(Disposition::of(45, both.clone()), Disposition::Orphan);
+        assert_eq!(Disposition::of(55, both), Disposition::Ours);
+    }
+
+    /// Issue 12: once a failover's loss of a tenant is marked, the store's
+    /// consumers take no effect for an event of the tenant written before
+    /// the mark, as a value (`NotOurs`) that lets the cursor move on: the
+    /// carried event (in the copy at `at`) reserves and records nothing, the
+    /// orphan's reserves nothing and records only a payment the relay looked
+    /// up. Another tenant's event, and the tenant's own after the mark (back
+    /// home), take effect as before. The first mark of a failover stays.
+    #[tokio::test]
+    async fn a_lost_tenants_events_take_no_effect_here() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path()).await;
+        store.execute(tenant_order("t1", 1)).await.unwrap();
+        let at = applied_index(&store);
+        store.execute(tenant_order("t1", 2)).await.unwrap();
+        store.execute(tenant_order("t2", 1)).await.unwrap();
+        let mark = store.mark_lost(t("t1"), "op_f".into(), at).await.unwrap();
+        assert_eq!(mark.at, at);
+        let again = store.mark_lost(t("t1"), "op_f".into(), at + 5).await;
+        assert_eq!(again.unwrap(), mark, "the first mark stays");
+        assert!(store.lost_marked(&t("t1"), "op_f").unwrap());
+        assert!(!store.lost_marked(&t("t2"), "op_f").unwrap());
+        store.execute(tenant_order("t1", 3)).await.unwrap();
+
+        let events = store.outbox_after(0, 10).await.unwrap();
+        let order_ids: Vec<&str> = events.iter().map(|e| e.order_id.as_str()).collect();
+        assert_eq!(
+            order_ids,
+            [
+                "ord_t1_000000000001",
+                "ord_t1_000000000002",
+                "ord_t2_000000000001",
+                "ord_t1_000000000003"
+            ]
+        );
+        let dispositions: Vec<Disposition> = events
+            .iter()
+            .map(|e| store.disposition(e).unwrap())
+            .collect();
+        use Disposition::{Carried, Orphan, Ours};
+        assert_eq!(dispositions, [Carried, Orphan, Ours, Ours]);
+
+        let inventory = events
+            .iter()
+            .map(|e| crate::InventoryEffect {
+                seq: e.seq,
+                event_id: e.event_id.clone(),
+                order_id: e.order_id.clone(),
+                items: vec![keyhold_core::Item {
+                    sku: "sku-1".into(),
+                    quantity: 1,
+                }],
+            })
+            .collect();
+        let cursor = crate::Cursor {
+            seq: 4,
+            generation: 0,
+        };
+        let done = store
+            .consume_inventory_batch(inventory, Some(cursor), T0, &POLICY)
+            .await
+            .unwrap();
+        use crate::ConsumeOutcome::{Applied, NotOurs};
+        assert_eq!(
+            done.events,
+            [Ok(NotOurs), Ok(NotOurs), Ok(Applied), Ok(Applied)]
+        );
+        assert_eq!(store.cursor(crate::Consumer::Inventory).await.unwrap(), 4);
+        let reserved: Vec<usize> = reservation_counts(&store, &order_ids).await;
+        assert_eq!(reserved, [0, 0, 1, 1]);
+
+        let payments = events
+            .iter()
+            .map(|e| crate::PaymentEffect {
+                seq: e.seq,
+                event_id: e.event_id.clone(),
+                order_id: e.order_id.clone(),
+                charge_id: format!("ch_{}", e.order_id),
+                paid: true,
+            })
+            .collect();
+        let done = store
+            .consume_payment_batch(payments, Some(cursor), T0, &POLICY)
+            .await
+            .unwrap();
+        assert_eq!(
+            done.events,
+            [Ok(NotOurs), Ok(Applied), Ok(Applied), Ok(Applied)]
+        );
+        assert_eq!(store.cursor(crate::Consumer::Payments).await.unwrap(), 4);
+        let processed = store
+            .is_processed(crate::Consumer::Payments, &events[0].event_id)
+            .await
+            .unwrap();
+        assert!(!processed, "the carried event is the new home's");
+        let (orphans, _) = store.orphans(&[t("t1")], at).unwrap();
+        let charged: Vec<bool> = orphans.iter().map(|o| o.charged).collect();
+        // Order 2, looked up as charged before the loss; order 3 is the
+        // tenant's again (written after the mark) and charged here.
+        assert_eq!(charged, [true, true]);
+    }
+
+    /// How many reservations each order has.
+    async fn reservation_counts(store: &Store, order_ids: &[&str]) -> Vec<usize> {
+        let mut out = Vec::new();
+        for id in order_ids {
+            out.push(store.reservations(id).await.unwrap().len());
+        }
+        out
     }
 }
