@@ -36,10 +36,16 @@
 //! 4. store the report by a command of r's log (`RecordReconciliation`: the
 //!    first one stays, so a leader that starts over after the erasure began
 //!    cannot replace it with a shorter one);
-//! 5. erase everything of the lost tenants from r's store with the deleted
+//! 5. release the reservations r made twice: r's relays stop only with its
+//!    lease, so in an isolation's last moments they may handle an event the
+//!    copy holds after the last entry the copy received; the copy carried it
+//!    unhandled and `to` reserved it too. Those reservations of r's (an event
+//!    at or below `at`, handled above it) go (`ReleaseCarriedReservations`,
+//!    in pages; the payment is one charge by the event's key);
+//! 6. erase everything of the lost tenants from r's store with the deleted
 //!    tenants' erasure (`EraseTenant`, in pages): the tenants live in `to` now,
 //!    and a planned move back must start from an empty store;
-//! 6. mark the report done (`FinishReconciliation`).
+//! 7. mark the report done (`FinishReconciliation`).
 //!
 //! Until the report is done, r's store refuses to import those tenants
 //! (`import_blocked`): a move back that began before the erasure would have its
@@ -199,6 +205,7 @@ async fn reconcile(node: &Node, failover: &Failover) -> Result<(), String> {
         }
     };
     for tenant in &report.tenants {
+        release_carried(node, tenant, op).await?;
         erase(node, tenant).await?;
     }
     store
@@ -335,6 +342,29 @@ async fn ask_markers(
         .json()
         .await
         .map_err(|e| format!("region {region}: {e}"))
+}
+
+/// Releases, page by page, the inventory reservations this region made for
+/// `tenant` after the copy's position for events the copy held: the new home
+/// made them again (`ReleaseCarriedReservations`). Only an isolation's last
+/// moments leave any: the region's relays stop with its lease.
+async fn release_carried(node: &Node, tenant: &TenantId, operation_id: &str) -> Result<(), String> {
+    loop {
+        let released = node
+            .store()
+            .release_carried_reservations(
+                tenant.clone(),
+                operation_id.to_owned(),
+                ERASE_ENTRIES_MAX as u32,
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        metrics::counter!("keyhold_reconciliation_reservations_released_total")
+            .increment(released.entries);
+        if !released.more {
+            return Ok(());
+        }
+    }
 }
 
 /// Erases everything of `tenant` from this store, page by page, unless the

@@ -535,6 +535,23 @@ impl Store {
         .await
     }
 
+    /// Releases up to `entries_max` of `tenant`'s reservations that the
+    /// failover `operation_id` made a second time in the new home
+    /// (`Command::ReleaseCarriedReservations`); repeat while `more`.
+    pub async fn release_carried_reservations(
+        &self,
+        tenant: TenantId,
+        operation_id: String,
+        entries_max: u32,
+    ) -> Result<EraseOutcome, Error> {
+        self.run(Command::ReleaseCarriedReservations {
+            tenant,
+            operation_id,
+            entries_max,
+        })
+        .await
+    }
+
     /// Marks the reconciliation of `operation_id` done (its tenants' data is
     /// erased); answers it. Refused when none is recorded.
     pub async fn finish_reconciliation(

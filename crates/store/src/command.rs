@@ -253,6 +253,21 @@ pub enum Command {
         operation_id: String,
         at: u64,
     },
+    /// Releases up to `entries_max` of the inventory reservations this store
+    /// made for `tenant` that the failover `operation_id` (marked with
+    /// `MarkLost`) made a second time in the new home: those of an event
+    /// the promoted copy held (written at or below `at`) whose inventory
+    /// processed entry here was written above `at`. This region handled it
+    /// after the last entry the copy received (in the lease's last moments
+    /// before an isolation stopped it), so the copy carried the event as
+    /// unhandled and the new home reserved it too. The processed entries
+    /// stay, so nothing reserves it here again. Without the mark nothing is
+    /// released. Answers `Erased`; repeat until `more` is false.
+    ReleaseCarriedReservations {
+        tenant: TenantId,
+        operation_id: String,
+        entries_max: u32,
+    },
 }
 
 /// One event's inventory effect within `Command::ConsumeInventoryBatch`.
@@ -617,7 +632,8 @@ pub enum Applied {
     /// `Fence`, `Import`, `ImportChanges`, `Own`, `TrackChanges`,
     /// `ImportEvents` (`imported`: the events new here) or `OwnImported`.
     Guard(GuardOutcome),
-    /// `EraseTenant`, `EndTracking` or `AbandonImport` removed `entries`;
+    /// `EraseTenant`, `EndTracking`, `AbandonImport` or
+    /// `ReleaseCarriedReservations` removed `entries`;
     /// `more` when it stopped at its limit.
     Erased {
         entries: u64,
@@ -721,5 +737,11 @@ mod tests {
         let bytes = lost.encode();
         assert_eq!(bytes[0], 24);
         assert_eq!(Command::decode(&bytes).unwrap(), lost);
+        let release = Command::ReleaseCarriedReservations {
+            tenant: TenantId::parse("t1").unwrap(),
+            operation_id: "op".into(),
+            entries_max: 3,
+        };
+        assert_eq!(release.encode()[0], 25);
     }
 }

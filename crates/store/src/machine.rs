@@ -517,6 +517,11 @@ impl View<'_> {
                 };
                 Applied::Lost(stored)
             }
+            Command::ReleaseCarriedReservations {
+                tenant,
+                operation_id,
+                entries_max,
+            } => self.release_carried(w, tenant, operation_id, *entries_max as usize)?,
             Command::Own { tenant, epoch } => {
                 let wanted = TenantGuard::Owned { epoch: *epoch };
                 Applied::Guard(
@@ -717,6 +722,57 @@ impl View<'_> {
             marks.push(decode::<LostTenant>(&value)?);
         }
         Ok(Disposition::of(written, marks))
+    }
+
+    /// A page of `Command::ReleaseCarriedReservations`: scans the outbox
+    /// for the tenant's events at or below the mark's `at` whose inventory
+    /// processed entry is above it, and deletes their reservations.
+    fn release_carried(
+        &self,
+        w: &mut Writes,
+        tenant: &TenantId,
+        operation_id: &str,
+        entries_max: usize,
+    ) -> Result<Applied, Error> {
+        let mut released = 0u64;
+        let Some(mark) = self.get::<LostTenant>(&keys::lost(tenant, operation_id))? else {
+            return Ok(Applied::Erased {
+                entries: 0,
+                more: false,
+            });
+        };
+        for item in self.scan_prefix([keys::OUTBOX]) {
+            let (event, written) = decode::<OutboxEvent>(&item?.1)?;
+            if &event.tenant != tenant || written > mark.at {
+                continue;
+            }
+            let processed = keys::processed(Consumer::Inventory, &event.event_id);
+            let Some(raw) = self.get_raw(&processed)? else {
+                continue;
+            };
+            if decode::<Processed>(&raw)?.1 <= mark.at {
+                // Handled before the copy's position: the copy had it handled.
+                continue;
+            }
+            for item in self.scan_prefix(keys::reservations_of(&event.order_id)) {
+                let (key, value) = item?;
+                if decode::<Reservation>(&value)?.0.event_id != event.event_id {
+                    continue;
+                }
+                if released as usize >= entries_max {
+                    return Ok(Applied::Erased {
+                        entries: released,
+                        more: true,
+                    });
+                }
+                w.changes.remove(key);
+                released += 1;
+            }
+        }
+        Ok(Applied::Erased {
+            entries: released,
+            more: false,
+        })
     }
 
     /// The tenant's held events, in the failed region's order, with their keys.

@@ -452,18 +452,7 @@ mod tests {
         use Disposition::{Carried, Orphan, Ours};
         assert_eq!(dispositions, [Carried, Orphan, Ours, Ours]);
 
-        let inventory = events
-            .iter()
-            .map(|e| crate::InventoryEffect {
-                seq: e.seq,
-                event_id: e.event_id.clone(),
-                order_id: e.order_id.clone(),
-                items: vec![keyhold_core::Item {
-                    sku: "sku-1".into(),
-                    quantity: 1,
-                }],
-            })
-            .collect();
+        let inventory = reserve_all(&events);
         let cursor = crate::Cursor {
             seq: 4,
             generation: 0,
@@ -510,6 +499,79 @@ mod tests {
         // Order 2, looked up as charged before the loss; order 3 is the
         // tenant's again (written after the mark) and charged here.
         assert_eq!(charged, [true, true]);
+    }
+
+    /// The inventory effect of each of `events`.
+    fn reserve_all(events: &[crate::OutboxEvent]) -> Vec<crate::InventoryEffect> {
+        events
+            .iter()
+            .map(|e| crate::InventoryEffect {
+                seq: e.seq,
+                event_id: e.event_id.clone(),
+                order_id: e.order_id.clone(),
+                items: vec![keyhold_core::Item {
+                    sku: "sku-1".into(),
+                    quantity: 1,
+                }],
+            })
+            .collect()
+    }
+
+    /// A reservation this region made after the copy's position for an event
+    /// the copy held is released once the loss is marked (the new home made
+    /// it again); one made before the position (the copy had it handled, the
+    /// new home made none), an orphan's, and another tenant's stay.
+    #[tokio::test]
+    async fn the_reservations_the_new_home_made_again_are_released() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path()).await;
+        store.execute(tenant_order("t1", 1)).await.unwrap();
+        let first = store.outbox_after(0, 10).await.unwrap();
+        reserve_here(&store, &first).await;
+        store.execute(tenant_order("t1", 2)).await.unwrap();
+        store.execute(tenant_order("t2", 1)).await.unwrap();
+        let at = applied_index(&store);
+        // In the lease's last moments: handled here, not in the copy.
+        store.execute(tenant_order("t1", 3)).await.unwrap();
+        let rest = store.outbox_after(1, 10).await.unwrap();
+        reserve_here(&store, &rest).await;
+        let orders = [
+            "ord_t1_000000000001",
+            "ord_t1_000000000002",
+            "ord_t2_000000000001",
+            "ord_t1_000000000003",
+        ];
+        assert_eq!(reservation_counts(&store, &orders).await, [1, 1, 1, 1]);
+
+        let unmarked = store
+            .release_carried_reservations(t("t1"), "op_f".into(), 10)
+            .await
+            .unwrap();
+        assert_eq!((unmarked.entries, unmarked.more), (0, false));
+        store.mark_lost(t("t1"), "op_f".into(), at).await.unwrap();
+        let released = store
+            .release_carried_reservations(t("t1"), "op_f".into(), 10)
+            .await
+            .unwrap();
+        assert_eq!((released.entries, released.more), (1, false));
+        assert_eq!(reservation_counts(&store, &orders).await, [1, 0, 1, 1]);
+        let again = store
+            .release_carried_reservations(t("t1"), "op_f".into(), 10)
+            .await
+            .unwrap();
+        assert_eq!(again.entries, 0);
+        let processed = store
+            .is_processed(crate::Consumer::Inventory, "evt_ord_t1_000000000002")
+            .await
+            .unwrap();
+        assert!(processed, "nothing reserves it here again");
+    }
+
+    /// Reserves each of `events` here, as the inventory relay would.
+    async fn reserve_here(store: &Store, events: &[crate::OutboxEvent]) {
+        let inventory = reserve_all(events);
+        let round = store.consume_inventory_batch(inventory, None, T0, &POLICY);
+        round.await.unwrap();
     }
 
     /// How many reservations each order has.
