@@ -13,6 +13,7 @@ use keyhold_registry::{
     NodeCredentials, NodeId, NodeInfo, OperationKind, OperationState, Registry, RegistryConfig,
     Request, Response, Survival, TenantRecord, TenantState,
 };
+use keyhold_store::limits::HELD_RELEASE_BYTES_MAX;
 use keyhold_store::raft::{Bootstrap, GroupOptions, Leadership, Member, Purge};
 use keyhold_store::{GuardOutcome, Store, TenantGuard};
 use std::net::SocketAddr;
@@ -211,6 +212,26 @@ impl Node {
                 operation_id,
                 epoch: imported,
             }) if imported == epoch && self.failover_done_here(&operation_id) => {
+                // The carried events join the outbox in pages first (they
+                // are this region's to deliver now), so that no one command's
+                // changes grow with them; `OwnImported` then finds none left.
+                loop {
+                    let page = self
+                        .store
+                        .release_held(
+                            tenant.clone(),
+                            operation_id.clone(),
+                            epoch,
+                            HELD_RELEASE_BYTES_MAX as u32,
+                        )
+                        .await?;
+                    if page.entries > 0 {
+                        self.outbox_notify.notify_waiters();
+                    }
+                    if !page.more {
+                        break;
+                    }
+                }
                 let outcome = self
                     .store
                     .own_imported(tenant.clone(), operation_id, epoch)

@@ -443,6 +443,26 @@ impl Store {
         .await
     }
 
+    /// Moves up to `bytes_max` payload bytes of the events the done failover
+    /// `operation_id` carried for `tenant` into the outbox, while its guard
+    /// is that failover's `Importing` at `epoch` (`Command::ReleaseHeld`);
+    /// repeat while `more`, then `own_imported`.
+    pub async fn release_held(
+        &self,
+        tenant: TenantId,
+        operation_id: String,
+        epoch: u64,
+        bytes_max: u32,
+    ) -> Result<EraseOutcome, Error> {
+        self.run(Command::ReleaseHeld {
+            tenant,
+            operation_id,
+            epoch,
+            bytes_max,
+        })
+        .await
+    }
+
     /// Erases up to `entries_max` entries of `tenant` that the failed failover
     /// `operation_id` imported here (`Command::AbandonImport`), and at the
     /// end its guard; repeat while `more`.

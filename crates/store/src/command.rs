@@ -268,6 +268,21 @@ pub enum Command {
         operation_id: String,
         entries_max: u32,
     },
+    /// The failover `operation_id` that imported `tenant` here at `epoch` is
+    /// done (the registry's decision is final; the caller checks, as for
+    /// `OwnImported`): while the tenant's guard is that failover's
+    /// `Importing`, moves its held events into the outbox as `OwnImported`
+    /// does, in the failed region's order, up to `bytes_max` payload bytes
+    /// (at least one event). Repeat while `more`, then `OwnImported` lifts
+    /// the guard with nothing left to release, so that no one command's
+    /// changes grow with the tenant's carried events. Any other guard
+    /// releases nothing. Answers `Erased` (`entries`: the events released).
+    ReleaseHeld {
+        tenant: TenantId,
+        operation_id: String,
+        epoch: u64,
+        bytes_max: u32,
+    },
 }
 
 /// One event's inventory effect within `Command::ConsumeInventoryBatch`.
@@ -633,7 +648,8 @@ pub enum Applied {
     /// `ImportEvents` (`imported`: the events new here) or `OwnImported`.
     Guard(GuardOutcome),
     /// `EraseTenant`, `EndTracking`, `AbandonImport` or
-    /// `ReleaseCarriedReservations` removed `entries`;
+    /// `ReleaseCarriedReservations` removed `entries` (`ReleaseHeld`: moved
+    /// them into the outbox);
     /// `more` when it stopped at its limit.
     Erased {
         entries: u64,
@@ -743,5 +759,12 @@ mod tests {
             entries_max: 3,
         };
         assert_eq!(release.encode()[0], 25);
+        let held = Command::ReleaseHeld {
+            tenant: TenantId::parse("t1").unwrap(),
+            operation_id: "op".into(),
+            epoch: 2,
+            bytes_max: 3,
+        };
+        assert_eq!(held.encode()[0], 26);
     }
 }

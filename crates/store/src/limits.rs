@@ -13,6 +13,12 @@ pub const SWEEP_ENTRIES_MAX: usize = 256;
 /// Entries one `EraseTenant` command deletes (a deleted tenant's data goes in
 /// pages, like a sweep, so writers of other tenants wait little).
 pub const ERASE_ENTRIES_MAX: usize = 256;
+/// Payload bytes of the carried events one `ReleaseHeld` command moves
+/// into the outbox (at least one event): a failover of a tenant with many
+/// undelivered events releases them in pages, so that no one command's
+/// changes (each event with its processed entries and expiry index entries)
+/// grow with the tenant. The size of a failover's import page.
+pub const HELD_RELEASE_BYTES_MAX: usize = 4 * 1024 * 1024;
 /// Orphans one reconciliation report lists: the report is one command of the
 /// region's log (an orphan takes about 200 bytes, so the report stays far
 /// below `COMMAND_BYTES_MAX`); beyond it the report counts them as omitted.

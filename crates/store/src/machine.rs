@@ -522,6 +522,23 @@ impl View<'_> {
                 operation_id,
                 entries_max,
             } => self.release_carried(w, tenant, operation_id, *entries_max as usize)?,
+            Command::ReleaseHeld {
+                tenant,
+                operation_id,
+                epoch,
+                bytes_max,
+            } => {
+                let importing = TenantGuard::Importing {
+                    operation_id: operation_id.clone(),
+                    epoch: *epoch,
+                };
+                let (entries, more) = if self.guard(tenant)? == Some(importing) {
+                    self.release_held(w, tenant, *bytes_max as usize)?
+                } else {
+                    (0, false)
+                };
+                Applied::Erased { entries, more }
+            }
             Command::Own { tenant, epoch } => {
                 let wanted = TenantGuard::Owned { epoch: *epoch };
                 Applied::Guard(
@@ -786,23 +803,32 @@ impl View<'_> {
     }
 
     /// The failover that carried the tenant's held events is done here
-    /// (`Command::OwnImported`): each becomes a new outbox event with the
-    /// same event id, after every event already there, marked processed for
-    /// the consumers that handled it in the failed region.
-    fn release_held(&self, w: &mut Writes, tenant: &TenantId) -> Result<(), Error> {
-        let held = self.held_events(tenant)?;
-        if held.is_empty() {
-            return Ok(());
-        }
+    /// (`Command::OwnImported`, or a page of `Command::ReleaseHeld` before
+    /// it): each becomes a new outbox event with the same event id, after
+    /// every event already there, marked processed for the consumers that
+    /// handled it in the failed region. Stops once the events released carry
+    /// `bytes_max` payload bytes (after at least one); returns how many it
+    /// released and whether any is left.
+    fn release_held(
+        &self,
+        w: &mut Writes,
+        tenant: &TenantId,
+        bytes_max: usize,
+    ) -> Result<(u64, bool), Error> {
         let mut seq = self.get::<u64>(keys::META_OUTBOX_SEQ)?.unwrap_or(0);
-        for (
-            key,
-            HeldEvent {
+        let (mut released, mut bytes, mut more) = (0u64, 0usize, false);
+        for item in self.scan_prefix(keys::held_events_of(tenant)) {
+            if released > 0 && bytes >= bytes_max {
+                more = true;
+                break;
+            }
+            let (key, value) = item?;
+            let HeldEvent {
                 carried,
                 imported_at,
-            },
-        ) in held
-        {
+            } = decode::<HeldEvent>(&value)?.0;
+            bytes = bytes.saturating_add(carried.event.payload.len());
+            released += 1;
             seq += 1;
             let event = OutboxEvent {
                 seq,
@@ -822,11 +848,13 @@ impl View<'_> {
                 w.put_expiry(entry.expires_at, &key);
                 w.put(key, &entry);
             }
-            w.changes.remove(key);
+            w.changes.remove(key.to_vec());
         }
-        w.put(keys::META_OUTBOX_SEQ.to_vec(), &seq);
-        w.put(keys::tenant_last_event(tenant), &seq);
-        Ok(())
+        if released > 0 {
+            w.put(keys::META_OUTBOX_SEQ.to_vec(), &seq);
+            w.put(keys::tenant_last_event(tenant), &seq);
+        }
+        Ok((released, more))
     }
 
     /// Drops the tenant's held events and their marks (a later failover
@@ -988,7 +1016,9 @@ impl View<'_> {
         // only way there) releases them, any other change drops them.
         if let Some(TenantGuard::Importing { epoch, .. }) = &current {
             if wanted == (TenantGuard::Owned { epoch: *epoch }) {
-                self.release_held(w, tenant)?;
+                // Everything left, as logs written before `ReleaseHeld`
+                // expect; the server pages them out first.
+                self.release_held(w, tenant, usize::MAX)?;
             } else if current.as_ref() != Some(&wanted) {
                 self.drop_held(w, tenant)?;
             }

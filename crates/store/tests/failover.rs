@@ -4,7 +4,8 @@
 //! (by event id) under the failover's `Importing` guard, out of its relays'
 //! sight; only ownership under that very failover lifts the guard at the
 //! import's epoch, and appends them to the outbox, marked processed for
-//! those consumers; a failed failover's import drops them.
+//! those consumers (once the failover is done, `ReleaseHeld` appends them
+//! first, in pages bounded by bytes); a failed failover's import drops them.
 
 mod common;
 
@@ -396,4 +397,81 @@ async fn only_the_tenants_own_events_travel() {
         matches!(refused, Err(keyhold_store::Error::Rejected(_))),
         "{refused:?}"
     );
+}
+
+/// Once the failover is done, its carried events join the outbox in pages
+/// bounded by their payload bytes (`ReleaseHeld`; at least one event a page,
+/// in the failed region's order), only under that failover's `Importing`
+/// guard; `OwnImported` then finds nothing left and owns the tenant.
+#[tokio::test]
+async fn held_events_are_released_in_pages_bounded_by_bytes() {
+    let (source_dir, target_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let source = common::open(source_dir.path()).await;
+    let target = common::open(target_dir.path()).await;
+    for n in 1..=5 {
+        source.execute(common::new_order(n)).await.unwrap();
+    }
+    let events = carried(&source).await;
+    let payload = events[0].event.payload.len() as u32;
+    assert!(events
+        .iter()
+        .all(|c| c.event.payload.len() as u32 == payload));
+    let imported = target.import_events(tenant(), "f1".into(), 2, events, common::T0);
+    assert!(matches!(
+        guard(imported.await).await,
+        GuardOutcome::Accepted { imported: 5, .. }
+    ));
+    let page = |operation: &str, epoch: u64, bytes_max: u32| {
+        let released = target.release_held(tenant(), operation.into(), epoch, bytes_max);
+        async move {
+            let page = released.await.unwrap();
+            (page.entries, page.more)
+        }
+    };
+    // Not this failover's guard: nothing moves.
+    assert_eq!(page("f0", 2, u32::MAX).await, (0, false));
+    assert_eq!(page("f1", 3, u32::MAX).await, (0, false));
+    // At least one event a page; then two events' bytes a page.
+    assert_eq!(page("f1", 2, 0).await, (1, true));
+    assert_eq!(outbox_ids(&target).await, ["evt_ord_1"]);
+    assert_eq!(target.held_events(&tenant()).unwrap(), 4);
+    assert_eq!(page("f1", 2, 2 * payload).await, (2, true));
+    assert_eq!(page("f1", 2, 2 * payload).await, (2, false));
+    assert_eq!(page("f1", 2, 2 * payload).await, (0, false));
+    let outbox = target.outbox_after(0, 100).await.unwrap();
+    let ids: Vec<_> = outbox.iter().map(|e| e.event_id.as_str()).collect();
+    assert_eq!(
+        ids,
+        [
+            "evt_ord_1",
+            "evt_ord_2",
+            "evt_ord_3",
+            "evt_ord_4",
+            "evt_ord_5"
+        ]
+    );
+    let seqs: Vec<_> = outbox.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, [1, 2, 3, 4, 5]);
+    assert_eq!(target.tenant_last_event_seq(&tenant()).unwrap(), 5);
+    assert_eq!(target.held_events(&tenant()).unwrap(), 0);
+
+    assert_eq!(
+        target.guard(&tenant()).unwrap(),
+        Some(TenantGuard::Importing {
+            operation_id: "f1".into(),
+            epoch: 2
+        }),
+        "released, not yet owned"
+    );
+    let state = target.state_for_tests();
+    assert_eq!(
+        guard(target.own_imported(tenant(), "f1".into(), 2).await).await,
+        GuardOutcome::Accepted {
+            guard: TenantGuard::Owned { epoch: 2 },
+            imported: 0
+        }
+    );
+    assert_eq!(target.state_for_tests(), state, "nothing released twice");
+    // Owned: a page releases nothing any more.
+    assert_eq!(page("f1", 2, u32::MAX).await, (0, false));
 }
