@@ -31,6 +31,7 @@
 use crate::limits::{
     PSP_ATTEMPTS_MAX, PSP_BACKOFF_MS_BASE, PSP_BACKOFF_MS_MAX, PSP_REQUEST_TIMEOUT_MS,
     RELAY_BACKOFF_MS_MAX, RELAY_BATCH_EVENTS_MAX, RELAY_IDLE_POLL_MS, RELAY_INFLIGHT_EVENTS_MAX,
+    RELAY_LINGER_MS,
 };
 use crate::node::{now, Node};
 use keyhold_core::Item;
@@ -87,21 +88,34 @@ pub async fn run(node: Arc<Node>, consumer: Consumer, mut stop: watch::Receiver<
         if !node.wait_to_lead_region(&mut stop).await {
             return;
         }
+        let started = tokio::time::Instant::now();
         let round = relay_round(&node, consumer, &mut attempted).await;
+        let linger = started + Duration::from_millis(RELAY_LINGER_MS);
         let pause = match round {
             Ok(0) => {
                 failures = 0;
-                // Idle: wake on a new order or after the poll interval.
+                // Idle: wake on a new order or after the poll interval, then
+                // let the orders right behind it join the same round.
                 tokio::select! {
                     _ = node.outbox_notify.notified() => {}
                     _ = tokio::time::sleep(Duration::from_millis(RELAY_IDLE_POLL_MS)) => {}
                     _ = stop.changed() => return,
                 }
+                let linger = tokio::time::Instant::now() + Duration::from_millis(RELAY_LINGER_MS);
+                tokio::select! {
+                    _ = tokio::time::sleep_until(linger) => {}
+                    _ = stop.changed() => return,
+                }
+                continue;
+            }
+            Ok(n) if n >= RELAY_BATCH_EVENTS_MAX => {
+                // A full round: more are waiting, go on at once.
+                failures = 0;
                 continue;
             }
             Ok(_) => {
                 failures = 0;
-                continue;
+                linger.saturating_duration_since(tokio::time::Instant::now())
             }
             Err(e) => {
                 failures = failures.saturating_add(1);

@@ -98,6 +98,12 @@ pub const RELAY_BATCH_EVENTS_MAX: usize = 256;
 pub const RELAY_INFLIGHT_EVENTS_MAX: usize = 32;
 /// How often an idle relay looks at the outbox without being woken.
 pub const RELAY_IDLE_POLL_MS: u64 = 200;
+/// Least time between the starts of two relay rounds unless the earlier one was
+/// full. Every round is one store command per consumer, and every command is a
+/// Raft entry a new order's entry may queue behind: at low load a round per order
+/// would double the entries (and the fsyncs) a new order waits for, while a few
+/// milliseconds let one round carry the events of several orders.
+pub const RELAY_LINGER_MS: u64 = 5;
 /// Ceiling of the relay's backoff after a failed round.
 pub const RELAY_BACKOFF_MS_MAX: u64 = 5_000;
 /// One charge request to the payment provider, and how often it is tried per
@@ -108,6 +114,7 @@ pub const PSP_BACKOFF_MS_BASE: u64 = 20;
 pub const PSP_BACKOFF_MS_MAX: u64 = 1_000;
 
 const _: () = assert!(RELAY_INFLIGHT_EVENTS_MAX <= RELAY_BATCH_EVENTS_MAX);
+const _: () = assert!(RELAY_LINGER_MS < RELAY_IDLE_POLL_MS);
 const _: () = assert!(PSP_BACKOFF_MS_BASE < PSP_BACKOFF_MS_MAX);
 const _: () = assert!(PSP_BACKOFF_MS_MAX <= RELAY_BACKOFF_MS_MAX);
 
