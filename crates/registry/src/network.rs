@@ -7,6 +7,17 @@
 //! `raft_router` is the registry's, which also serves `/raft/registry/write`, where
 //! followers forward client writes to the leader.
 //!
+//! An AppendEntries that times out shrinks the next ones to that member
+//! (`AppendCap`): openraft 0.9 times an RPC out after a fixed period and then
+//! sends the very same entries again, so a member that cannot take them within
+//! it (large entries on a busy machine: a region group's import entries are
+//! 128 KiB each) would never receive another entry, while both sides spend
+//! their CPU on the futile retries. The connection halves the entries it lets
+//! through after each timeout (down to one) by answering an AppendEntries over
+//! its cap with `PayloadTooLarge` before sending anything, which makes
+//! openraft read and send fewer at once; each AppendEntries that carried the
+//! whole cap and succeeded raises it again by `APPEND_CAP_GROWTH_ENTRIES`.
+//!
 //! Every request carries the cluster's node credential (`credential.rs`); the router
 //! answers anything else with 401 `unauthenticated` (problem+json) before decoding it,
 //! so a forged vote, append or write changes nothing.
@@ -27,7 +38,8 @@ use axum::response::{IntoResponse, Response as HttpResponse};
 use axum::routing::post;
 use axum::Router;
 use openraft::error::{
-    InstallSnapshotError, NetworkError, RPCError, RemoteError, Timeout, Unreachable,
+    InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RemoteError, Timeout,
+    Unreachable,
 };
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
@@ -42,7 +54,7 @@ use tokio::io::{AsyncRead, AsyncSeek, AsyncWrite};
 use crate::codec;
 use crate::config::GROUP;
 use crate::credential::{NodeCredentials, NODE_CREDENTIAL_HEADER};
-use crate::limits::RPC_BODY_BYTES_MAX;
+use crate::limits::{APPEND_CAP_GROWTH_ENTRIES, RPC_BODY_BYTES_MAX};
 use crate::state::Request;
 use crate::types::{NodeId, NodeInfo, RaftError, RpcError, TypeConfig};
 use crate::Registry;
@@ -128,6 +140,7 @@ impl<C: NodeGroup> RaftNetworkFactory<C> for HttpNetwork<C> {
             group: self.group.clone(),
             target,
             raft_addr: node.raft_addr.clone(),
+            append_cap: AppendCap::default(),
             config: PhantomData,
         }
     }
@@ -142,7 +155,63 @@ pub struct HttpConnection<C = TypeConfig> {
     group: Arc<str>,
     target: NodeId,
     raft_addr: String,
+    append_cap: AppendCap,
     config: PhantomData<fn() -> C>,
+}
+
+/// How many entries one AppendEntries to a member may carry, learned from its
+/// timeouts: none until one times out, then half of what that one carried (at
+/// least one), raised by `APPEND_CAP_GROWTH_ENTRIES` after each success that
+/// carried the whole cap.
+#[derive(Debug, Default)]
+struct AppendCap {
+    /// `None`: as many as openraft sends.
+    entries: Option<u64>,
+    /// The entries of the AppendEntries under way. Still set when the next one
+    /// starts, it means openraft dropped that one at its timeout (openraft
+    /// wraps the whole call, encoding included, in its own timeout).
+    under_way: Option<u64>,
+}
+
+impl AppendCap {
+    /// Before sending `entries` entries: `Err(cap)` when they are more than the
+    /// cap allows, and the AppendEntries must not go.
+    fn admit(&mut self, entries: u64) -> Result<(), u64> {
+        if let Some(dropped) = self.under_way.take() {
+            self.timed_out(dropped);
+        }
+        match self.entries {
+            Some(cap) if entries > cap => Err(cap),
+            _ => {
+                self.under_way = Some(entries);
+                Ok(())
+            }
+        }
+    }
+
+    /// An AppendEntries of `entries` entries got an answer in time.
+    fn answered(&mut self, entries: u64) {
+        self.under_way = None;
+        if let Some(cap) = self.entries.filter(|cap| entries >= *cap) {
+            self.entries = Some(cap.saturating_add(APPEND_CAP_GROWTH_ENTRIES));
+        }
+    }
+
+    /// An AppendEntries of `entries` entries timed out: the next carry half.
+    /// Heartbeats and single entries cannot be cut; they leave the cap alone.
+    fn timed_out(&mut self, entries: u64) {
+        self.under_way = None;
+        if entries > 1 {
+            let half = entries / 2;
+            self.entries = Some(self.entries.map_or(half, |cap| cap.min(half)));
+        }
+    }
+
+    /// The AppendEntries under way failed otherwise (unreachable, refused):
+    /// nothing learned about its size.
+    fn failed(&mut self) {
+        self.under_way = None;
+    }
 }
 
 /// The outcome of one HTTP exchange, before the remote's own result is interpreted.
@@ -234,8 +303,23 @@ impl<C: NodeGroup> RaftNetwork<C> for HttpConnection<C> {
         rpc: AppendEntriesRequest<C>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RpcError> {
-        self.call(RPCTypes::AppendEntries, "append", &rpc, &option)
-            .await
+        let entries = rpc.entries.len() as u64;
+        if let Err(cap) = self.append_cap.admit(entries) {
+            // openraft sends the same entries again at once, at most `cap` of them.
+            tracing::debug!(group = %self.group, target = self.target, entries, cap, "append cut to the member's cap");
+            return Err(RPCError::PayloadTooLarge(
+                PayloadTooLarge::new_entries_hint(cap),
+            ));
+        }
+        let result = self
+            .call(RPCTypes::AppendEntries, "append", &rpc, &option)
+            .await;
+        match &result {
+            Ok(_) => self.append_cap.answered(entries),
+            Err(RPCError::Timeout(_)) => self.append_cap.timed_out(entries),
+            Err(_) => self.append_cap.failed(),
+        }
+        result
     }
 
     async fn install_snapshot(
@@ -429,4 +513,64 @@ async fn write(State(registry): State<Registry>, body: Bytes) -> HttpResponse {
         Err(e) => return bad_request(e),
     };
     reply(&registry.write_here(request).await)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::AppendCap;
+
+    /// No cap until a timeout; then half of what timed out, one more entry
+    /// per full success; a timeout under the cap halves what was sent.
+    #[test]
+    fn a_timeout_halves_the_cap_and_full_successes_raise_it() {
+        let mut cap = AppendCap::default();
+        assert_eq!(cap.admit(64), Ok(()));
+        cap.answered(64);
+        assert_eq!(cap.entries, None, "no cap before a timeout");
+        assert_eq!(cap.admit(16), Ok(()));
+        cap.timed_out(16);
+        assert_eq!(cap.admit(16), Err(8));
+        assert_eq!(cap.admit(8), Ok(()));
+        cap.answered(8);
+        assert_eq!(cap.entries, Some(9));
+        // A success short of the cap says nothing about the cap.
+        assert_eq!(cap.admit(3), Ok(()));
+        cap.answered(3);
+        assert_eq!(cap.entries, Some(9));
+        assert_eq!(cap.admit(6), Ok(()));
+        cap.timed_out(6);
+        assert_eq!(cap.entries, Some(3));
+    }
+
+    /// openraft drops the call at its own timeout, so the connection learns it
+    /// from the next call: the one under way never finished.
+    #[test]
+    fn an_append_dropped_under_way_counts_as_a_timeout() {
+        let mut cap = AppendCap::default();
+        assert_eq!(cap.admit(16), Ok(()));
+        // (dropped here: neither answered nor timed_out)
+        assert_eq!(cap.admit(16), Err(8));
+        assert_eq!(cap.admit(8), Ok(()));
+        assert_eq!(cap.admit(8), Err(4));
+        assert_eq!(cap.admit(0), Ok(()), "a heartbeat always goes");
+        cap.answered(0);
+        assert_eq!(cap.entries, Some(4));
+    }
+
+    /// One entry is the floor: it cannot be cut, so it goes whatever happened.
+    #[test]
+    fn single_entries_and_heartbeats_leave_the_cap_alone() {
+        let mut cap = AppendCap::default();
+        assert_eq!(cap.admit(2), Ok(()));
+        cap.timed_out(2);
+        assert_eq!(cap.entries, Some(1));
+        assert_eq!(cap.admit(1), Ok(()));
+        cap.timed_out(1);
+        assert_eq!(cap.entries, Some(1));
+        assert_eq!(cap.admit(0), Ok(()));
+        cap.failed();
+        assert_eq!(cap.admit(1), Ok(()));
+        cap.answered(1);
+        assert_eq!(cap.entries, Some(2));
+    }
 }
