@@ -7,6 +7,15 @@
 //! `raft_router` is the registry's, which also serves `/raft/registry/write`, where
 //! followers forward client writes to the leader.
 //!
+//! A network may bound the bytes of one AppendEntries (`with_append_bytes_max`):
+//! openraft 0.9 bounds a request by its entry count only, and a group whose
+//! entries vary in size (a region group's entries are whole commit batches)
+//! would otherwise have to pick a count small enough for its largest entries.
+//! A request over the bound carries the longest prefix of its entries within
+//! it (at least one), and the follower's success is reported to openraft as
+//! `PartialSuccess` up to the last entry sent: openraft sends the rest next,
+//! and a follower commits no further than the last entry it holds.
+//!
 //! An AppendEntries that times out shrinks the next ones to that member
 //! (`AppendCap`): openraft 0.9 times an RPC out after a fixed period and then
 //! sends the very same entries again, so a member that cannot take them within
@@ -46,7 +55,7 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
-use openraft::{AnyError, RPCTypes, RaftTypeConfig};
+use openraft::{AnyError, RPCTypes, RaftLogId, RaftTypeConfig};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncSeek, AsyncWrite};
@@ -95,6 +104,7 @@ pub struct HttpNetwork<C = TypeConfig> {
     local_id: NodeId,
     credentials: NodeCredentials,
     group: Arc<str>,
+    append_bytes_max: Option<usize>,
     config: PhantomData<fn() -> C>,
 }
 
@@ -105,6 +115,7 @@ impl<C> Clone for HttpNetwork<C> {
             local_id: self.local_id,
             credentials: self.credentials.clone(),
             group: self.group.clone(),
+            append_bytes_max: self.append_bytes_max,
             config: PhantomData,
         }
     }
@@ -124,8 +135,16 @@ impl<C> HttpNetwork<C> {
             local_id,
             credentials,
             group: group.into(),
+            append_bytes_max: None,
             config: PhantomData,
         }
+    }
+
+    /// Bounds each AppendEntries to `bytes` of encoded entries (at least one
+    /// entry goes whatever its size); see the module's documentation.
+    pub fn with_append_bytes_max(mut self, bytes: usize) -> Self {
+        self.append_bytes_max = Some(bytes);
+        self
     }
 }
 
@@ -138,6 +157,7 @@ impl<C: NodeGroup> RaftNetworkFactory<C> for HttpNetwork<C> {
             local_id: self.local_id,
             credentials: self.credentials.clone(),
             group: self.group.clone(),
+            append_bytes_max: self.append_bytes_max,
             target,
             raft_addr: node.raft_addr.clone(),
             append_cap: AppendCap::default(),
@@ -153,6 +173,7 @@ pub struct HttpConnection<C = TypeConfig> {
     local_id: NodeId,
     credentials: NodeCredentials,
     group: Arc<str>,
+    append_bytes_max: Option<usize>,
     target: NodeId,
     raft_addr: String,
     append_cap: AppendCap,
@@ -300,10 +321,19 @@ impl<C> HttpConnection<C> {
 impl<C: NodeGroup> RaftNetwork<C> for HttpConnection<C> {
     async fn append_entries(
         &mut self,
-        rpc: AppendEntriesRequest<C>,
+        mut rpc: AppendEntriesRequest<C>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RpcError> {
-        let entries = rpc.entries.len() as u64;
+        let cut = match self.append_bytes_max {
+            Some(budget) if rpc.entries.len() > 1 => {
+                let sizes = rpc.entries.iter().map(codec::encoded_len);
+                let sizes: Result<Vec<usize>, _> = sizes.collect();
+                let sizes = sizes.map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+                prefix_within(&sizes, budget)
+            }
+            _ => None,
+        };
+        let entries = cut.unwrap_or(rpc.entries.len()) as u64;
         if let Err(cap) = self.append_cap.admit(entries) {
             // openraft sends the same entries again at once, at most `cap` of them.
             tracing::debug!(group = %self.group, target = self.target, entries, cap, "append cut to the member's cap");
@@ -311,6 +341,10 @@ impl<C: NodeGroup> RaftNetwork<C> for HttpConnection<C> {
                 PayloadTooLarge::new_entries_hint(cap),
             ));
         }
+        let last = cut.map(|cut| {
+            rpc.entries.truncate(cut);
+            *rpc.entries[cut - 1].get_log_id()
+        });
         let result = self
             .call(RPCTypes::AppendEntries, "append", &rpc, &option)
             .await;
@@ -319,7 +353,12 @@ impl<C: NodeGroup> RaftNetwork<C> for HttpConnection<C> {
             Err(RPCError::Timeout(_)) => self.append_cap.timed_out(entries),
             Err(_) => self.append_cap.failed(),
         }
-        result
+        match (result?, last) {
+            (AppendEntriesResponse::Success, Some(last)) => {
+                Ok(AppendEntriesResponse::PartialSuccess(Some(last)))
+            }
+            (other, _) => Ok(other),
+        }
     }
 
     async fn install_snapshot(
@@ -338,6 +377,20 @@ impl<C: NodeGroup> RaftNetwork<C> for HttpConnection<C> {
     ) -> Result<VoteResponse<NodeId>, RpcError> {
         self.call(RPCTypes::Vote, "vote", &rpc, &option).await
     }
+}
+
+/// How many of the entries of `sizes` (bytes each) one AppendEntries carries
+/// within `budget`: `None` when all of them fit, else the longest prefix that
+/// does, at least one entry.
+fn prefix_within(sizes: &[usize], budget: usize) -> Option<usize> {
+    let mut total = 0usize;
+    for (i, size) in sizes.iter().enumerate() {
+        total = total.saturating_add(*size);
+        if total > budget {
+            return Some(i.max(1));
+        }
+    }
+    None
 }
 
 /// The axum router serving one group's Raft RPCs, to be merged at the root of the
@@ -517,7 +570,7 @@ async fn write(State(registry): State<Registry>, body: Bytes) -> HttpResponse {
 
 #[cfg(test)]
 mod tests {
-    use super::AppendCap;
+    use super::{prefix_within, AppendCap};
 
     /// No cap until a timeout; then half of what timed out, one more entry
     /// per full success; a timeout under the cap halves what was sent.
@@ -572,5 +625,19 @@ mod tests {
         assert_eq!(cap.admit(1), Ok(()));
         cap.answered(1);
         assert_eq!(cap.entries, Some(2));
+    }
+
+    #[test]
+    fn an_append_carries_the_longest_prefix_within_its_bytes_and_at_least_one_entry() {
+        assert_eq!(prefix_within(&[10, 10, 10], 30), None, "all fit");
+        assert_eq!(prefix_within(&[10, 10, 10], 29), Some(2));
+        assert_eq!(prefix_within(&[10, 25, 10], 30), Some(1));
+        assert_eq!(
+            prefix_within(&[40, 1], 30),
+            Some(1),
+            "one entry goes anyway"
+        );
+        assert_eq!(prefix_within(&[], 30), None);
+        assert_eq!(prefix_within(&[usize::MAX, 1], 30), Some(1));
     }
 }

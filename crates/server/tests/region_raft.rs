@@ -57,18 +57,19 @@ impl Voter {
         info: NodeInfo,
         bootstrap: Bootstrap,
     ) -> Voter {
-        Voter::start_with(id, listener, info, bootstrap, None).await
+        Voter::start_with(id, listener, info, bootstrap, None, None).await
     }
 
     /// `start`, its Raft listener behind `slow`: a member that answers an
     /// AppendEntries of more entries than it can take only after the RPC
-    /// timeout.
+    /// timeout; each AppendEntries it sends bounded to `append_bytes_max`.
     async fn start_with(
         id: NodeId,
         listener: tokio::net::TcpListener,
         info: NodeInfo,
         bootstrap: Bootstrap,
         slow: Option<SlowAppends>,
+        append_bytes_max: Option<usize>,
     ) -> Voter {
         let dir = tempfile::tempdir().unwrap();
         let credentials = NodeCredentials::parse(CREDENTIAL).unwrap();
@@ -78,7 +79,10 @@ impl Voter {
             info,
         };
         let client = reqwest::Client::builder().no_proxy().build().unwrap();
-        let network = HttpNetwork::<RegionConfig>::new(client, GROUP, id, credentials.clone());
+        let mut network = HttpNetwork::<RegionConfig>::new(client, GROUP, id, credentials.clone());
+        if let Some(bytes) = append_bytes_max {
+            network = network.with_append_bytes_max(bytes);
+        }
         let group = RegionGroup::start(dir.path(), &member, network, bootstrap)
             .await
             .expect("start the region group");
@@ -416,6 +420,7 @@ async fn a_learner_too_slow_for_large_appends_still_receives_the_log() {
         infos[1].clone(),
         Bootstrap::Joiner,
         Some(slow.clone()),
+        None,
     )
     .await;
     raft.add_learner(2, infos[1].clone(), false)
@@ -442,6 +447,83 @@ async fn a_learner_too_slow_for_large_appends_still_receives_the_log() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    assert_eq!(
+        learner.group.raft().metrics().borrow().snapshot,
+        None,
+        "from the log, not a snapshot"
+    );
+    assert_eq!(
+        learner.group.state_machine().entries_for_tests(),
+        leader.group.state_machine().entries_for_tests()
+    );
+    learner.kill().await;
+    leader.kill().await;
+}
+
+/// With its AppendEntries bounded to one byte, the leader sends a learner
+/// that joins late one entry per request (the longest prefix within the
+/// bound, at least one entry) and reports each as a partial success: the
+/// learner still receives the whole log, entry by entry, and holds the same
+/// region. Had a cut request been reported as a full success, the leader
+/// would take the learner for caught up and send it nothing more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_byte_bound_on_appends_sends_a_learner_the_log_in_prefixes() {
+    let mut listeners = Vec::new();
+    let mut infos = Vec::new();
+    for _ in 0..2 {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        infos.push(NodeInfo::new("eu", "-", addr));
+        listeners.push(listener);
+    }
+    let mut listeners = listeners.into_iter();
+    let voters = Bootstrap::Voters(BTreeMap::from([(1, infos[0].clone())]));
+    let one_byte = Some(1);
+    let leader = Voter::start_with(
+        1,
+        listeners.next().unwrap(),
+        infos[0].clone(),
+        voters,
+        None,
+        one_byte,
+    )
+    .await;
+    let raft = leader.group.raft().clone();
+    raft.wait(Some(WAIT))
+        .current_leader(1, "the only voter leads")
+        .await
+        .unwrap();
+    for n in 1..=ORDERS {
+        let answer = leader
+            .group
+            .execute(common::new_order(n))
+            .await
+            .unwrap()
+            .value;
+        assert!(matches!(
+            answer,
+            Applied::Order(OrderOutcome::Created { .. })
+        ));
+    }
+    let last = raft.metrics().borrow().last_applied.unwrap();
+    assert!(last.index > ORDERS, "one entry per order at least: {last}");
+    let learner = Voter::start(
+        2,
+        listeners.next().unwrap(),
+        infos[1].clone(),
+        Bootstrap::Joiner,
+    )
+    .await;
+    raft.add_learner(2, infos[1].clone(), true)
+        .await
+        .expect("add the learner");
+    learner
+        .group
+        .raft()
+        .wait(Some(WAIT))
+        .applied_index_at_least(Some(last.index), "the learner has the whole log")
+        .await
+        .unwrap();
     assert_eq!(
         learner.group.raft().metrics().borrow().snapshot,
         None,
