@@ -15,6 +15,13 @@ pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, bincode::error::Encode
     bincode::serde::encode_to_vec(value, config())
 }
 
+/// How many bytes `encode(value)` would give, without building them.
+pub fn encoded_len<T: Serialize>(value: &T) -> Result<usize, bincode::error::EncodeError> {
+    let mut size = bincode::enc::write::SizeWriter::default();
+    bincode::serde::encode_into_writer(value, &mut size, config())?;
+    Ok(size.bytes_written)
+}
+
 /// Decodes a whole buffer; trailing bytes are an error because they mean the writer
 /// and the reader disagree about the type.
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, bincode::error::DecodeError> {

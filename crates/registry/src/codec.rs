@@ -2,4 +2,4 @@
 //! every keyhold Raft group, defined in `keyhold-raftlog` (part of the on-disk format,
 //! see `limits::STORAGE_FORMAT_VERSION`).
 
-pub(crate) use keyhold_raftlog::codec::{decode, encode};
+pub(crate) use keyhold_raftlog::codec::{decode, encode, encoded_len};

@@ -21,6 +21,12 @@ pub const HEARTBEAT_INTERVAL_MS_DEFAULT: u64 = 250;
 /// follower never acknowledges anything and appends stall.
 pub const RPC_TIMEOUT_MS_DEFAULT: u64 = 1_000;
 
+/// Entries by which a member's AppendEntries cap grows after each AppendEntries
+/// that carried the whole cap and was answered in time (`network.rs`): halved
+/// on a timeout, raised one entry at a time, like a congestion window, so a
+/// member that times out on large entries is not sent them again at once.
+pub const APPEND_CAP_GROWTH_ENTRIES: u64 = 1;
+
 /// Lower bound of the randomized election timeout: six missed heartbeats, and
 /// longer than one RPC timeout, before a follower campaigns.
 pub const ELECTION_TIMEOUT_MIN_MS_DEFAULT: u64 = 1_500;

@@ -7,6 +7,26 @@
 //! `raft_router` is the registry's, which also serves `/raft/registry/write`, where
 //! followers forward client writes to the leader.
 //!
+//! A network may bound the bytes of one AppendEntries (`with_append_bytes_max`):
+//! openraft 0.9 bounds a request by its entry count only, and a group whose
+//! entries vary in size (a region group's entries are whole commit batches)
+//! would otherwise have to pick a count small enough for its largest entries.
+//! A request over the bound carries the longest prefix of its entries within
+//! it (at least one), and the follower's success is reported to openraft as
+//! `PartialSuccess` up to the last entry sent: openraft sends the rest next,
+//! and a follower commits no further than the last entry it holds.
+//!
+//! An AppendEntries that times out shrinks the next ones to that member
+//! (`AppendCap`): openraft 0.9 times an RPC out after a fixed period and then
+//! sends the very same entries again, so a member that cannot take them within
+//! it (large entries on a busy machine: a region group's import entries are
+//! 128 KiB each) would never receive another entry, while both sides spend
+//! their CPU on the futile retries. The connection halves the entries it lets
+//! through after each timeout (down to one) by answering an AppendEntries over
+//! its cap with `PayloadTooLarge` before sending anything, which makes
+//! openraft read and send fewer at once; each AppendEntries that carried the
+//! whole cap and succeeded raises it again by `APPEND_CAP_GROWTH_ENTRIES`.
+//!
 //! Every request carries the cluster's node credential (`credential.rs`); the router
 //! answers anything else with 401 `unauthenticated` (problem+json) before decoding it,
 //! so a forged vote, append or write changes nothing.
@@ -27,14 +47,15 @@ use axum::response::{IntoResponse, Response as HttpResponse};
 use axum::routing::post;
 use axum::Router;
 use openraft::error::{
-    InstallSnapshotError, NetworkError, RPCError, RemoteError, Timeout, Unreachable,
+    InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RemoteError, Timeout,
+    Unreachable,
 };
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
-use openraft::{AnyError, RPCTypes, RaftTypeConfig};
+use openraft::{AnyError, RPCTypes, RaftLogId, RaftTypeConfig};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncSeek, AsyncWrite};
@@ -42,7 +63,7 @@ use tokio::io::{AsyncRead, AsyncSeek, AsyncWrite};
 use crate::codec;
 use crate::config::GROUP;
 use crate::credential::{NodeCredentials, NODE_CREDENTIAL_HEADER};
-use crate::limits::RPC_BODY_BYTES_MAX;
+use crate::limits::{APPEND_CAP_GROWTH_ENTRIES, RPC_BODY_BYTES_MAX};
 use crate::state::Request;
 use crate::types::{NodeId, NodeInfo, RaftError, RpcError, TypeConfig};
 use crate::Registry;
@@ -83,6 +104,7 @@ pub struct HttpNetwork<C = TypeConfig> {
     local_id: NodeId,
     credentials: NodeCredentials,
     group: Arc<str>,
+    append_bytes_max: Option<usize>,
     config: PhantomData<fn() -> C>,
 }
 
@@ -93,6 +115,7 @@ impl<C> Clone for HttpNetwork<C> {
             local_id: self.local_id,
             credentials: self.credentials.clone(),
             group: self.group.clone(),
+            append_bytes_max: self.append_bytes_max,
             config: PhantomData,
         }
     }
@@ -112,8 +135,16 @@ impl<C> HttpNetwork<C> {
             local_id,
             credentials,
             group: group.into(),
+            append_bytes_max: None,
             config: PhantomData,
         }
+    }
+
+    /// Bounds each AppendEntries to `bytes` of encoded entries (at least one
+    /// entry goes whatever its size); see the module's documentation.
+    pub fn with_append_bytes_max(mut self, bytes: usize) -> Self {
+        self.append_bytes_max = Some(bytes);
+        self
     }
 }
 
@@ -126,8 +157,10 @@ impl<C: NodeGroup> RaftNetworkFactory<C> for HttpNetwork<C> {
             local_id: self.local_id,
             credentials: self.credentials.clone(),
             group: self.group.clone(),
+            append_bytes_max: self.append_bytes_max,
             target,
             raft_addr: node.raft_addr.clone(),
+            append_cap: AppendCap::default(),
             config: PhantomData,
         }
     }
@@ -140,9 +173,66 @@ pub struct HttpConnection<C = TypeConfig> {
     local_id: NodeId,
     credentials: NodeCredentials,
     group: Arc<str>,
+    append_bytes_max: Option<usize>,
     target: NodeId,
     raft_addr: String,
+    append_cap: AppendCap,
     config: PhantomData<fn() -> C>,
+}
+
+/// How many entries one AppendEntries to a member may carry, learned from its
+/// timeouts: none until one times out, then half of what that one carried (at
+/// least one), raised by `APPEND_CAP_GROWTH_ENTRIES` after each success that
+/// carried the whole cap.
+#[derive(Debug, Default)]
+struct AppendCap {
+    /// `None`: as many as openraft sends.
+    entries: Option<u64>,
+    /// The entries of the AppendEntries under way. Still set when the next one
+    /// starts, it means openraft dropped that one at its timeout (openraft
+    /// wraps the whole call, encoding included, in its own timeout).
+    under_way: Option<u64>,
+}
+
+impl AppendCap {
+    /// Before sending `entries` entries: `Err(cap)` when they are more than the
+    /// cap allows, and the AppendEntries must not go.
+    fn admit(&mut self, entries: u64) -> Result<(), u64> {
+        if let Some(dropped) = self.under_way.take() {
+            self.timed_out(dropped);
+        }
+        match self.entries {
+            Some(cap) if entries > cap => Err(cap),
+            _ => {
+                self.under_way = Some(entries);
+                Ok(())
+            }
+        }
+    }
+
+    /// An AppendEntries of `entries` entries got an answer in time.
+    fn answered(&mut self, entries: u64) {
+        self.under_way = None;
+        if let Some(cap) = self.entries.filter(|cap| entries >= *cap) {
+            self.entries = Some(cap.saturating_add(APPEND_CAP_GROWTH_ENTRIES));
+        }
+    }
+
+    /// An AppendEntries of `entries` entries timed out: the next carry half.
+    /// Heartbeats and single entries cannot be cut; they leave the cap alone.
+    fn timed_out(&mut self, entries: u64) {
+        self.under_way = None;
+        if entries > 1 {
+            let half = entries / 2;
+            self.entries = Some(self.entries.map_or(half, |cap| cap.min(half)));
+        }
+    }
+
+    /// The AppendEntries under way failed otherwise (unreachable, refused):
+    /// nothing learned about its size.
+    fn failed(&mut self) {
+        self.under_way = None;
+    }
 }
 
 /// The outcome of one HTTP exchange, before the remote's own result is interpreted.
@@ -231,11 +321,44 @@ impl<C> HttpConnection<C> {
 impl<C: NodeGroup> RaftNetwork<C> for HttpConnection<C> {
     async fn append_entries(
         &mut self,
-        rpc: AppendEntriesRequest<C>,
+        mut rpc: AppendEntriesRequest<C>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RpcError> {
-        self.call(RPCTypes::AppendEntries, "append", &rpc, &option)
-            .await
+        let cut = match self.append_bytes_max {
+            Some(budget) if rpc.entries.len() > 1 => {
+                let sizes = rpc.entries.iter().map(codec::encoded_len);
+                let sizes: Result<Vec<usize>, _> = sizes.collect();
+                let sizes = sizes.map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+                prefix_within(&sizes, budget)
+            }
+            _ => None,
+        };
+        let entries = cut.unwrap_or(rpc.entries.len()) as u64;
+        if let Err(cap) = self.append_cap.admit(entries) {
+            // openraft sends the same entries again at once, at most `cap` of them.
+            tracing::debug!(group = %self.group, target = self.target, entries, cap, "append cut to the member's cap");
+            return Err(RPCError::PayloadTooLarge(
+                PayloadTooLarge::new_entries_hint(cap),
+            ));
+        }
+        let last = cut.map(|cut| {
+            rpc.entries.truncate(cut);
+            *rpc.entries[cut - 1].get_log_id()
+        });
+        let result = self
+            .call(RPCTypes::AppendEntries, "append", &rpc, &option)
+            .await;
+        match &result {
+            Ok(_) => self.append_cap.answered(entries),
+            Err(RPCError::Timeout(_)) => self.append_cap.timed_out(entries),
+            Err(_) => self.append_cap.failed(),
+        }
+        match (result?, last) {
+            (AppendEntriesResponse::Success, Some(last)) => {
+                Ok(AppendEntriesResponse::PartialSuccess(Some(last)))
+            }
+            (other, _) => Ok(other),
+        }
     }
 
     async fn install_snapshot(
@@ -254,6 +377,20 @@ impl<C: NodeGroup> RaftNetwork<C> for HttpConnection<C> {
     ) -> Result<VoteResponse<NodeId>, RpcError> {
         self.call(RPCTypes::Vote, "vote", &rpc, &option).await
     }
+}
+
+/// How many of the entries of `sizes` (bytes each) one AppendEntries carries
+/// within `budget`: `None` when all of them fit, else the longest prefix that
+/// does, at least one entry.
+fn prefix_within(sizes: &[usize], budget: usize) -> Option<usize> {
+    let mut total = 0usize;
+    for (i, size) in sizes.iter().enumerate() {
+        total = total.saturating_add(*size);
+        if total > budget {
+            return Some(i.max(1));
+        }
+    }
+    None
 }
 
 /// The axum router serving one group's Raft RPCs, to be merged at the root of the
@@ -429,4 +566,78 @@ async fn write(State(registry): State<Registry>, body: Bytes) -> HttpResponse {
         Err(e) => return bad_request(e),
     };
     reply(&registry.write_here(request).await)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{prefix_within, AppendCap};
+
+    /// No cap until a timeout; then half of what timed out, one more entry
+    /// per full success; a timeout under the cap halves what was sent.
+    #[test]
+    fn a_timeout_halves_the_cap_and_full_successes_raise_it() {
+        let mut cap = AppendCap::default();
+        assert_eq!(cap.admit(64), Ok(()));
+        cap.answered(64);
+        assert_eq!(cap.entries, None, "no cap before a timeout");
+        assert_eq!(cap.admit(16), Ok(()));
+        cap.timed_out(16);
+        assert_eq!(cap.admit(16), Err(8));
+        assert_eq!(cap.admit(8), Ok(()));
+        cap.answered(8);
+        assert_eq!(cap.entries, Some(9));
+        // A success short of the cap says nothing about the cap.
+        assert_eq!(cap.admit(3), Ok(()));
+        cap.answered(3);
+        assert_eq!(cap.entries, Some(9));
+        assert_eq!(cap.admit(6), Ok(()));
+        cap.timed_out(6);
+        assert_eq!(cap.entries, Some(3));
+    }
+
+    /// openraft drops the call at its own timeout, so the connection learns it
+    /// from the next call: the one under way never finished.
+    #[test]
+    fn an_append_dropped_under_way_counts_as_a_timeout() {
+        let mut cap = AppendCap::default();
+        assert_eq!(cap.admit(16), Ok(()));
+        // (dropped here: neither answered nor timed_out)
+        assert_eq!(cap.admit(16), Err(8));
+        assert_eq!(cap.admit(8), Ok(()));
+        assert_eq!(cap.admit(8), Err(4));
+        assert_eq!(cap.admit(0), Ok(()), "a heartbeat always goes");
+        cap.answered(0);
+        assert_eq!(cap.entries, Some(4));
+    }
+
+    /// One entry is the floor: it cannot be cut, so it goes whatever happened.
+    #[test]
+    fn single_entries_and_heartbeats_leave_the_cap_alone() {
+        let mut cap = AppendCap::default();
+        assert_eq!(cap.admit(2), Ok(()));
+        cap.timed_out(2);
+        assert_eq!(cap.entries, Some(1));
+        assert_eq!(cap.admit(1), Ok(()));
+        cap.timed_out(1);
+        assert_eq!(cap.entries, Some(1));
+        assert_eq!(cap.admit(0), Ok(()));
+        cap.failed();
+        assert_eq!(cap.admit(1), Ok(()));
+        cap.answered(1);
+        assert_eq!(cap.entries, Some(2));
+    }
+
+    #[test]
+    fn an_append_carries_the_longest_prefix_within_its_bytes_and_at_least_one_entry() {
+        assert_eq!(prefix_within(&[10, 10, 10], 30), None, "all fit");
+        assert_eq!(prefix_within(&[10, 10, 10], 29), Some(2));
+        assert_eq!(prefix_within(&[10, 25, 10], 30), Some(1));
+        assert_eq!(
+            prefix_within(&[40, 1], 30),
+            Some(1),
+            "one entry goes anyway"
+        );
+        assert_eq!(prefix_within(&[], 30), None);
+        assert_eq!(prefix_within(&[usize::MAX, 1], 30), Some(1));
+    }
 }

@@ -13,7 +13,7 @@ use keyhold_registry::{
     NodeCredentials, NodeId, NodeInfo, OperationKind, OperationState, Registry, RegistryConfig,
     Request, Response, Survival, TenantRecord, TenantState,
 };
-use keyhold_store::limits::HELD_RELEASE_BYTES_MAX;
+use keyhold_store::limits::{HELD_RELEASE_BYTES_MAX, REGION_APPEND_BYTES_MAX};
 use keyhold_store::raft::{Bootstrap, GroupOptions, Leadership, Member, Purge};
 use keyhold_store::{GuardOutcome, Store, TenantGuard};
 use std::net::SocketAddr;
@@ -585,7 +585,8 @@ async fn open_store(
         &group,
         config.node_id,
         credentials.clone(),
-    );
+    )
+    .with_append_bytes_max(REGION_APPEND_BYTES_MAX);
     // With a standby, no replica purges what the standby has not matched
     // (`standby.rs` purges as far as it may).
     let purge = if config.standbys.contains_key(&config.region) {
@@ -675,7 +676,8 @@ async fn open_standby_copy(
         &group,
         config.node_id,
         credentials.clone(),
-    );
+    )
+    .with_append_bytes_max(REGION_APPEND_BYTES_MAX);
     let options = GroupOptions {
         snapshot_entries: config.region_snapshot_entries,
         purge: Purge::Automatic,

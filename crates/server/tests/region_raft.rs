@@ -7,11 +7,23 @@
 //! killed), the other two elect a new leader that holds every acknowledged command
 //! (each replays) and takes new ones. And a node with an empty directory, added as
 //! a learner after the leader purged its log behind a snapshot, catches up by
-//! that snapshot sent in chunks over the same transport.
+//! that snapshot sent in chunks over the same transport. A learner that cannot
+//! take more than a few entries per AppendEntries within the RPC timeout still
+//! receives the whole log: the leader's connection shrinks its appends after a
+//! timeout instead of sending the same ones again.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Request as HttpRequest, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use keyhold_store::limits::REGION_RPC_TIMEOUT_MS;
+use openraft::raft::AppendEntriesRequest;
 
 use keyhold_registry::{group_router, HttpNetwork, NodeCredentials, NodeId, NodeInfo};
 use keyhold_store::raft::{Bootstrap, Member, RegionConfig, RegionGroup};
@@ -45,6 +57,20 @@ impl Voter {
         info: NodeInfo,
         bootstrap: Bootstrap,
     ) -> Voter {
+        Voter::start_with(id, listener, info, bootstrap, None, None).await
+    }
+
+    /// `start`, its Raft listener behind `slow`: a member that answers an
+    /// AppendEntries of more entries than it can take only after the RPC
+    /// timeout; each AppendEntries it sends bounded to `append_bytes_max`.
+    async fn start_with(
+        id: NodeId,
+        listener: tokio::net::TcpListener,
+        info: NodeInfo,
+        bootstrap: Bootstrap,
+        slow: Option<SlowAppends>,
+        append_bytes_max: Option<usize>,
+    ) -> Voter {
         let dir = tempfile::tempdir().unwrap();
         let credentials = NodeCredentials::parse(CREDENTIAL).unwrap();
         let member = Member {
@@ -53,11 +79,19 @@ impl Voter {
             info,
         };
         let client = reqwest::Client::builder().no_proxy().build().unwrap();
-        let network = HttpNetwork::<RegionConfig>::new(client, GROUP, id, credentials.clone());
+        let mut network = HttpNetwork::<RegionConfig>::new(client, GROUP, id, credentials.clone());
+        if let Some(bytes) = append_bytes_max {
+            network = network.with_append_bytes_max(bytes);
+        }
         let group = RegionGroup::start(dir.path(), &member, network, bootstrap)
             .await
             .expect("start the region group");
-        let router = group_router(GROUP, group.raft().clone(), credentials);
+        let mut router = group_router(GROUP, group.raft().clone(), credentials);
+        if let Some(slow) = slow {
+            router = router.layer(axum::middleware::from_fn(move |request, next| {
+                slow.clone().serve(request, next)
+            }));
+        }
         let (stop_http, stopped) = oneshot::channel::<()>();
         let http = tokio::spawn(async move {
             axum::serve(listener, router)
@@ -84,6 +118,35 @@ impl Voter {
         }
         self.http.abort();
         let _ = self.http.await;
+    }
+}
+
+/// A member too busy for large appends: an AppendEntries of more than
+/// `entries_max` entries is answered 503 after twice the RPC timeout, unread,
+/// as when a loaded machine cannot decode and store it in time (the leader
+/// has given up on it by then). Counts those it refused.
+#[derive(Clone)]
+struct SlowAppends {
+    entries_max: usize,
+    refused: Arc<AtomicU64>,
+}
+
+impl SlowAppends {
+    async fn serve(self, request: HttpRequest<Body>, next: Next) -> Response {
+        if !request.uri().path().ends_with("/append") {
+            return next.run(request).await;
+        }
+        let (parts, body) = request.into_parts();
+        let bytes = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+        let append: AppendEntriesRequest<RegionConfig> =
+            keyhold_raftlog::codec::decode(&bytes).expect("an AppendEntries");
+        if append.entries.len() > self.entries_max {
+            self.refused.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(2 * REGION_RPC_TIMEOUT_MS)).await;
+            return StatusCode::SERVICE_UNAVAILABLE.into_response();
+        }
+        next.run(HttpRequest::from_parts(parts, Body::from(bytes)))
+            .await
     }
 }
 
@@ -306,5 +369,170 @@ async fn an_empty_learner_catches_up_by_snapshot_over_http() {
         .unwrap();
     assert!(unheld.index > written.index);
     assert!(!leader.group.wait_matched(&[2], unheld.index, short).await);
+    leader.kill().await;
+}
+
+/// A learner that joins late and cannot take more than 4 entries per
+/// AppendEntries within the RPC timeout (`SlowAppends`) still receives the
+/// whole log, from the log: after a timeout the leader's connection halves
+/// the entries it sends (down to what the learner takes) and raises them one
+/// at a time. Before, openraft sent the same 16 entries again after every
+/// timeout and the learner stayed at index 0, the leader retrying forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_learner_too_slow_for_large_appends_still_receives_the_log() {
+    let mut listeners = Vec::new();
+    let mut infos = Vec::new();
+    for _ in 0..2 {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        infos.push(NodeInfo::new("eu", "-", addr));
+        listeners.push(listener);
+    }
+    let mut listeners = listeners.into_iter();
+    let voters = Bootstrap::Voters(BTreeMap::from([(1, infos[0].clone())]));
+    let leader = Voter::start(1, listeners.next().unwrap(), infos[0].clone(), voters).await;
+    let raft = leader.group.raft().clone();
+    raft.wait(Some(WAIT))
+        .current_leader(1, "the only voter leads")
+        .await
+        .unwrap();
+    for n in 1..=ORDERS {
+        let answer = leader
+            .group
+            .execute(common::new_order(n))
+            .await
+            .unwrap()
+            .value;
+        assert!(matches!(
+            answer,
+            Applied::Order(OrderOutcome::Created { .. })
+        ));
+    }
+    let last = raft.metrics().borrow().last_applied.unwrap();
+    assert!(last.index > ORDERS, "one entry per order at least: {last}");
+    let slow = SlowAppends {
+        entries_max: 4,
+        refused: Arc::new(AtomicU64::new(0)),
+    };
+    let learner = Voter::start_with(
+        2,
+        listeners.next().unwrap(),
+        infos[1].clone(),
+        Bootstrap::Joiner,
+        Some(slow.clone()),
+        None,
+    )
+    .await;
+    raft.add_learner(2, infos[1].clone(), false)
+        .await
+        .expect("add the learner");
+    // Each timeout halves the appends and only full ones raise them again, so
+    // the leader does not keep sending what the learner cannot take: a few
+    // refusals per dozen entries, where the old code sent the same 16 entries
+    // again and again. (The deadline only bounds a hang.)
+    let deadline = tokio::time::Instant::now() + 3 * WAIT;
+    loop {
+        let refused = slow.refused.load(Ordering::SeqCst);
+        assert!(
+            refused <= ORDERS / 4,
+            "{refused} appends over the learner's 4 entries"
+        );
+        let applied = learner.group.raft().metrics().borrow().last_applied;
+        if applied.is_some_and(|a| a.index >= last.index) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the learner is at {applied:?} of {last}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        learner.group.raft().metrics().borrow().snapshot,
+        None,
+        "from the log, not a snapshot"
+    );
+    assert_eq!(
+        learner.group.state_machine().entries_for_tests(),
+        leader.group.state_machine().entries_for_tests()
+    );
+    learner.kill().await;
+    leader.kill().await;
+}
+
+/// With its AppendEntries bounded to one byte, the leader sends a learner
+/// that joins late one entry per request (the longest prefix within the
+/// bound, at least one entry) and reports each as a partial success: the
+/// learner still receives the whole log, entry by entry, and holds the same
+/// region. Had a cut request been reported as a full success, the leader
+/// would take the learner for caught up and send it nothing more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_byte_bound_on_appends_sends_a_learner_the_log_in_prefixes() {
+    let mut listeners = Vec::new();
+    let mut infos = Vec::new();
+    for _ in 0..2 {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        infos.push(NodeInfo::new("eu", "-", addr));
+        listeners.push(listener);
+    }
+    let mut listeners = listeners.into_iter();
+    let voters = Bootstrap::Voters(BTreeMap::from([(1, infos[0].clone())]));
+    let one_byte = Some(1);
+    let leader = Voter::start_with(
+        1,
+        listeners.next().unwrap(),
+        infos[0].clone(),
+        voters,
+        None,
+        one_byte,
+    )
+    .await;
+    let raft = leader.group.raft().clone();
+    raft.wait(Some(WAIT))
+        .current_leader(1, "the only voter leads")
+        .await
+        .unwrap();
+    for n in 1..=ORDERS {
+        let answer = leader
+            .group
+            .execute(common::new_order(n))
+            .await
+            .unwrap()
+            .value;
+        assert!(matches!(
+            answer,
+            Applied::Order(OrderOutcome::Created { .. })
+        ));
+    }
+    let last = raft.metrics().borrow().last_applied.unwrap();
+    assert!(last.index > ORDERS, "one entry per order at least: {last}");
+    let learner = Voter::start(
+        2,
+        listeners.next().unwrap(),
+        infos[1].clone(),
+        Bootstrap::Joiner,
+    )
+    .await;
+    raft.add_learner(2, infos[1].clone(), true)
+        .await
+        .expect("add the learner");
+    learner
+        .group
+        .raft()
+        .wait(Some(WAIT))
+        .applied_index_at_least(Some(last.index), "the learner has the whole log")
+        .await
+        .unwrap();
+    assert_eq!(
+        learner.group.raft().metrics().borrow().snapshot,
+        None,
+        "from the log, not a snapshot"
+    );
+    assert_eq!(
+        learner.group.state_machine().entries_for_tests(),
+        leader.group.state_machine().entries_for_tests()
+    );
+    learner.kill().await;
     leader.kill().await;
 }

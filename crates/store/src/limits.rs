@@ -97,9 +97,16 @@ pub const WRITTEN_ENTRIES_KEPT_MAX: usize = 100_000;
 /// instead: with the 100 ms period as the timeout, an AppendEntries carrying
 /// large responses on a busy machine timed out again and again.
 pub const REGION_RPC_TIMEOUT_MS: u64 = 450;
-/// Entries per AppendEntries of a region group: each entry is a whole commit
-/// batch, so fewer than openraft's default keeps one RPC within its timeout.
-pub const REGION_APPEND_ENTRIES_MAX: u64 = 16;
+/// Entries per AppendEntries of a region group. Each entry is a whole commit
+/// batch, of a few hundred bytes to a few 128 KiB import commands: the count
+/// lets a learner in a distant standby region take many small batches per
+/// round trip, `REGION_APPEND_BYTES_MAX` keeps one RPC of large ones within
+/// its timeout.
+pub const REGION_APPEND_ENTRIES_MAX: u64 = 64;
+/// Bytes of encoded entries per AppendEntries of a region group (at least one
+/// entry goes whatever its size): 16 entries of 128 KiB, the most one RPC
+/// carried within `REGION_RPC_TIMEOUT_MS` when the count alone bounded it.
+pub const REGION_APPEND_BYTES_MAX: usize = 16 * 128 * 1024;
 /// How long the writer waits for one entry to be committed and applied. A leader
 /// cut off from its peers neither commits nor learns that it was deposed; past
 /// this its waiters are answered `Unavailable` (outcome unknown) instead of
