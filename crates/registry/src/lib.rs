@@ -28,6 +28,7 @@
 mod codec;
 mod config;
 pub mod credential;
+mod detached;
 mod error;
 mod failover;
 pub mod limits;

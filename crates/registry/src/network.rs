@@ -27,6 +27,11 @@
 //! openraft read and send fewer at once; each AppendEntries that carried the
 //! whole cap and succeeded raises it again by `APPEND_CAP_GROWTH_ENTRIES`.
 //!
+//! A region group's network may answer the empty AppendEntries (heartbeats and
+//! commit-index updates) to its learners in other regions at once and send them
+//! in the background (`with_learner_heartbeats_detached`, `detached.rs`), so
+//! that a new entry for a standby does not wait a round trip behind one.
+//!
 //! Every request carries the cluster's node credential (`credential.rs`); the router
 //! answers anything else with 401 `unauthenticated` (problem+json) before decoding it,
 //! so a forged vote, append or write changes nothing.
@@ -63,6 +68,7 @@ use tokio::io::{AsyncRead, AsyncSeek, AsyncWrite};
 use crate::codec;
 use crate::config::GROUP;
 use crate::credential::{NodeCredentials, NODE_CREDENTIAL_HEADER};
+use crate::detached::{Courier, Detached};
 use crate::limits::{APPEND_CAP_GROWTH_ENTRIES, RPC_BODY_BYTES_MAX};
 use crate::state::Request;
 use crate::types::{NodeId, NodeInfo, RaftError, RpcError, TypeConfig};
@@ -105,6 +111,9 @@ pub struct HttpNetwork<C = TypeConfig> {
     credentials: NodeCredentials,
     group: Arc<str>,
     append_bytes_max: Option<usize>,
+    /// The region whose nodes are the group's voters, when empty AppendEntries
+    /// to members of other regions (its learners) are detached.
+    detach_beyond: Option<Arc<str>>,
     config: PhantomData<fn() -> C>,
 }
 
@@ -116,6 +125,7 @@ impl<C> Clone for HttpNetwork<C> {
             credentials: self.credentials.clone(),
             group: self.group.clone(),
             append_bytes_max: self.append_bytes_max,
+            detach_beyond: self.detach_beyond.clone(),
             config: PhantomData,
         }
     }
@@ -136,6 +146,7 @@ impl<C> HttpNetwork<C> {
             credentials,
             group: group.into(),
             append_bytes_max: None,
+            detach_beyond: None,
             config: PhantomData,
         }
     }
@@ -146,12 +157,32 @@ impl<C> HttpNetwork<C> {
         self.append_bytes_max = Some(bytes);
         self
     }
+
+    /// Answers the empty AppendEntries to members outside `home_region` at once
+    /// and sends them in the background (`detached.rs`). Only for a group whose
+    /// voters are all in `home_region`, so that every member elsewhere is a
+    /// learner: a region group, whose learners are its standby's copies.
+    pub fn with_learner_heartbeats_detached(mut self, home_region: &str) -> Self {
+        self.detach_beyond = Some(home_region.into());
+        self
+    }
 }
 
 impl<C: NodeGroup> RaftNetworkFactory<C> for HttpNetwork<C> {
     type Network = HttpConnection<C>;
 
     async fn new_client(&mut self, target: NodeId, node: &NodeInfo) -> Self::Network {
+        let learner = self
+            .detach_beyond
+            .as_deref()
+            .is_some_and(|home| home != node.region);
+        let detached = learner.then(|| {
+            Detached::new(Courier {
+                client: self.client.clone(),
+                credentials: self.credentials.clone(),
+                url: rpc_url(&node.raft_addr, &self.group, "append"),
+            })
+        });
         HttpConnection {
             client: self.client.clone(),
             local_id: self.local_id,
@@ -161,6 +192,7 @@ impl<C: NodeGroup> RaftNetworkFactory<C> for HttpNetwork<C> {
             target,
             raft_addr: node.raft_addr.clone(),
             append_cap: AppendCap::default(),
+            detached,
             config: PhantomData,
         }
     }
@@ -168,7 +200,7 @@ impl<C: NodeGroup> RaftNetworkFactory<C> for HttpNetwork<C> {
 
 /// A connection to one member; openraft keeps one per replication stream.
 #[derive(Debug)]
-pub struct HttpConnection<C = TypeConfig> {
+pub struct HttpConnection<C: RaftTypeConfig = TypeConfig> {
     client: reqwest::Client,
     local_id: NodeId,
     credentials: NodeCredentials,
@@ -177,6 +209,9 @@ pub struct HttpConnection<C = TypeConfig> {
     target: NodeId,
     raft_addr: String,
     append_cap: AppendCap,
+    /// For a learner in another region: its empty AppendEntries go in the
+    /// background.
+    detached: Option<Detached<C>>,
     config: PhantomData<fn() -> C>,
 }
 
@@ -283,7 +318,7 @@ pub(crate) async fn exchange<Req: Serialize, Resp: DeserializeOwned>(
     codec::decode(&bytes).map_err(|e| Exchange::Failed(AnyError::new(&e)))
 }
 
-impl<C> HttpConnection<C> {
+impl<C: RaftTypeConfig> HttpConnection<C> {
     async fn call<Req, Resp, E>(
         &self,
         action: RPCTypes,
@@ -321,9 +356,17 @@ impl<C> HttpConnection<C> {
 impl<C: NodeGroup> RaftNetwork<C> for HttpConnection<C> {
     async fn append_entries(
         &mut self,
-        mut rpc: AppendEntriesRequest<C>,
+        rpc: AppendEntriesRequest<C>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RpcError> {
+        let mut rpc = match &self.detached {
+            Some(detached) => match detached.take(rpc, option.hard_ttl()) {
+                // It carries nothing the member's answer could change.
+                Ok(()) => return Ok(AppendEntriesResponse::Success),
+                Err(rpc) => rpc,
+            },
+            None => rpc,
+        };
         let cut = match self.append_bytes_max {
             Some(budget) if rpc.entries.len() > 1 => {
                 let sizes = rpc.entries.iter().map(codec::encoded_len);
@@ -352,6 +395,15 @@ impl<C: NodeGroup> RaftNetwork<C> for HttpConnection<C> {
             Ok(_) => self.append_cap.answered(entries),
             Err(RPCError::Timeout(_)) => self.append_cap.timed_out(entries),
             Err(_) => self.append_cap.failed(),
+        }
+        if let Some(detached) = &self.detached {
+            let matched = match rpc.entries.last() {
+                Some(entry) => Some(*entry.get_log_id()),
+                None => rpc.prev_log_id,
+            };
+            let acked =
+                matches!(result, Ok(AppendEntriesResponse::Success)).then_some((rpc.vote, matched));
+            detached.answered(acked);
         }
         match (result?, last) {
             (AppendEntriesResponse::Success, Some(last)) => {

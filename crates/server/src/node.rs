@@ -580,13 +580,17 @@ async fn open_store(
         })
         .collect();
     // Over HTTP even with one voter: a standby region's copies are learners.
+    // Their heartbeats go in the background, so that an entry (a region tenant's
+    // write waits for it) is not held a round trip behind one; the group's
+    // voters are all of this region.
     let network = keyhold_registry::HttpNetwork::<keyhold_store::raft::RegionConfig>::new(
         http.clone(),
         &group,
         config.node_id,
         credentials.clone(),
     )
-    .with_append_bytes_max(REGION_APPEND_BYTES_MAX);
+    .with_append_bytes_max(REGION_APPEND_BYTES_MAX)
+    .with_learner_heartbeats_detached(&config.region);
     // With a standby, no replica purges what the standby has not matched
     // (`standby.rs` purges as far as it may).
     let purge = if config.standbys.contains_key(&config.region) {
