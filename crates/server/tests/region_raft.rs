@@ -10,7 +10,9 @@
 //! that snapshot sent in chunks over the same transport. A learner that cannot
 //! take more than a few entries per AppendEntries within the RPC timeout still
 //! receives the whole log: the leader's connection shrinks its appends after a
-//! timeout instead of sending the same ones again.
+//! timeout instead of sending the same ones again. And a standby learner a
+//! round trip away gets each new entry in one round trip: the leader's
+//! heartbeats to it do not hold its stream.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -25,9 +27,10 @@ use axum::response::{IntoResponse, Response};
 use keyhold_store::limits::REGION_RPC_TIMEOUT_MS;
 use openraft::raft::AppendEntriesRequest;
 
+use keyhold_core::UnixMillis;
 use keyhold_registry::{group_router, HttpNetwork, NodeCredentials, NodeId, NodeInfo};
 use keyhold_store::raft::{Bootstrap, Member, RegionConfig, RegionGroup};
-use keyhold_store::{Applied, Error, OrderOutcome};
+use keyhold_store::{Applied, Command, Error, OrderOutcome};
 use tokio::sync::oneshot;
 
 // The store's own test commands.
@@ -57,20 +60,23 @@ impl Voter {
         info: NodeInfo,
         bootstrap: Bootstrap,
     ) -> Voter {
-        Voter::start_with(id, listener, info, bootstrap, None, None).await
+        Voter::start_with(id, listener, info, bootstrap, Setup::default()).await
     }
 
-    /// `start`, its Raft listener behind `slow`: a member that answers an
-    /// AppendEntries of more entries than it can take only after the RPC
-    /// timeout; each AppendEntries it sends bounded to `append_bytes_max`.
+    /// `start` as `setup` says.
     async fn start_with(
         id: NodeId,
         listener: tokio::net::TcpListener,
         info: NodeInfo,
         bootstrap: Bootstrap,
-        slow: Option<SlowAppends>,
-        append_bytes_max: Option<usize>,
+        setup: Setup,
     ) -> Voter {
+        let Setup {
+            slow,
+            append_bytes_max,
+            delay,
+            detach_beyond,
+        } = setup;
         let dir = tempfile::tempdir().unwrap();
         let credentials = NodeCredentials::parse(CREDENTIAL).unwrap();
         let member = Member {
@@ -83,6 +89,9 @@ impl Voter {
         if let Some(bytes) = append_bytes_max {
             network = network.with_append_bytes_max(bytes);
         }
+        if let Some(home) = detach_beyond {
+            network = network.with_learner_heartbeats_detached(home);
+        }
         let group = RegionGroup::start(dir.path(), &member, network, bootstrap)
             .await
             .expect("start the region group");
@@ -90,6 +99,11 @@ impl Voter {
         if let Some(slow) = slow {
             router = router.layer(axum::middleware::from_fn(move |request, next| {
                 slow.clone().serve(request, next)
+            }));
+        }
+        if let Some(delay) = delay {
+            router = router.layer(axum::middleware::from_fn(move |request, next| {
+                delay.clone().serve(request, next)
             }));
         }
         let (stop_http, stopped) = oneshot::channel::<()>();
@@ -110,6 +124,26 @@ impl Voter {
         }
     }
 
+    /// Starts member `id` as `setup` says and adds it to this leader's group
+    /// as a learner; with `Catchup::Awaited`, returns once it caught up.
+    async fn join_learner(
+        &self,
+        id: NodeId,
+        listener: tokio::net::TcpListener,
+        info: &NodeInfo,
+        setup: Setup,
+        catchup: Catchup,
+    ) -> Voter {
+        let learner = Voter::start_with(id, listener, info.clone(), Bootstrap::Joiner, setup).await;
+        let blocking = catchup == Catchup::Awaited;
+        self.group
+            .raft()
+            .add_learner(id, info.clone(), blocking)
+            .await
+            .expect("add the learner");
+        learner
+    }
+
     /// Stops the voter's Raft and closes its listener, as if its process died.
     async fn kill(mut self) {
         self.group.raft().shutdown().await.expect("raft shutdown");
@@ -118,6 +152,63 @@ impl Voter {
         }
         self.http.abort();
         let _ = self.http.await;
+    }
+}
+
+/// Whether adding a learner waits for it to catch up.
+#[derive(Debug, PartialEq, Eq)]
+enum Catchup {
+    Awaited,
+    Later,
+}
+
+/// How a test member differs from a plain one.
+#[derive(Default)]
+struct Setup {
+    /// Its Raft listener behind `SlowAppends`: a member that answers an
+    /// AppendEntries of more entries than it can take only after the RPC
+    /// timeout.
+    slow: Option<SlowAppends>,
+    /// Each AppendEntries it sends bounded to this many bytes.
+    append_bytes_max: Option<usize>,
+    /// Its Raft listener one `DelayedAppends` round trip away.
+    delay: Option<DelayedAppends>,
+    /// The region of its group's voters, when its heartbeats to members of
+    /// other regions are detached (`with_learner_heartbeats_detached`).
+    detach_beyond: Option<&'static str>,
+}
+
+/// A member a round trip away: every AppendEntries waits `round_trip` before
+/// it is handled. Counts those that carried entries and those that did not,
+/// and wakes `empty_arrived`'s waiters when one without entries arrives.
+#[derive(Clone)]
+struct DelayedAppends {
+    round_trip: Duration,
+    with_entries: Arc<AtomicU64>,
+    empty: Arc<AtomicU64>,
+    empty_arrived: Arc<tokio::sync::Notify>,
+}
+
+impl DelayedAppends {
+    async fn serve(self, request: HttpRequest<Body>, next: Next) -> Response {
+        if !request.uri().path().ends_with("/append") {
+            return next.run(request).await;
+        }
+        let (parts, body) = request.into_parts();
+        let bytes = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+        let append: AppendEntriesRequest<RegionConfig> =
+            keyhold_raftlog::codec::decode(&bytes).expect("an AppendEntries");
+        let count = match append.entries.is_empty() {
+            true => &self.empty,
+            false => &self.with_entries,
+        };
+        count.fetch_add(1, Ordering::SeqCst);
+        if append.entries.is_empty() {
+            self.empty_arrived.notify_waiters();
+        }
+        tokio::time::sleep(self.round_trip).await;
+        next.run(HttpRequest::from_parts(parts, Body::from(bytes)))
+            .await
     }
 }
 
@@ -422,18 +513,19 @@ async fn a_learner_too_slow_for_large_appends_still_receives_the_log() {
         entries_max: 4,
         refused: Arc::new(AtomicU64::new(0)),
     };
-    let learner = Voter::start_with(
-        2,
-        listeners.next().unwrap(),
-        infos[1].clone(),
-        Bootstrap::Joiner,
-        Some(slow.clone()),
-        None,
-    )
-    .await;
-    raft.add_learner(2, infos[1].clone(), false)
-        .await
-        .expect("add the learner");
+    let setup = Setup {
+        slow: Some(slow.clone()),
+        ..Setup::default()
+    };
+    let learner = leader
+        .join_learner(
+            2,
+            listeners.next().unwrap(),
+            &infos[1],
+            setup,
+            Catchup::Later,
+        )
+        .await;
     // Each timeout halves the appends and only full ones raise them again, so
     // the leader does not keep sending what the learner cannot take: a few
     // refusals per dozen entries, where the old code sent the same 16 entries
@@ -492,8 +584,10 @@ async fn a_byte_bound_on_appends_sends_a_learner_the_log_in_prefixes() {
         listeners.next().unwrap(),
         infos[0].clone(),
         voters,
-        None,
-        one_byte,
+        Setup {
+            append_bytes_max: one_byte,
+            ..Setup::default()
+        },
     )
     .await;
     let raft = leader.group.raft().clone();
@@ -537,6 +631,138 @@ async fn a_byte_bound_on_appends_sends_a_learner_the_log_in_prefixes() {
         None,
         "from the log, not a snapshot"
     );
+    assert_eq!(
+        learner.group.state_machine().entries_for_tests(),
+        leader.group.state_machine().entries_for_tests()
+    );
+    learner.kill().await;
+    leader.kill().await;
+}
+
+/// A standby learner a round trip away (`DelayedAppends`, 200 ms): each
+/// client write reaches it in one round trip, as a region-survival write
+/// needs, although a relay-like upkeep command follows every write 5 ms
+/// later, or a heartbeat just went before it. openraft 0.9 sends a member one
+/// AppendEntries at a time, so before, the upkeep's entry went out alone as
+/// the write was answered and held the next write a round trip, and so did
+/// a heartbeat or commit-index update. Now upkeep rides with the next client command
+/// (`ride_along` in the store's writer), and empty AppendEntries to the
+/// learner are answered at once and delivered in the background
+/// (`with_learner_heartbeats_detached`). The learner still learns the commit
+/// index and applies every entry, upkeep included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_standby_learners_entries_do_not_wait_behind_its_heartbeats() {
+    let mut listeners = Vec::new();
+    let mut infos = Vec::new();
+    for region in ["eu", "us"] {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        infos.push(NodeInfo::new(region, "-", addr));
+        listeners.push(listener);
+    }
+    let mut listeners = listeners.into_iter();
+    let voters = Bootstrap::Voters(BTreeMap::from([(1, infos[0].clone())]));
+    let leader = Voter::start_with(
+        1,
+        listeners.next().unwrap(),
+        infos[0].clone(),
+        voters,
+        Setup {
+            detach_beyond: Some("eu"),
+            ..Setup::default()
+        },
+    )
+    .await;
+    let raft = leader.group.raft().clone();
+    raft.wait(Some(WAIT))
+        .current_leader(1, "the only voter leads")
+        .await
+        .unwrap();
+    let delay = DelayedAppends {
+        round_trip: Duration::from_millis(200),
+        with_entries: Arc::new(AtomicU64::new(0)),
+        empty: Arc::new(AtomicU64::new(0)),
+        empty_arrived: Arc::new(tokio::sync::Notify::new()),
+    };
+    let setup = Setup {
+        delay: Some(delay.clone()),
+        ..Setup::default()
+    };
+    let learner = leader
+        .join_learner(
+            2,
+            listeners.next().unwrap(),
+            &infos[1],
+            setup,
+            Catchup::Awaited,
+        )
+        .await;
+
+    // Closed loop, each write followed by upkeep.
+    let mut took = Vec::new();
+    let mut upkeep = Vec::new();
+    for n in 1..=7 {
+        let started = tokio::time::Instant::now();
+        let written = leader.group.execute(common::new_order(n)).await.unwrap();
+        let group = leader.group.clone();
+        upkeep.push(tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            let sweep = Command::Sweep {
+                now: UnixMillis(n),
+                entries_max: 1,
+                consumers: Vec::new(),
+            };
+            group.execute(sweep).await
+        }));
+        assert!(leader.group.wait_matched(&[2], written.index, WAIT).await);
+        took.push(started.elapsed());
+    }
+    for sweep in upkeep {
+        sweep.await.unwrap().expect("the upkeep command is applied");
+    }
+    // One round trip and the two nodes' work (debug build, busy machine)
+    // against two round trips or more: the bound sits between them. Before,
+    // every other write took two.
+    let round_trips_15 = delay.round_trip * 3 / 2;
+    let slow = took.iter().filter(|t| **t >= round_trips_15).count();
+    assert!(
+        slow <= 1,
+        "{slow} of 7 writes after upkeep took 1.5 round trips or more: {took:?}"
+    );
+
+    // After a pause, each write right after a heartbeat reached the learner
+    // (the leader's ticker sends them every 100 ms while nothing else goes).
+    let mut took = Vec::new();
+    for n in 8..=12 {
+        tokio::time::sleep(delay.round_trip).await;
+        let heartbeat = delay.empty_arrived.notified();
+        tokio::time::timeout(WAIT, heartbeat)
+            .await
+            .expect("a heartbeat reaches the learner");
+        let started = tokio::time::Instant::now();
+        let written = leader.group.execute(common::new_order(n)).await.unwrap();
+        assert!(leader.group.wait_matched(&[2], written.index, WAIT).await);
+        took.push(started.elapsed());
+    }
+    let slow = took.iter().filter(|t| **t >= round_trips_15).count();
+    assert!(
+        slow <= 1,
+        "{slow} of 5 writes after a heartbeat took 1.5 round trips or more: {took:?}"
+    );
+    assert!(delay.with_entries.load(Ordering::SeqCst) >= 12);
+    assert!(
+        delay.empty.load(Ordering::SeqCst) > 0,
+        "the heartbeats still reach the learner"
+    );
+    // The commit index reached it in the background: it applies every write.
+    let last = raft.metrics().borrow().last_applied;
+    learner
+        .group
+        .raft()
+        .wait(Some(WAIT))
+        .applied_index_at_least(last.map(|l| l.index), "the learner applies")
+        .await
+        .expect("the learner applies every entry");
     assert_eq!(
         learner.group.state_machine().entries_for_tests(),
         leader.group.state_machine().entries_for_tests()

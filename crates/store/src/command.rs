@@ -429,6 +429,35 @@ impl Command {
     pub fn decode(bytes: &[u8]) -> Result<Command, crate::Error> {
         crate::codec::decode_plain(bytes)
     }
+
+    /// Whether somebody waits for this command's answer (`Lane::Client`) or it
+    /// only keeps the region in order (`Lane::Upkeep`: the relay's effects and
+    /// cursor moves, sweeps, the standby's match), so that its entry may wait
+    /// a moment for a client's command to ride with (`raft/group.rs`).
+    pub fn lane(&self) -> Lane {
+        match self {
+            Command::ConsumeInventory { .. }
+            | Command::ConsumePayment { .. }
+            | Command::ConsumeInventoryBatch { .. }
+            | Command::ConsumePaymentBatch { .. }
+            | Command::AdvanceCursor { .. }
+            | Command::Sweep { .. }
+            | Command::StandbyMatched { .. } => Lane::Upkeep,
+            // Moves, failovers, reconciliation and outbox replays are driven by
+            // an operator's call that waits for them: they go at once.
+            _ => Lane::Client,
+        }
+    }
+}
+
+/// Who waits for a command (`Command::lane`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lane {
+    /// A client or an operator waits for the answer: the command goes into
+    /// the next entry at once.
+    Client,
+    /// Background upkeep: its entry may wait for a client's command.
+    Upkeep,
 }
 
 /// One `order.created` event, written in the same atomic batch as its order.

@@ -43,7 +43,7 @@ mod stats;
 pub use command::{
     Applied, BatchOutcome, CarriedEvent, ChangePage, ClaimOutcome, Command, CompleteOutcome,
     ConsumeOutcome, Cursor, CursorOutcome, EraseOutcome, ExportEntry, GuardOutcome,
-    HeartbeatOutcome, InventoryEffect, OrderOutcome, OutboxEvent, PaymentEffect, Processed,
+    HeartbeatOutcome, InventoryEffect, Lane, OrderOutcome, OutboxEvent, PaymentEffect, Processed,
     Rejection, ReplayOutcome, Reservation, SweepOutcome, TenantGuard, Tracking,
 };
 pub use consumer::Consumer;

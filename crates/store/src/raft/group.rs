@@ -8,6 +8,11 @@
 //! with one voter, the local log's flush). While one entry is in flight new commands
 //! queue up and form the next, so one log fsync carries many commands under load,
 //! although openraft 0.9 flushes once per `client_write` (see `CommandBatch`).
+//! Upkeep commands that arrive alone (`Command::lane`: the relay's effects,
+//! sweeps) while the last entry is still on its way to a learner in another
+//! region wait briefly for a client's command to share their entry
+//! (`ride_along`): openraft sends a member one AppendEntries at a time, and an
+//! entry of upkeep alone would hold the next client entry a round trip.
 //!
 //! A node's store starts its group as the only voter (`start_single_voter`), whose
 //! Raft network answers every RPC with `Unreachable`, as a group without peers never
@@ -35,12 +40,13 @@ use super::{
     CommandBatch, EntryOutcome, Member, RegionConfig, RegionLogStore, RegionRaft,
     RegionStateMachine,
 };
-use crate::command::{Applied, Command};
+use crate::command::{Applied, Command, Lane};
 use crate::limits::{
     BATCH_COMMANDS_MAX, QUEUE_COMMANDS_MAX, REGION_APPEND_ENTRIES_MAX,
     REGION_ELECTION_TIMEOUT_MAX_MS, REGION_ELECTION_TIMEOUT_MIN_MS, REGION_HEARTBEAT_INTERVAL_MS,
     REGION_LEADER_WAIT_MS, REGION_RPC_TIMEOUT_MS, REGION_SNAPSHOT_LOGS_SINCE_LAST,
-    REGION_TREE_CACHE_BYTES_DEFAULT, REGION_WRITE_WAIT_MS, WRITTEN_ENTRIES_KEPT_MAX,
+    REGION_TREE_CACHE_BYTES_DEFAULT, REGION_WRITE_WAIT_MS, UPKEEP_RIDE_GRACE_MS,
+    UPKEEP_RIDE_LAG_ENTRIES_MAX, UPKEEP_RIDE_WAIT_MS, WRITTEN_ENTRIES_KEPT_MAX,
 };
 use crate::stats::CommitStats;
 use crate::{Error, Job, Logged};
@@ -608,11 +614,10 @@ async fn write_loop(
     let mut pending: Vec<Job> = Vec::with_capacity(BATCH_COMMANDS_MAX);
     while let Some(first) = jobs.recv().await {
         pending.push(first);
-        while pending.len() < BATCH_COMMANDS_MAX {
-            match jobs.try_recv() {
-                Ok(job) => pending.push(job),
-                Err(_) => break,
-            }
+        take_queued(&mut jobs, &mut pending);
+        if pending.iter().all(|job| job.command.lane() == Lane::Upkeep) {
+            ride_along(&raft, &mut jobs, &mut pending).await;
+            take_queued(&mut jobs, &mut pending);
         }
         let batch = CommandBatch {
             commands: pending.iter().map(|job| job.command.clone()).collect(),
@@ -672,6 +677,99 @@ async fn write_loop(
                 value: answer,
                 index,
             }));
+        }
+    }
+}
+
+/// Moves every command already queued into `pending`, up to a batch.
+fn take_queued(jobs: &mut mpsc::Receiver<Job>, pending: &mut Vec<Job>) {
+    while pending.len() < BATCH_COMMANDS_MAX {
+        match jobs.try_recv() {
+            Ok(job) => pending.push(job),
+            Err(_) => break,
+        }
+    }
+}
+
+/// Where the leader's stream to its learners stands (`stream_to_learners`).
+#[derive(Debug, PartialEq, Eq)]
+enum LearnerStream {
+    /// No learner one round trip away: none at all, one far behind (catching
+    /// up) or not replicated to, or this member does not lead.
+    Absent,
+    /// A learner has not yet matched the leader's last entry: an AppendEntries
+    /// is on its way to it, and a new entry would wait for its answer.
+    Busy,
+    /// Every learner holds the leader's last entry.
+    Idle,
+}
+
+fn stream_to_learners(metrics: &openraft::RaftMetrics<NodeId, NodeInfo>) -> LearnerStream {
+    let Some(replication) = metrics.replication.as_ref() else {
+        return LearnerStream::Absent;
+    };
+    let last = metrics.last_log_index.unwrap_or(0);
+    let mut learners = metrics
+        .membership_config
+        .membership()
+        .learner_ids()
+        .peekable();
+    if learners.peek().is_none() {
+        return LearnerStream::Absent;
+    }
+    let mut busy = false;
+    for learner in learners {
+        let Some(Some(matched)) = replication.get(&learner) else {
+            return LearnerStream::Absent;
+        };
+        if matched.index + UPKEEP_RIDE_LAG_ENTRIES_MAX < last {
+            return LearnerStream::Absent;
+        }
+        busy |= matched.index < last;
+    }
+    match busy {
+        true => LearnerStream::Busy,
+        false => LearnerStream::Idle,
+    }
+}
+
+/// With only upkeep commands in `pending` (`Command::lane`) and a learner one
+/// round trip away, waits for a client's command to share their entry: while
+/// an AppendEntries is on its way to a learner, and `UPKEEP_RIDE_GRACE_MS`
+/// after the learners hold everything, at most `UPKEEP_RIDE_WAIT_MS` in all.
+/// Returns at once without learners. openraft 0.9 sends a member one
+/// AppendEntries at a time, so an entry of upkeep alone (a relay round, just
+/// after the order it delivers) sent to a standby right before a client's
+/// command would hold that command a whole inter-region round trip.
+async fn ride_along(raft: &RegionRaft, jobs: &mut mpsc::Receiver<Job>, pending: &mut Vec<Job>) {
+    let mut metrics = raft.metrics();
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(UPKEEP_RIDE_WAIT_MS);
+    let mut grace: Option<tokio::time::Instant> = None;
+    loop {
+        let stream = stream_to_learners(&metrics.borrow_and_update());
+        let until = match stream {
+            LearnerStream::Absent => return,
+            LearnerStream::Busy => deadline,
+            LearnerStream::Idle => *grace.get_or_insert_with(|| {
+                deadline
+                    .min(tokio::time::Instant::now() + Duration::from_millis(UPKEEP_RIDE_GRACE_MS))
+            }),
+        };
+        tokio::select! {
+            job = jobs.recv() => {
+                let Some(job) = job else { return };
+                let client = job.command.lane() == Lane::Client;
+                pending.push(job);
+                if client || pending.len() >= BATCH_COMMANDS_MAX {
+                    return;
+                }
+            }
+            changed = metrics.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+            () = tokio::time::sleep_until(until) => return,
         }
     }
 }
