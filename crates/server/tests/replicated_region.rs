@@ -533,6 +533,11 @@ fn index(view: &Value, name: &str) -> u64 {
     view[name].as_u64().unwrap_or(0)
 }
 
+/// Orders that make a region write more entries than the standby's match is
+/// recorded after (`STANDBY_MATCHED_RECORD_ENTRIES`, one entry per order at
+/// least), with room to spare.
+const ORDERS_PAST_A_RECORD: u64 = keyhold_server::limits::STANDBY_MATCHED_RECORD_ENTRIES + 16;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_region_purges_its_log_only_as_far_as_its_standby_holds_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -541,7 +546,9 @@ async fn a_region_purges_its_log_only_as_far_as_its_standby_holds_it() {
     wait_for_leader(&nodes).await;
     let a = nodes[0].api.clone();
     let token = create_tenant(&a).await;
-    for i in 0..30 {
+    // More orders than `STANDBY_MATCHED_RECORD_ENTRIES` entries even when
+    // each order's relay effects ride in the next order's entry.
+    for i in 0..ORDERS_PAST_A_RECORD {
         let created = order(&a, &token, &format!("before-{i}"), &[]).await;
         assert_eq!(created.status, 201);
     }
@@ -554,7 +561,7 @@ async fn a_region_purges_its_log_only_as_far_as_its_standby_holds_it() {
     // b stops: its copy lacks every entry from here on.
     let b = nodes.remove(1).stop_for_restart().await;
     let held = index(&store_view(&a).await, "applied_index");
-    for i in 0..60 {
+    for i in 0..ORDERS_PAST_A_RECORD {
         // The standby does not vote: a answers without it.
         let created = order(&a, &token, &format!("while-b-is-down-{i}"), &[]).await;
         assert_eq!(created.status, 201);
