@@ -163,10 +163,10 @@ async fn relay_round(
         .await
         .map_err(|e| Failure(e.to_string()))?;
     let events = store
-        .outbox_after(cursor, RELAY_BATCH_EVENTS_MAX)
+        .outbox_after_disposed(cursor, RELAY_BATCH_EVENTS_MAX)
         .await
         .map_err(|e| Failure(e.to_string()))?;
-    let lag = events.first().map_or(0.0, |e| {
+    let lag = events.first().map_or(0.0, |(e, _)| {
         now().0.saturating_sub(e.occurred_at.0) as f64 / 1000.0
     });
     metrics::gauge!("keyhold_outbox_lag_seconds", "consumer" => consumer.as_str()).set(lag);
@@ -264,21 +264,16 @@ async fn relay_round(
 /// starts at that event again.
 fn dispositions(
     node: &Node,
-    events: Vec<OutboxEvent>,
+    mut events: Vec<(OutboxEvent, Disposition)>,
 ) -> Result<Vec<(OutboxEvent, Disposition)>, Failure> {
     let unmarked = crate::reconcile::unmarked_losses(node).map_err(Failure)?;
-    let mut out = Vec::with_capacity(events.len());
-    for event in events {
-        let disposition = node
-            .store()
-            .disposition(&event)
-            .map_err(|e| Failure(e.to_string()))?;
-        if disposition == Disposition::Ours && unmarked.contains(event.tenant.as_str()) {
-            break;
-        }
-        out.push((event, disposition));
+    let held_back = events.iter().position(|(event, disposition)| {
+        *disposition == Disposition::Ours && unmarked.contains(event.tenant.as_str())
+    });
+    if let Some(first) = held_back {
+        events.truncate(first);
     }
-    Ok(out)
+    Ok(events)
 }
 
 /// What one event needs from the round's command.

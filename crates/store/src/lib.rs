@@ -384,6 +384,44 @@ impl Store {
         Ok(events)
     }
 
+    /// `outbox_after`, each event with whose it is to take effect for
+    /// (`Disposition`, as `Store::disposition` tells it): from the stamp read
+    /// with the event, and the tenant's loss marks read once per tenant, or
+    /// not at all while this store holds none (a region that never lost a
+    /// tenant in a failover). What the relay reads each round.
+    pub async fn outbox_after_disposed(
+        &self,
+        after_seq: u64,
+        max: usize,
+    ) -> Result<Vec<(OutboxEvent, Disposition)>, Error> {
+        let tree = self.inner.machine_tree();
+        let any_loss = tree.scan_prefix(keys::LOST_PREFIX).next().is_some();
+        let mut marks_of: std::collections::HashMap<TenantId, Vec<(LostTenant, u64)>> =
+            std::collections::HashMap::new();
+        let mut events = Vec::new();
+        for item in tree
+            .range(keys::outbox(after_seq + 1)..keys::outbox(u64::MAX))
+            .take(max)
+        {
+            let (event, written) = codec::decode::<OutboxEvent>(&item?.1)?;
+            let disposition = match any_loss {
+                false => Disposition::Ours,
+                true => {
+                    if !marks_of.contains_key(&event.tenant) {
+                        let mut marks = Vec::new();
+                        for mark in tree.scan_prefix(keys::lost_of(&event.tenant)) {
+                            marks.push(codec::decode::<LostTenant>(&mark?.1)?);
+                        }
+                        marks_of.insert(event.tenant.clone(), marks);
+                    }
+                    Disposition::of(written, marks_of[&event.tenant].iter().cloned())
+                }
+            };
+            events.push((event, disposition));
+        }
+        Ok(events)
+    }
+
     /// The sequence number of the first kept event that occurred after `since`
     /// (or of the first kept event), and `None` when there is none.
     pub fn first_outbox_seq_after(&self, since: Option<UnixMillis>) -> Result<Option<u64>, Error> {

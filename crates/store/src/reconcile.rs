@@ -426,6 +426,11 @@ mod tests {
         let at = applied_index(&store);
         store.execute(tenant_order("t1", 2)).await.unwrap();
         store.execute(tenant_order("t2", 1)).await.unwrap();
+        let unmarked = store.outbox_after_disposed(0, 10).await.unwrap();
+        assert!(
+            unmarked.iter().all(|(_, d)| *d == Disposition::Ours),
+            "no loss marked yet: every event is ours"
+        );
         let mark = store.mark_lost(t("t1"), "op_f".into(), at).await.unwrap();
         assert_eq!(mark.at, at);
         let again = store.mark_lost(t("t1"), "op_f".into(), at + 5).await;
@@ -451,6 +456,19 @@ mod tests {
             .collect();
         use Disposition::{Carried, Orphan, Ours};
         assert_eq!(dispositions, [Carried, Orphan, Ours, Ours]);
+        // The relay's read says the same, from one pass over the outbox.
+        let disposed = store.outbox_after_disposed(0, 10).await.unwrap();
+        assert_eq!(
+            disposed,
+            events
+                .iter()
+                .cloned()
+                .zip(dispositions.iter().copied())
+                .collect::<Vec<_>>()
+        );
+        let after_first = store.outbox_after_disposed(1, 10).await.unwrap();
+        assert_eq!(after_first.len(), 3);
+        assert_eq!(after_first[0].1, Orphan);
 
         let inventory = reserve_all(&events);
         let cursor = crate::Cursor {
