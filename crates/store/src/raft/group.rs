@@ -708,28 +708,30 @@ fn stream_to_learners(metrics: &openraft::RaftMetrics<NodeId, NodeInfo>) -> Lear
     let Some(replication) = metrics.replication.as_ref() else {
         return LearnerStream::Absent;
     };
-    let last = metrics.last_log_index.unwrap_or(0);
-    let mut learners = metrics
-        .membership_config
-        .membership()
-        .learner_ids()
-        .peekable();
-    if learners.peek().is_none() {
-        return LearnerStream::Absent;
-    }
+    let learners = metrics.membership_config.membership().learner_ids();
+    let matched = learners.map(|id| replication.get(&id).copied().flatten().map(|l| l.index));
+    learner_stream(metrics.last_log_index.unwrap_or(0), matched)
+}
+
+/// `stream_to_learners` on the leader's last log index and each learner's
+/// matched index (`None`: not replicated to yet).
+fn learner_stream(last: u64, matched: impl IntoIterator<Item = Option<u64>>) -> LearnerStream {
+    let mut learners = 0usize;
     let mut busy = false;
-    for learner in learners {
-        let Some(Some(matched)) = replication.get(&learner) else {
+    for matched in matched {
+        learners += 1;
+        let Some(matched) = matched else {
             return LearnerStream::Absent;
         };
-        if matched.index + UPKEEP_RIDE_LAG_ENTRIES_MAX < last {
+        if matched + UPKEEP_RIDE_LAG_ENTRIES_MAX < last {
             return LearnerStream::Absent;
         }
-        busy |= matched.index < last;
+        busy |= matched < last;
     }
-    match busy {
-        true => LearnerStream::Busy,
-        false => LearnerStream::Idle,
+    match (learners, busy) {
+        (0, _) => LearnerStream::Absent,
+        (_, true) => LearnerStream::Busy,
+        (_, false) => LearnerStream::Idle,
     }
 }
 
@@ -849,7 +851,36 @@ fn fail(stats: &CommitStats, pending: &mut Vec<Job>) {
 
 #[cfg(test)]
 mod tests {
-    use super::held_by_majority;
+    use super::{held_by_majority, learner_stream, LearnerStream};
+    use crate::limits::UPKEEP_RIDE_LAG_ENTRIES_MAX;
+
+    /// Upkeep waits only for learners one round trip away: every learner
+    /// replicated to and within one append of the leader's last entry.
+    #[test]
+    fn upkeep_waits_for_a_learner_one_append_behind_and_for_no_other() {
+        use LearnerStream::{Absent, Busy, Idle};
+        let far = 100 - UPKEEP_RIDE_LAG_ENTRIES_MAX - 1;
+        let edge = 100 - UPKEEP_RIDE_LAG_ENTRIES_MAX;
+        let cases: &[(&[Option<u64>], LearnerStream)] = &[
+            (&[], Absent),
+            (&[Some(100)], Idle),
+            (&[Some(100), Some(100)], Idle),
+            (&[Some(99)], Busy),
+            (&[Some(100), Some(97)], Busy),
+            (&[Some(edge)], Busy),
+            (&[Some(far)], Absent),
+            (&[Some(100), Some(far)], Absent),
+            (&[None], Absent),
+            (&[Some(99), None], Absent),
+        ];
+        for (matched, stream) in cases {
+            assert_eq!(
+                learner_stream(100, matched.iter().copied()),
+                *stream,
+                "{matched:?}"
+            );
+        }
+    }
 
     #[test]
     fn a_majority_of_replicas_holds_the_middle_index() {
