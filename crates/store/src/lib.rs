@@ -372,16 +372,9 @@ impl Store {
         after_seq: u64,
         max: usize,
     ) -> Result<Vec<OutboxEvent>, Error> {
-        let mut events = Vec::new();
-        for item in self
-            .inner
-            .machine_tree()
-            .range(keys::outbox(after_seq + 1)..keys::outbox(u64::MAX))
-            .take(max)
-        {
-            events.push(codec::decode::<OutboxEvent>(&item?.1)?.0);
-        }
-        Ok(events)
+        self.outbox_stamped(after_seq, max)
+            .map(|item| item.map(|(event, _)| event))
+            .collect()
     }
 
     /// `outbox_after`, each event with whose it is to take effect for
@@ -394,32 +387,42 @@ impl Store {
         after_seq: u64,
         max: usize,
     ) -> Result<Vec<(OutboxEvent, Disposition)>, Error> {
-        let tree = self.inner.machine_tree();
-        let any_loss = tree.scan_prefix(keys::LOST_PREFIX).next().is_some();
-        let mut marks_of: std::collections::HashMap<TenantId, Vec<(LostTenant, u64)>> =
-            std::collections::HashMap::new();
+        let machine = &self.inner.machine;
+        let any_loss = machine
+            .tree()
+            .scan_prefix(keys::LOST_PREFIX)
+            .next()
+            .is_some();
+        let mut marks_of = std::collections::HashMap::new();
         let mut events = Vec::new();
-        for item in tree
-            .range(keys::outbox(after_seq + 1)..keys::outbox(u64::MAX))
-            .take(max)
-        {
-            let (event, written) = codec::decode::<OutboxEvent>(&item?.1)?;
-            let disposition = match any_loss {
-                false => Disposition::Ours,
-                true => {
-                    if !marks_of.contains_key(&event.tenant) {
-                        let mut marks = Vec::new();
-                        for mark in tree.scan_prefix(keys::lost_of(&event.tenant)) {
-                            marks.push(codec::decode::<LostTenant>(&mark?.1)?);
-                        }
-                        marks_of.insert(event.tenant.clone(), marks);
-                    }
-                    Disposition::of(written, marks_of[&event.tenant].iter().cloned())
+        for item in self.outbox_stamped(after_seq, max) {
+            let (event, written) = item?;
+            let disposition = if any_loss {
+                if !marks_of.contains_key(&event.tenant) {
+                    let marks = machine.loss_marks(&event.tenant)?;
+                    marks_of.insert(event.tenant.clone(), marks);
                 }
+                Disposition::of(written, marks_of[&event.tenant].iter().cloned())
+            } else {
+                Disposition::Ours
             };
             events.push((event, disposition));
         }
         Ok(events)
+    }
+
+    /// At most `max` outbox events after `after_seq`, oldest first, each with
+    /// the index of the log entry that wrote it.
+    fn outbox_stamped(
+        &self,
+        after_seq: u64,
+        max: usize,
+    ) -> impl Iterator<Item = Result<(OutboxEvent, u64), Error>> + '_ {
+        self.inner
+            .machine_tree()
+            .range(keys::outbox(after_seq + 1)..keys::outbox(u64::MAX))
+            .take(max)
+            .map(|item| codec::decode::<OutboxEvent>(&item?.1))
     }
 
     /// The sequence number of the first kept event that occurred after `since`

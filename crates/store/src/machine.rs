@@ -130,6 +130,11 @@ impl Machine {
         self.view(&Changes::default()).disposition(seq, event_id)
     }
 
+    /// The tenant's loss marks, each with the index that wrote it.
+    pub fn loss_marks(&self, tenant: &TenantId) -> Result<Vec<(LostTenant, u64)>, Error> {
+        self.view(&Changes::default()).loss_marks(tenant)
+    }
+
     pub fn reservations(&self, order_id: &str) -> Result<Vec<Reservation>, Error> {
         self.tree
             .scan_prefix(keys::reservations_of(order_id))
@@ -733,12 +738,18 @@ impl View<'_> {
         if event.event_id != event_id {
             return Ok(Disposition::Ours);
         }
+        Ok(Disposition::of(written, self.loss_marks(&event.tenant)?))
+    }
+
+    /// The tenant's loss marks (`Command::MarkLost`), each with the index of
+    /// the entry that wrote it.
+    fn loss_marks(&self, tenant: &TenantId) -> Result<Vec<(LostTenant, u64)>, Error> {
         let mut marks = Vec::new();
-        for item in self.scan_prefix(keys::lost_of(&event.tenant)) {
+        for item in self.scan_prefix(keys::lost_of(tenant)) {
             let (_, value) = item?;
             marks.push(decode::<LostTenant>(&value)?);
         }
-        Ok(Disposition::of(written, marks))
+        Ok(marks)
     }
 
     /// A page of `Command::ReleaseCarriedReservations`: scans the outbox
