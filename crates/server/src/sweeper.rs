@@ -1,5 +1,6 @@
-//! The expiry sweeper: physically deletes expired records and markers in small
-//! batches, walking the store's expiry index.
+//! The expiry sweeper: physically deletes expired records, markers and
+//! delivered outbox events in small batches (the store's `Sweep` walks its
+//! outbox and its expiry index).
 //!
 //! Reads already treat expired entries as absent, so the sweeper only reclaims
 //! space; each sweep command is one short apply in the region state machine, so

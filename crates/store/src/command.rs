@@ -51,7 +51,9 @@ pub enum Command {
         now: UnixMillis,
     },
     /// Physically deletes up to `entries_max` entries whose expiry passed. An
-    /// outbox event is deleted only once every consumer in `consumers` is past it.
+    /// outbox event is deleted, with its processed entries, only once every
+    /// consumer in `consumers` is past it; the first event that is not due or
+    /// not yet delivered keeps the ones after it.
     Sweep {
         now: UnixMillis,
         entries_max: u32,
@@ -601,7 +603,8 @@ pub struct SweepOutcome {
     pub markers: u64,
     pub events: u64,
     pub processed: u64,
-    /// Events past their expiry that a consumer has not had yet: kept.
+    /// 1 when the walk of the outbox stopped at an event past its expiry that
+    /// a consumer has not had yet (it and the events after it are kept).
     pub deferred: u64,
     /// Index entries whose target had been rewritten with a later expiry.
     pub stale_index: u64,

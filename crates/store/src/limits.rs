@@ -16,16 +16,13 @@ pub const ERASE_ENTRIES_MAX: usize = 256;
 /// Payload bytes of the carried events one `ReleaseHeld` command moves
 /// into the outbox (at least one event): a failover of a tenant with many
 /// undelivered events releases them in pages, so that no one command's
-/// changes (each event with its processed entries and expiry index entries)
+/// changes (each event with its processed entries)
 /// grow with the tenant. The size of a failover's import page.
 pub const HELD_RELEASE_BYTES_MAX: usize = 4 * 1024 * 1024;
 /// Orphans one reconciliation report lists: the report is one command of the
 /// region's log (an orphan takes about 200 bytes, so the report stays far
 /// below `COMMAND_BYTES_MAX`); beyond it the report counts them as omitted.
 pub const RECONCILIATION_ORPHANS_MAX: usize = 100_000;
-/// An outbox event past its expiry that some consumer has not had yet is looked
-/// at again this much later.
-pub const SWEEP_DEFER_MS: u64 = 3_600_000;
 /// How often sled persists the region tree in the background. Durability does not
 /// depend on it (the region group's Raft log does that); it bounds how many
 /// entries a restart applies again.

@@ -16,7 +16,6 @@ use crate::command::{
 };
 use crate::consumer::Consumer;
 use crate::keys;
-use crate::limits::SWEEP_DEFER_MS;
 use crate::overlay::{Changes, View};
 use crate::reconcile::{Disposition, LostTenant, Reconciliation};
 use crate::Error;
@@ -51,6 +50,20 @@ impl Round {
             orders: HashMap::new(),
         }
     }
+}
+
+/// How long a processed-message entry is kept, which decides whether it
+/// needs an expiry index entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Guards {
+    /// Its event is in this store's outbox: the entry is deleted together
+    /// with the event (the sweep's walk of the outbox), so it guards against
+    /// a second delivery for as long as one can come, and needs no index
+    /// entry of its own.
+    KeptEvent,
+    /// No such event here (a single-event command, which names no outbox
+    /// position): the entry is swept on its own clock through the index.
+    OwnExpiry,
 }
 
 /// The writes of one command, plus the batch number stamped on every value.
@@ -330,7 +343,7 @@ impl View<'_> {
                     items: items.clone(),
                 };
                 let mut round = Round::new(*now, *processed_ttl_ms);
-                Applied::Consumed(self.reserve(w, &mut round, &effect)?)
+                Applied::Consumed(self.reserve(w, &mut round, &effect, Guards::OwnExpiry)?)
             }
             Command::ConsumePayment {
                 event_id,
@@ -348,7 +361,7 @@ impl View<'_> {
                     paid: *paid,
                 };
                 let mut round = Round::new(*now, *processed_ttl_ms);
-                match self.record_payment(w, &mut round, &effect)? {
+                match self.record_payment(w, &mut round, &effect, Guards::OwnExpiry)? {
                     Ok(outcome) => Applied::Consumed(outcome),
                     Err(rejection) => return Ok(Err(rejection)),
                 }
@@ -367,8 +380,9 @@ impl View<'_> {
                     // A lost tenant's event reserves nothing here: the new
                     // home reserves what its copy carried, and an orphan's
                     // order no longer exists anywhere.
-                    Ok(Ok(match m.disposition(effect.seq, &effect.event_id)? {
-                        Disposition::Ours => m.reserve(w, round, effect)?,
+                    let (disposition, guards) = m.kept_event(effect.seq, &effect.event_id)?;
+                    Ok(Ok(match disposition {
+                        Disposition::Ours => m.reserve(w, round, effect, guards)?,
                         Disposition::Carried | Disposition::Orphan => ConsumeOutcome::NotOurs,
                     }))
                 },
@@ -387,10 +401,11 @@ impl View<'_> {
                     // An orphan's payment is recorded: the relay only looked
                     // it up at the provider (an attempt before the loss may
                     // have charged). A carried one is the new home's.
-                    match m.disposition(effect.seq, &effect.event_id)? {
+                    let (disposition, guards) = m.kept_event(effect.seq, &effect.event_id)?;
+                    match disposition {
                         Disposition::Carried => Ok(Ok(ConsumeOutcome::NotOurs)),
                         Disposition::Ours | Disposition::Orphan => {
-                            m.record_payment(w, round, effect)
+                            m.record_payment(w, round, effect, guards)
                         }
                     }
                 },
@@ -731,14 +746,21 @@ impl View<'_> {
     /// `Ours` when no event `event_id` is there (a single-event command's
     /// `seq` is 0).
     fn disposition(&self, seq: u64, event_id: &str) -> Result<Disposition, Error> {
+        Ok(self.kept_event(seq, event_id)?.0)
+    }
+
+    /// `disposition`, and how long a processed entry of the event is kept:
+    /// with the event when it is in the outbox at `seq`.
+    fn kept_event(&self, seq: u64, event_id: &str) -> Result<(Disposition, Guards), Error> {
         let Some(raw) = self.get_raw(&keys::outbox(seq))? else {
-            return Ok(Disposition::Ours);
+            return Ok((Disposition::Ours, Guards::OwnExpiry));
         };
         let (event, written) = decode::<OutboxEvent>(&raw)?;
         if event.event_id != event_id {
-            return Ok(Disposition::Ours);
+            return Ok((Disposition::Ours, Guards::OwnExpiry));
         }
-        Ok(Disposition::of(written, self.loss_marks(&event.tenant)?))
+        let disposition = Disposition::of(written, self.loss_marks(&event.tenant)?);
+        Ok((disposition, Guards::KeptEvent))
     }
 
     /// The tenant's loss marks (`Command::MarkLost`), each with the index of
@@ -845,7 +867,8 @@ impl View<'_> {
                 seq,
                 ..carried.event
             };
-            w.put_expiry(event.expires_at, &keys::outbox(seq));
+            // No expiry index entries: the sweep walks the outbox in order
+            // and deletes the event with these processed entries.
             w.put(keys::outbox(seq), &event);
             w.put(keys::imported_event(&event.event_id), &seq);
             for consumer in carried.handled_by {
@@ -856,7 +879,6 @@ impl View<'_> {
                     at: imported_at,
                     expires_at: event.expires_at,
                 };
-                w.put_expiry(entry.expires_at, &key);
                 w.put(key, &entry);
             }
             w.changes.remove(key.to_vec());
@@ -1072,6 +1094,7 @@ impl View<'_> {
         round: &mut Round,
         consumer: Consumer,
         event_id: &str,
+        guards: Guards,
     ) -> Result<bool, Error> {
         // Reads see the tree, not this command's own writes: an event twice in
         // one batch is caught here.
@@ -1088,7 +1111,9 @@ impl View<'_> {
             at: round.now,
             expires_at: round.now.plus_ms(round.processed_ttl_ms),
         };
-        w.put_expiry(entry.expires_at, &key);
+        if guards == Guards::OwnExpiry {
+            w.put_expiry(entry.expires_at, &key);
+        }
         w.put(key, &entry);
         round.processed.insert(event_id.to_owned());
         Ok(true)
@@ -1101,8 +1126,9 @@ impl View<'_> {
         w: &mut Writes,
         round: &mut Round,
         effect: &InventoryEffect,
+        guards: Guards,
     ) -> Result<ConsumeOutcome, Error> {
-        let fresh = self.mark_processed(w, round, Consumer::Inventory, &effect.event_id)?;
+        let fresh = self.mark_processed(w, round, Consumer::Inventory, &effect.event_id, guards)?;
         if fresh {
             for (line, item) in effect.items.iter().enumerate() {
                 let line = line as u32;
@@ -1129,6 +1155,7 @@ impl View<'_> {
         w: &mut Writes,
         round: &mut Round,
         effect: &PaymentEffect,
+        guards: Guards,
     ) -> Result<Result<ConsumeOutcome, Rejection>, Error> {
         let key = keys::order(&effect.order_id);
         // An order this command wrote already (two events of one order) is
@@ -1149,7 +1176,7 @@ impl View<'_> {
                 order_id: effect.order_id.clone(),
             }));
         };
-        let fresh = self.mark_processed(w, round, Consumer::Payments, &effect.event_id)?;
+        let fresh = self.mark_processed(w, round, Consumer::Payments, &effect.event_id, guards)?;
         if fresh {
             order.status = if effect.paid {
                 OrderStatus::Paid
@@ -1291,7 +1318,7 @@ impl View<'_> {
                     occurred_at: now,
                     expires_at: now.plus_ms(processed_ttl_ms),
                 };
-                w.put_expiry(event.expires_at, &keys::outbox(seq));
+                // The event has no index entry: the sweep walks the outbox.
                 w.put_expiry(record.expires_at, &record_key);
                 w.put_expiry(marker.expires_at, &marker_key);
                 w.put(record_key, &record);
@@ -1358,9 +1385,6 @@ impl View<'_> {
         }
     }
 
-    /// Walks the expiry index in time order and deletes what is due. An index
-    /// entry can be stale (its target was rewritten with a later expiry); then only
-    /// the index entry goes.
     /// A page of `Command::EraseTenant`. Deleting what is gone already is a
     /// no-op, so a replayed erasure changes nothing.
     fn erase_tenant(
@@ -1409,6 +1433,14 @@ impl View<'_> {
             let pending = cursors.iter().any(|&c| c < event.seq);
             if &event.tenant == tenant && pending {
                 doomed.push(key.to_vec());
+                // The entries of consumers that had it go with it: they have
+                // no index entry of their own (see `Guards`).
+                for consumer in Consumer::ALL {
+                    let processed = keys::processed(consumer, &event.event_id);
+                    if self.contains_key(&processed)? {
+                        doomed.push(processed);
+                    }
+                }
             }
         }
         let more = full(&doomed);
@@ -1421,6 +1453,8 @@ impl View<'_> {
         })
     }
 
+    /// Deletes what is due, at most `entries_max` entries: delivered outbox
+    /// events with their processed entries, then what the expiry index holds.
     fn sweep(
         &self,
         w: &mut Writes,
@@ -1434,11 +1468,52 @@ impl View<'_> {
         }
         let delivered_to_all = |seq: u64| cursors.iter().all(|&c| c >= seq);
         let mut out = SweepOutcome::default();
-        // A record rewritten several times has several index entries; it is
-        // deleted (and counted) once.
+        // Entries deleted by this command (reads see the tree, not its own
+        // writes): a record rewritten several times has several index
+        // entries, and an entry the outbox walk deleted may be indexed too.
         let mut deleted = std::collections::HashSet::new();
+        let mut budget = entries_max;
+
+        // The outbox in sequence order, each event with its consumers'
+        // processed entries. Events expire in about the order they were
+        // written (written at `now`, kept the same TTL) and cursors only move
+        // forward, so the first event not yet due, or not yet had by every
+        // consumer, ends the walk: those after it wait for it. Never drop an
+        // event a consumer has not had.
+        for item in self.range(&[keys::OUTBOX], &keys::outbox(u64::MAX)) {
+            if budget == 0 {
+                break;
+            }
+            let (key, value) = item?;
+            let event = decode::<OutboxEvent>(&value)?.0;
+            if event.expires_at > now {
+                break;
+            }
+            if !delivered_to_all(event.seq) {
+                out.deferred += 1;
+                break;
+            }
+            budget -= 1;
+            out.events += 1;
+            w.remove(&key);
+            for consumer in Consumer::ALL {
+                let processed = keys::processed(consumer, &event.event_id);
+                if self.contains_key(&processed)? {
+                    budget = budget.saturating_sub(1);
+                    out.processed += 1;
+                    w.remove(&processed);
+                    deleted.insert(processed);
+                }
+            }
+            deleted.insert(key.to_vec());
+        }
+
+        // The expiry index in time order: records, markers, processed
+        // entries of single-event commands, and whatever an earlier release
+        // indexed. An index entry can be stale (its target was rewritten with
+        // a later expiry, or is gone); then only the index entry goes.
         let end = keys::expiry(now, &[]);
-        for item in self.range(&[keys::EXPIRY], &end).take(entries_max) {
+        for item in self.range(&[keys::EXPIRY], &end).take(budget) {
             let (index_key, _) = item?;
             let Some((_, primary)) = keys::parse_expiry(&index_key) else {
                 return Err(Error::Corrupt("malformed expiry index key".into()));
@@ -1458,16 +1533,9 @@ impl View<'_> {
                 Some(&keys::PROCESSED) => self
                     .get::<Processed>(primary)?
                     .map(|p| (p.expires_at <= now, &mut out.processed)),
-                Some(&keys::OUTBOX) => match self.get::<OutboxEvent>(primary)? {
-                    Some(e) if e.expires_at <= now && !delivered_to_all(e.seq) => {
-                        // Never drop an event a consumer has not had: look again later.
-                        out.deferred += 1;
-                        w.put_expiry(now.plus_ms(SWEEP_DEFER_MS), primary);
-                        w.changes.remove(index_key);
-                        continue;
-                    }
-                    other => other.map(|e| (e.expires_at <= now, &mut out.events)),
-                },
+                // Indexed by releases before the outbox walk: the walk above
+                // deletes the event when it is due and delivered.
+                Some(&keys::OUTBOX) => None,
                 _ => return Err(Error::Corrupt("expiry index points at unknown kind".into())),
             };
             match due {

@@ -210,6 +210,23 @@ async fn a_directory_the_previous_release_wrote_is_migrated() {
         store.shutdown().await.unwrap();
     }
     assert!(!dir.path().join("commands.wal").exists());
+    // Its expiry index also holds the outbox events, which the sweep now
+    // finds by walking the outbox: every entry still goes once due.
+    let store = common::open(dir.path()).await;
+    assert!(store.count_prefix(EntryKind::ExpiryIndex) > 18);
+    let sweep = Command::Sweep {
+        now: T0.plus_ms(10_000 * HOUR_MS),
+        entries_max: 1_000,
+        consumers: vec![],
+    };
+    let Applied::Sweep(out) = store.execute(sweep).await.unwrap() else {
+        panic!()
+    };
+    assert_eq!((out.records, out.markers, out.events), (9, 9, 9), "{out:?}");
+    for kind in [EntryKind::ExpiryIndex, EntryKind::Outbox, EntryKind::Record] {
+        assert_eq!(store.count_prefix(kind), 0, "{kind:?}");
+    }
+    store.shutdown().await.unwrap();
 }
 
 #[tokio::test]
@@ -938,6 +955,135 @@ async fn a_consumer_batch_applies_each_event_once_and_moves_the_cursor_with_it()
     assert_eq!(status("ord_1").await, OrderStatus::Paid);
 }
 
+/// A consumer's processed entry goes with its outbox event, not on its own
+/// clock: past its TTL, an event one consumer has not had stays, and so does
+/// the other consumer's entry, so an outbox replay delivers the event to that
+/// consumer again as a duplicate. An order and its consumers' entries index
+/// only the record and the marker; once every consumer had the event, the
+/// sweep deletes it all.
+#[tokio::test]
+async fn a_processed_entry_lives_as_long_as_its_event() {
+    use keyhold_core::Item;
+    use keyhold_store::{ConsumeOutcome, Cursor, InventoryEffect, PaymentEffect, SweepOutcome};
+    let dir = tempfile::tempdir().unwrap();
+    let store = common::open(dir.path()).await;
+    order(&store, create("k1", "c1", "fp", "ord_1", T0)).await;
+    assert_eq!(
+        store.count_prefix(EntryKind::ExpiryIndex),
+        2,
+        "record and marker"
+    );
+    let event = store.outbox_after(0, 1).await.unwrap().remove(0);
+    let reserve = |cursor: Option<Cursor>| Command::ConsumeInventoryBatch {
+        events: vec![InventoryEffect {
+            seq: event.seq,
+            event_id: event.event_id.clone(),
+            order_id: "ord_1".into(),
+            items: vec![Item {
+                sku: "a".into(),
+                quantity: 1,
+            }],
+        }],
+        now: T0,
+        processed_ttl_ms: HOUR_MS,
+        cursor,
+    };
+    let consumed = |applied: Applied| match applied {
+        Applied::ConsumedBatch(out) => out.events,
+        other => panic!("{other:?}"),
+    };
+    let first = store
+        .execute(reserve(Some(Cursor {
+            seq: event.seq,
+            generation: 0,
+        })))
+        .await
+        .unwrap();
+    assert_eq!(consumed(first), vec![Ok(ConsumeOutcome::Applied)]);
+    assert_eq!(store.count_prefix(EntryKind::ExpiryIndex), 2);
+
+    // 100 hours on: the inventory entry's own TTL (1 h) and the event's (48 h)
+    // passed, but payments has not had the event.
+    let sweep = |now: UnixMillis| Command::Sweep {
+        now,
+        entries_max: 100,
+        consumers: vec![Consumer::Inventory, Consumer::Payments],
+    };
+    let late = T0.plus_ms(100 * HOUR_MS);
+    let Applied::Sweep(out) = store.execute(sweep(late)).await.unwrap() else {
+        panic!()
+    };
+    let expected = SweepOutcome {
+        records: 1,
+        markers: 1,
+        deferred: 1,
+        ..SweepOutcome::default()
+    };
+    assert_eq!(out, expected);
+    assert!(store
+        .is_processed(Consumer::Inventory, &event.event_id)
+        .await
+        .unwrap());
+    let replay = Command::ReplayOutbox {
+        from_seq: event.seq,
+        consumers: vec![Consumer::Inventory],
+    };
+    store.execute(replay).await.unwrap();
+    let again = store.execute(reserve(None)).await.unwrap();
+    assert_eq!(consumed(again), vec![Ok(ConsumeOutcome::Duplicate)]);
+    assert_eq!(store.reservations("ord_1").await.unwrap().len(), 1);
+
+    // Every consumer has it now: the event and both entries go together.
+    let pay = Command::ConsumePaymentBatch {
+        events: vec![PaymentEffect {
+            seq: event.seq,
+            event_id: event.event_id.clone(),
+            order_id: "ord_1".into(),
+            charge_id: "ch_1".into(),
+            paid: true,
+        }],
+        now: late,
+        processed_ttl_ms: HOUR_MS,
+        cursor: Some(Cursor {
+            seq: event.seq,
+            generation: 0,
+        }),
+    };
+    assert_eq!(
+        consumed(store.execute(pay).await.unwrap()),
+        vec![Ok(ConsumeOutcome::Applied)]
+    );
+    let generation = store
+        .cursor_at(Consumer::Inventory)
+        .await
+        .unwrap()
+        .generation;
+    let advance = Command::AdvanceCursor {
+        consumer: Consumer::Inventory,
+        seq: event.seq,
+        generation,
+    };
+    store.execute(advance).await.unwrap();
+    let Applied::Sweep(out) = store.execute(sweep(late.plus_ms(1))).await.unwrap() else {
+        panic!()
+    };
+    let expected = SweepOutcome {
+        events: 1,
+        processed: 2,
+        ..SweepOutcome::default()
+    };
+    assert_eq!(out, expected);
+    for kind in [
+        EntryKind::Outbox,
+        EntryKind::Processed,
+        EntryKind::ExpiryIndex,
+        EntryKind::Record,
+        EntryKind::Marker,
+    ] {
+        assert_eq!(store.count_prefix(kind), 0, "{kind:?}");
+    }
+}
+
 /// The same order command for another tenant.
 fn for_tenant(tenant: &str, mut command: Command) -> Command {
     if let Command::CreateOrder { scope, order, .. } = &mut command {
@@ -970,6 +1116,23 @@ async fn erasing_a_tenant_keeps_other_tenants_and_delivered_events() {
     )
     .await;
     assert_eq!(store.count_prefix(EntryKind::Outbox), 4);
+    // Inventory alone has had ord_2's event: its entry goes with the event.
+    let inventory = Command::ConsumeInventoryBatch {
+        events: vec![keyhold_store::InventoryEffect {
+            seq: 2,
+            event_id: "evt_ord_2".into(),
+            order_id: "ord_2".into(),
+            items: vec![],
+        }],
+        now: T0,
+        processed_ttl_ms: HOUR_MS,
+        cursor: Some(keyhold_store::Cursor {
+            seq: 2,
+            generation: 0,
+        }),
+    };
+    store.execute(inventory).await.unwrap();
+    assert_eq!(store.count_prefix(EntryKind::Processed), 1);
     let t1 = TenantId::parse("t1").unwrap();
     let erase = Command::EraseTenant {
         tenant: t1.clone(),
@@ -991,9 +1154,10 @@ async fn erasing_a_tenant_keeps_other_tenants_and_delivered_events() {
         }
     }
     assert!(pages > 1, "the erasure went in pages");
-    // Three records, three markers, three index entries, three orders, and the
-    // two pending events.
-    assert_eq!(erased, 14);
+    // Three records, three markers, three index entries, three orders, the
+    // two pending events and inventory's entry of one of them.
+    assert_eq!(erased, 15);
+    assert_eq!(store.count_prefix(EntryKind::Processed), 0);
     assert_eq!(store.tenant_entry_count(&t1).unwrap(), 0);
     for id in ["ord_1", "ord_2", "ord_3"] {
         assert_eq!(store.order(id).await.unwrap(), None, "{id}");
