@@ -241,12 +241,18 @@ pub const MOVE_CALL_TIMEOUT_MS: u64 = 60_000;
 /// progress (a registry write that also renews its lease).
 pub const MOVE_PULL_PAGES_MAX: u64 = 16;
 pub const MOVE_PULL_BUDGET_MS: u64 = 5_000;
-/// Bytes of keys and payloads in one import command at the new home. A page
-/// from the old home is split into commands this large, so that the apply
-/// thread, which also serves the new home's own tenants, never holds their
-/// commands behind a whole page (a 4 MiB page kept them waiting ~1 s; see
-/// docs/benchmarks.md, "Store: a move's import").
+/// Bytes of keys and payloads in one import command at the new home, in the
+/// fenced final pass. A page from the old home is split into commands this
+/// large, so that the apply thread, which also serves the new home's own
+/// tenants, never holds their commands behind a whole page (a 4 MiB page kept
+/// them waiting ~1 s; see docs/benchmarks.md, "Store: a move's import").
 pub const MOVE_IMPORT_COMMAND_BYTES_MAX: usize = 128 * 1024;
+/// The same in the online first pass, which is paced anyway: every one of the
+/// new home's own orders that shares an entry with an import command waits
+/// for all of it to apply, so smaller commands keep those waits short. The
+/// final pass keeps the larger commands: there each second is a second of 503
+/// `tenant-moving` for the moving tenant.
+pub const MOVE_ONLINE_IMPORT_COMMAND_BYTES_MAX: usize = 32 * 1024;
 /// The rate at which the first pass of a move (online: the tenant is still
 /// served at its old home) imports at the new home, in bytes of keys and
 /// payloads per second: the new home's own tenants keep most of its apply
@@ -297,6 +303,7 @@ const _: () = assert!(MOVE_PULL_PAGES_MAX >= 1);
 // A command is a fraction of a page, and one second of pacing holds a few.
 const _: () = assert!(MOVE_IMPORT_COMMAND_BYTES_MAX * 8 <= MOVE_PAGE_BYTES_MAX);
 const _: () = assert!(MOVE_IMPORT_COMMAND_BYTES_MAX as u64 * 4 <= MOVE_COPY_BYTES_PER_SECOND);
+const _: () = assert!(MOVE_ONLINE_IMPORT_COMMAND_BYTES_MAX <= MOVE_IMPORT_COMMAND_BYTES_MAX);
 // A pull call copies at least one page within its budget at the paced rate.
 const _: () =
     assert!(MOVE_PAGE_BYTES_MAX as u64 * 1000 <= MOVE_COPY_BYTES_PER_SECOND * MOVE_PULL_BUDGET_MS);

@@ -19,8 +19,9 @@
 use super::{json_response, read_body};
 use crate::limits::{
     MOVE_CALL_TIMEOUT_MS, MOVE_COPY_BYTES_PER_SECOND, MOVE_DRAIN_POLL_MS, MOVE_DRAIN_WAIT_MS,
-    MOVE_IMPORT_BODY_BYTES_MAX, MOVE_IMPORT_COMMAND_BYTES_MAX, MOVE_PAGE_BYTES_MAX,
-    MOVE_PULL_BUDGET_MS, MOVE_PULL_PAGES_MAX, REGISTRY_READ_WAIT_MS,
+    MOVE_IMPORT_BODY_BYTES_MAX, MOVE_IMPORT_COMMAND_BYTES_MAX,
+    MOVE_ONLINE_IMPORT_COMMAND_BYTES_MAX, MOVE_PAGE_BYTES_MAX, MOVE_PULL_BUDGET_MS,
+    MOVE_PULL_PAGES_MAX, REGISTRY_READ_WAIT_MS,
 };
 use crate::node::Node;
 use crate::problem::ApiError;
@@ -491,11 +492,16 @@ enum Piece {
 }
 
 /// One page of `pass` as import commands of at most
-/// `MOVE_IMPORT_COMMAND_BYTES_MAX` bytes each, with their sizes. An empty page
-/// is one empty command: it still sets the tenant's guard for the move.
+/// `MOVE_ONLINE_IMPORT_COMMAND_BYTES_MAX` bytes each in the first pass and
+/// `MOVE_IMPORT_COMMAND_BYTES_MAX` in the fenced one, with their sizes. An
+/// empty page is one empty command: it still sets the tenant's guard for the
+/// move.
 fn import_commands(pass: Pass, bytes: &[u8]) -> Result<Vec<(Piece, usize)>, ApiError> {
     let undecodable = |e: keyhold_store::Error| ApiError::invalid("", e.to_string());
-    let max = MOVE_IMPORT_COMMAND_BYTES_MAX;
+    let max = match pass {
+        Pass::Full => MOVE_ONLINE_IMPORT_COMMAND_BYTES_MAX,
+        Pass::Changes => MOVE_IMPORT_COMMAND_BYTES_MAX,
+    };
     let mut commands = Vec::new();
     match pass {
         Pass::Full => {
@@ -749,8 +755,9 @@ mod tests {
         assert!(split_by_bytes(Vec::<usize>::new(), 100, |n| *n).is_empty());
     }
 
-    /// A 4 MiB page becomes commands of at most `MOVE_IMPORT_COMMAND_BYTES_MAX`
-    /// bytes that carry every entry once, in order.
+    /// A 4 MiB page of the first pass becomes commands of at most
+    /// `MOVE_ONLINE_IMPORT_COMMAND_BYTES_MAX` bytes that carry every entry
+    /// once, in order.
     #[test]
     fn a_page_is_imported_in_commands_bounded_by_bytes() {
         let entries: Vec<ExportEntry> = (0..=255u8).map(|n| entry(n, 16 * 1024)).collect();
@@ -758,11 +765,11 @@ mod tests {
         let commands = import_commands(Pass::Full, &page).unwrap();
         assert_eq!(
             commands.len(),
-            256 * 16 * 1024 / MOVE_IMPORT_COMMAND_BYTES_MAX
+            256 * 16 * 1024 / MOVE_ONLINE_IMPORT_COMMAND_BYTES_MAX
         );
         let mut carried = Vec::new();
         for (command, size) in commands {
-            assert!(size <= MOVE_IMPORT_COMMAND_BYTES_MAX);
+            assert!(size <= MOVE_ONLINE_IMPORT_COMMAND_BYTES_MAX);
             let Piece::Entries(entries) = command else {
                 panic!("not an import: {command:?}");
             };
