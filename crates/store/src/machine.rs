@@ -1470,13 +1470,15 @@ impl View<'_> {
         let mut out = SweepOutcome::default();
         // Entries deleted by this command (reads see the tree, not its own
         // writes): a record rewritten several times has several index
-        // entries, and an entry the outbox walk deleted may be indexed too.
+        // entries, and a processed entry the outbox walk deleted may be
+        // indexed too (by a single-event command or an older release). Events
+        // need no place here: the index walk drops every event entry anyway.
         let mut deleted = std::collections::HashSet::new();
         let mut budget = entries_max;
 
         // The outbox in sequence order, each event with its consumers'
         // processed entries. Events expire in about the order they were
-        // written (written at `now`, kept the same TTL) and cursors only move
+        // written (each at its command's `now` plus the same TTL); cursors only move
         // forward, so the first event not yet due, or not yet had by every
         // consumer, ends the walk: those after it wait for it. Never drop an
         // event a consumer has not had.
@@ -1505,7 +1507,6 @@ impl View<'_> {
                     deleted.insert(processed);
                 }
             }
-            deleted.insert(key.to_vec());
         }
 
         // The expiry index in time order: records, markers, processed
