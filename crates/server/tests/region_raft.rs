@@ -382,18 +382,7 @@ async fn an_empty_learner_catches_up_by_snapshot_over_http() {
         .current_leader(1, "the only voter leads")
         .await
         .unwrap();
-    for n in 1..=ORDERS {
-        let answer = leader
-            .group
-            .execute(common::new_order(n))
-            .await
-            .unwrap()
-            .value;
-        assert!(matches!(
-            answer,
-            Applied::Order(OrderOutcome::Created { .. })
-        ));
-    }
+    create_orders(&leader).await;
     // A snapshot, and the log purged behind it: a new member can only get the
     // region from the snapshot.
     let applied = raft.metrics().borrow().last_applied.unwrap();
@@ -495,20 +484,7 @@ async fn a_learner_too_slow_for_large_appends_still_receives_the_log() {
         .current_leader(1, "the only voter leads")
         .await
         .unwrap();
-    for n in 1..=ORDERS {
-        let answer = leader
-            .group
-            .execute(common::new_order(n))
-            .await
-            .unwrap()
-            .value;
-        assert!(matches!(
-            answer,
-            Applied::Order(OrderOutcome::Created { .. })
-        ));
-    }
-    let last = raft.metrics().borrow().last_applied.unwrap();
-    assert!(last.index > ORDERS, "one entry per order at least: {last}");
+    let last = create_orders(&leader).await;
     let slow = SlowAppends {
         entries_max: 4,
         refused: Arc::new(AtomicU64::new(0)),
@@ -538,7 +514,7 @@ async fn a_learner_too_slow_for_large_appends_still_receives_the_log() {
             "{refused} appends over the learner's 4 entries"
         );
         let applied = learner.group.raft().metrics().borrow().last_applied;
-        if applied.is_some_and(|a| a.index >= last.index) {
+        if applied.is_some_and(|a| a.index >= last) {
             break;
         }
         assert!(
@@ -595,20 +571,7 @@ async fn a_byte_bound_on_appends_sends_a_learner_the_log_in_prefixes() {
         .current_leader(1, "the only voter leads")
         .await
         .unwrap();
-    for n in 1..=ORDERS {
-        let answer = leader
-            .group
-            .execute(common::new_order(n))
-            .await
-            .unwrap()
-            .value;
-        assert!(matches!(
-            answer,
-            Applied::Order(OrderOutcome::Created { .. })
-        ));
-    }
-    let last = raft.metrics().borrow().last_applied.unwrap();
-    assert!(last.index > ORDERS, "one entry per order at least: {last}");
+    let last = create_orders(&leader).await;
     let learner = Voter::start(
         2,
         listeners.next().unwrap(),
@@ -623,7 +586,7 @@ async fn a_byte_bound_on_appends_sends_a_learner_the_log_in_prefixes() {
         .group
         .raft()
         .wait(Some(WAIT))
-        .applied_index_at_least(Some(last.index), "the learner has the whole log")
+        .applied_index_at_least(Some(last), "the learner has the whole log")
         .await
         .unwrap();
     assert_eq!(
@@ -769,4 +732,22 @@ async fn a_standby_learners_entries_do_not_wait_behind_its_heartbeats() {
     );
     learner.kill().await;
     leader.kill().await;
+}
+
+/// Creates `ORDERS` orders on `leader`, one after another, each in an entry of
+/// its own; returns the index of the last. The index comes from the answer,
+/// not from the metrics: those are published after the apply and may still
+/// show an earlier entry.
+async fn create_orders(leader: &Voter) -> u64 {
+    let mut last = 0;
+    for n in 1..=ORDERS {
+        let logged = leader.group.execute(common::new_order(n)).await.unwrap();
+        assert!(matches!(
+            logged.value,
+            Applied::Order(OrderOutcome::Created { .. })
+        ));
+        last = logged.index;
+    }
+    assert!(last > ORDERS, "one entry per order at least: {last}");
+    last
 }
