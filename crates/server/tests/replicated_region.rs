@@ -743,6 +743,11 @@ async fn a_region_survival_tenant_is_answered_only_once_its_standby_holds_the_or
         metrics.contains("keyhold_survival_waits_total{outcome=\"timed_out\"}"),
         "{metrics}"
     );
+    // The apply's share of each entry, for telling a slow disk from a busy node.
+    assert!(
+        metrics.contains("keyhold_store_apply_seconds_count"),
+        "{metrics}"
+    );
 
     // b is back: the retry replays the order once b's copy has it.
     nodes.push(restart(dir.path(), b, &nodes, &standbys).await);
