@@ -1,6 +1,7 @@
 //! The sled-backed Raft log store shared by every openraft group of keyhold (the
 //! registry and each region's store), generic over the group's type configuration,
-//! with the node identity those groups share and their one byte encoding.
+//! with the node identity those groups share, their one byte encoding, and where
+//! two copies of one group's log part (`tail`).
 //!
 //! One group's log occupies two trees of a sled `Db` (`LogTrees`): its entries and its
 //! meta (vote, committed and last purged log id). Trees rather than a `Db` per group
@@ -17,11 +18,13 @@ pub mod limits;
 mod log;
 mod node;
 pub mod probe;
+pub mod tail;
 
 use std::time::{Duration, Instant};
 
 pub use self::log::{LogStore, LogTrees};
 pub use self::node::{NodeId, NodeInfo};
+pub use self::tail::{LeaderRun, LogTail};
 
 /// Errors of opening a log store (every later failure is openraft's `StorageError`).
 #[derive(Debug, thiserror::Error)]

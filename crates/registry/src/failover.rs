@@ -9,6 +9,7 @@
 //! (bincode) in sled values and in Raft log entries written before failover
 //! existed, which must still decode.
 
+use keyhold_raftlog::LogTail;
 use serde::{Deserialize, Serialize};
 
 use crate::state::{
@@ -103,6 +104,19 @@ impl RegistryState {
         self.failovers.get(operation_id)
     }
 
+    /// The log tail of the copy done failover `operation_id` promoted; for one
+    /// completed without it (`Request::CompleteFailover`), its position taken
+    /// as all committed.
+    pub fn failover_tail(&self, operation_id: &str) -> Option<LogTail> {
+        let result = self.failovers.get(operation_id)?;
+        Some(
+            self.failover_tails
+                .get(operation_id)
+                .cloned()
+                .unwrap_or_else(|| LogTail::confirmed(result.at)),
+        )
+    }
+
     /// Refuses a change that would give `region` a tenant while it is fenced.
     pub(crate) fn check_not_failing_over(&self, region: &str) -> Result<(), Rejection> {
         match self.failover_running_from(region) {
@@ -120,6 +134,7 @@ impl RegistryState {
         let mut keys = vec![
             StateKey::Operation(operation_id.to_string()),
             StateKey::Failover(operation_id.to_string()),
+            StateKey::FailoverTail(operation_id.to_string()),
         ];
         let Some(op) = self.operations.get(operation_id) else {
             return keys;
@@ -239,6 +254,7 @@ impl RegistryState {
         &mut self,
         operation_id: &str,
         at: u64,
+        tail: Option<&LogTail>,
         estimated_lost: &LostEstimate,
         now_ms: u64,
     ) -> Result<Response, Rejection> {
@@ -285,6 +301,10 @@ impl RegistryState {
             tenants,
         };
         self.failovers.insert(operation_id.to_string(), result);
+        if let Some(tail) = tail {
+            self.failover_tails
+                .insert(operation_id.to_string(), tail.clone());
+        }
         let op = self.operations.get_mut(operation_id).expect("found above");
         op.state = OperationState::Done;
         op.progress = 1.0;
@@ -412,6 +432,7 @@ mod tests {
         assert_eq!(state.operations["f1"].state, OperationState::Done);
         let result = state.failover_result("f1").expect("kept");
         assert_eq!(result.at, 42);
+        assert_eq!(state.failover_tail("f1"), Some(LogTail::confirmed(42)));
         assert_eq!(result.tenants, vec!["t1".to_string(), "t2".to_string()]);
         assert!(state.failover_running_from("a").is_none());
         assert_eq!(state.failovers_from("a").len(), 1);
@@ -470,6 +491,36 @@ mod tests {
             second.rejection(),
             Some(Rejection::RegionFailingOver { .. })
         ));
+    }
+
+    #[test]
+    fn a_failover_from_a_tail_keeps_the_tail_it_completed_with() {
+        let mut state = three_regions();
+        state.apply(&Request::CreateTenant {
+            record: tenant("t1", "a"),
+        });
+        state.apply(&begin("f1", "a", "b"));
+        let tail = LogTail::of(
+            40,
+            [41, 42].map(|i| openraft::LogId::new(openraft::CommittedLeaderId::new(3, 7), i)),
+        );
+        let complete = |tail: &LogTail| Request::CompleteFailoverFrom {
+            operation_id: "f1".into(),
+            tail: tail.clone(),
+            estimated_lost: LostEstimate::default(),
+            now_ms: 20,
+        };
+        let keys = complete(&tail).touched_keys(&state);
+        assert!(keys.contains(&StateKey::FailoverTail("f1".into())));
+        let done = state.apply(&complete(&tail));
+        assert!(done.rejection().is_none(), "{done:?}");
+        assert_eq!(state.failover_result("f1").expect("kept").at, 42);
+        assert_eq!(state.tenants["t1"].home_region, "b");
+        // A repeat with another tail (a second driver's) keeps the first.
+        let replay = state.apply(&complete(&LogTail::confirmed(43)));
+        assert!(replay.rejection().is_none(), "{replay:?}");
+        assert_eq!(state.failover_tail("f1"), Some(tail));
+        assert_eq!(state.failover_result("f1").expect("kept").at, 42);
     }
 
     #[test]

@@ -12,6 +12,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use keyhold_raftlog::LogTail;
 use serde::{Deserialize, Serialize};
 
 pub use crate::failover::{FailoverResult, LostEstimate, Survival};
@@ -172,6 +173,10 @@ pub struct RegistryState {
     /// The result of each done failover operation, by operation id (beside
     /// `Operation` for the same reason).
     pub failovers: BTreeMap<String, FailoverResult>,
+    /// The log tail of the copy each done failover promoted (beside
+    /// `FailoverResult`, which entries and values of earlier releases encode
+    /// without it); absent for a failover completed by `CompleteFailover`.
+    pub failover_tails: BTreeMap<String, LogTail>,
 }
 
 /// A change to the registry, replicated through the Raft log. Times are inputs, never
@@ -283,8 +288,8 @@ pub enum Request {
         to: String,
         now_ms: u64,
     },
-    /// Re-homes every tenant of the failed region in `to` with epoch + 1 (a
-    /// move out of it fails) and finishes the operation with its result.
+    /// `CompleteFailoverFrom` with a copy's position alone (its whole log
+    /// taken as committed): kept for entries already in logs.
     CompleteFailover {
         operation_id: String,
         at: u64,
@@ -295,6 +300,16 @@ pub enum Request {
     FailFailover {
         operation_id: String,
         error: String,
+        now_ms: u64,
+    },
+    /// Re-homes every tenant of the failed region in `to` with epoch + 1 (a
+    /// move out of it fails) and finishes the operation with its result and
+    /// the tail of the copy it promoted (up to `tail.last`), which tells the
+    /// failed region which of its entries the copy holds.
+    CompleteFailoverFrom {
+        operation_id: String,
+        tail: LogTail,
+        estimated_lost: LostEstimate,
         now_ms: u64,
     },
 }
@@ -397,6 +412,7 @@ pub(crate) enum StateKey {
     Driver(String),
     Survival(String),
     Failover(String),
+    FailoverTail(String),
 }
 
 impl Request {
@@ -455,7 +471,8 @@ impl Request {
             | Request::FailFailover { operation_id, .. } => {
                 vec![StateKey::Operation(operation_id.clone())]
             }
-            Request::CompleteFailover { operation_id, .. } => {
+            Request::CompleteFailover { operation_id, .. }
+            | Request::CompleteFailoverFrom { operation_id, .. } => {
                 state.failover_touched_keys(operation_id)
             }
         }
@@ -558,6 +575,13 @@ impl fmt::Display for Request {
             Request::CompleteFailover {
                 operation_id, at, ..
             } => write!(f, "CompleteFailover({operation_id}, at {at})"),
+            Request::CompleteFailoverFrom {
+                operation_id, tail, ..
+            } => write!(
+                f,
+                "CompleteFailoverFrom({operation_id}, at {}, committed {})",
+                tail.last, tail.committed
+            ),
             Request::FailFailover { operation_id, .. } => {
                 write!(f, "FailFailover({operation_id})")
             }
@@ -677,7 +701,15 @@ impl RegistryState {
                 at,
                 estimated_lost,
                 now_ms,
-            } => self.complete_failover(operation_id, *at, estimated_lost, *now_ms),
+            } => self.complete_failover(operation_id, *at, None, estimated_lost, *now_ms),
+            Request::CompleteFailoverFrom {
+                operation_id,
+                tail,
+                estimated_lost,
+                now_ms,
+            } => {
+                self.complete_failover(operation_id, tail.last, Some(tail), estimated_lost, *now_ms)
+            }
             Request::FailFailover {
                 operation_id,
                 error,

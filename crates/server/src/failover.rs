@@ -10,12 +10,13 @@
 //! acknowledge anything new for them. Then it asks every node of this region
 //! where its copy of the failed region's store stands, has the best one
 //! promoted and imported into this region's store (`routes::failover`), and
-//! commits `CompleteFailover` with the copy's position (`at`) and the last lag
-//! that copy knew (`estimated_lost`).
+//! commits `CompleteFailoverFrom` with the copy's tail (its position `at` and
+//! the leaders of the entries it held without knowing them committed) and the
+//! last lag that copy knew (`estimated_lost`).
 //!
 //! Every step is idempotent: a new leader of this region runs the failover
 //! again from its first step, and the registry answers a second
-//! `CompleteFailover` as the first.
+//! `CompleteFailoverFrom` as the first.
 //!
 //! With `auto_failover_after` configured, the same leader also watches every
 //! region whose standby its region is, and begins a failover of one that
@@ -33,6 +34,7 @@ use keyhold_registry::{
     LostEstimate, NodeId, Operation, OperationKind, Request, Response as RegistryResponse,
     NODE_CREDENTIAL_HEADER,
 };
+use keyhold_store::LogTail;
 use serde::Deserialize;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -59,6 +61,9 @@ pub struct CopyPosition {
 #[derive(Debug, Deserialize)]
 struct Imported {
     at: u64,
+    /// Absent from an import by a node of an earlier release.
+    #[serde(default)]
+    tail: Option<LogTail>,
     #[serde(default)]
     tenants: u64,
     #[serde(default)]
@@ -127,9 +132,11 @@ async fn drive(node: &Node, op: &Operation) -> Result<(), String> {
         at = imported.at, tenants = imported.tenants, entries = imported.entries,
         events = imported.events, "failover copy imported"
     );
-    let request = Request::CompleteFailover {
+    let request = Request::CompleteFailoverFrom {
         operation_id: op.operation_id.clone(),
-        at: imported.at,
+        tail: imported
+            .tail
+            .unwrap_or_else(|| LogTail::confirmed(imported.at)),
         estimated_lost: best.lag.unwrap_or_default(),
         now_ms: now().0,
     };

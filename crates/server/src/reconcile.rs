@@ -1,9 +1,14 @@
 //! Return and reconciliation of a region after a failover away from it.
 //!
 //! A failover re-homes every tenant of region r in `to` from the standby's copy
-//! of r's log up to a position `at`. When r comes back (restarted or healed) its
-//! store still holds what it applied after `at` for those tenants: the
-//! acknowledged orders and claims the failover lost. r already forwards the
+//! of r's log up to a position. When r comes back (restarted or healed) its
+//! store still holds what it applied beyond the copy for those tenants: the
+//! acknowledged orders and claims the failover lost. "Beyond the copy" is
+//! above the *cut*, `at` below (`Store::failover_cut`): the last index up to
+//! which the copy holds the same entries as r. That is the copy's position
+//! unless a leader the copy never heard from wrote r's entries at indexes
+//! where the copy holds a deposed leader's unconfirmed ones: r's entries
+//! there are not in the copy, whatever their index. r already forwards the
 //! tenants (the registry homes them in `to` at a higher epoch). This task, on
 //! r's region leader, works off every done failover from r that r's store has
 //! not reconciled, each step safe to repeat (a new leader starts over):
@@ -56,7 +61,7 @@ use crate::node::Node;
 use keyhold_core::TenantId;
 use keyhold_registry::{Survival, NODE_CREDENTIAL_HEADER};
 use keyhold_store::limits::ERASE_ENTRIES_MAX;
-use keyhold_store::{GuardOutcome, OrphanKind, Reconciliation};
+use keyhold_store::{GuardOutcome, LogTail, OrphanKind, Reconciliation};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -67,7 +72,8 @@ use tokio::sync::watch;
 #[derive(Debug, Clone)]
 pub struct Failover {
     pub operation_id: String,
-    pub at: u64,
+    /// The promoted copy's tail (`tail.last` is its position).
+    pub tail: LogTail,
     pub tenants: Vec<String>,
 }
 
@@ -82,7 +88,7 @@ pub fn failovers_from(node: &Node, region: &str) -> Vec<Failover> {
                 let result = state.failover_result(&op.operation_id)?;
                 Some(Failover {
                     operation_id: op.operation_id.clone(),
-                    at: result.at,
+                    tail: state.failover_tail(&op.operation_id)?,
                     tenants: result.tenants.clone(),
                 })
             })
@@ -153,13 +159,27 @@ async fn reconcile(node: &Node, failover: &Failover) -> Result<(), String> {
             fence(node, tenant, op).await?;
         }
     }
+    // After the fences: every record of the lost tenants precedes them, so
+    // every pass finds the same cut for them.
+    let at = match &recorded {
+        Some(report) => report.at,
+        None => store
+            .failover_cut(&failover.tail)
+            .map_err(|e| e.to_string())?,
+    };
+    if at < failover.tail.last {
+        tracing::warn!(
+            operation = %op, position = failover.tail.last, cut = at,
+            "the promoted copy's last entries are not this region's: its records from the cut on are orphans"
+        );
+    }
     // Behind the fence nothing of theirs is written here any more: every
     // event of theirs in this outbox is before the mark, and this region's
     // consumers settle each without an effect (`Disposition`). Until the
     // mark the relays hold those events back (`unmarked_losses`).
     for tenant in &tenants {
         store
-            .mark_lost(tenant.clone(), op.clone(), failover.at)
+            .mark_lost(tenant.clone(), op.clone(), at)
             .await
             .map_err(|e| e.to_string())?;
     }
@@ -181,12 +201,12 @@ async fn reconcile(node: &Node, failover: &Failover) -> Result<(), String> {
                     .collect()
             });
             let (mut orphans, omitted) = store
-                .orphans(&acknowledged_only_here, failover.at)
+                .orphans(&acknowledged_only_here, at)
                 .map_err(|e| e.to_string())?;
             find_duplicates(node, &mut orphans).await?;
             let computed = Reconciliation {
                 operation_id: op.clone(),
-                at: failover.at,
+                at,
                 tenants: tenants.clone(),
                 orphans,
                 omitted,
@@ -199,7 +219,7 @@ async fn reconcile(node: &Node, failover: &Failover) -> Result<(), String> {
             if stored == computed {
                 let found = stored.orphans.len() as u64 + stored.omitted;
                 metrics::counter!("keyhold_reconciliation_orphans_total").increment(found);
-                tracing::info!(operation = %op, at = failover.at, orphans = found, "failover reconciled: orphans recorded");
+                tracing::info!(operation = %op, at, orphans = found, "failover reconciled: orphans recorded");
             }
             stored
         }

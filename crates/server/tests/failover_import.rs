@@ -746,6 +746,14 @@ async fn the_driver_completes_a_failover_through_the_import() {
         .unwrap();
     assert!(result.at >= a_applied);
     assert_eq!(result.tenants, vec![TENANT.to_string()]);
+    // The registry keeps the promoted copy's tail, which a's reconciliation
+    // reads its cut from; the driver's answer carried it.
+    let tail = b
+        .registry()
+        .read(|s| s.failover_tails.get(&operation_id).cloned())
+        .expect("the failover recorded its copy's tail");
+    assert_eq!(tail.last, result.at);
+    assert!(tail.committed <= tail.last);
     let (status, replayed, replay) = order_settled(&b_api, &token, "before").await;
     assert_eq!(status, 201, "{}", String::from_utf8_lossy(&replay));
     assert!(replayed);

@@ -48,6 +48,9 @@ pub use command::{
 };
 pub use consumer::Consumer;
 pub use format::STORAGE_FORMAT;
+/// A copy's log beyond what it knew committed (what `Store::promote` answers
+/// and `Store::failover_cut` reads).
+pub use keyhold_raftlog::LogTail;
 pub use reconcile::{Disposition, LostTenant, Orphan, OrphanKind, Reconciliation};
 pub use stats::CommitStats;
 
@@ -280,9 +283,9 @@ impl Store {
     }
 
     /// Promotes this replica (a standby copy of a failed region) to final:
-    /// see `raft::RegionGroup::promote`. Returns the last log index applied,
-    /// the same on every call.
-    pub async fn promote(&self) -> Result<u64, Error> {
+    /// see `raft::RegionGroup::promote`. Returns its tail (`last` is the last
+    /// log index applied), the same on every call.
+    pub async fn promote(&self) -> Result<keyhold_raftlog::LogTail, Error> {
         self.inner.group.promote().await
     }
 

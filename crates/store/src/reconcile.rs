@@ -1,9 +1,11 @@
 //! Reconciliation of a region after a failover away from it: the orphans and
 //! the report.
 //!
-//! A failover promotes the standby's copy of this region's log up to a position
-//! `at`; whatever this region's store applied after `at` for the tenants it lost
-//! never reached their new home. Every value is stamped with the index of the log
+//! A failover promotes the standby's copy of this region's log up to a position;
+//! the copy holds the same entries as this region's log up to the failover's
+//! *cut* `at` (`Store::failover_cut`, at most that position), and whatever this
+//! region's store applied after `at` for the tenants it lost never reached
+//! their new home. Every value is stamped with the index of the log
 //! entry that wrote it (`codec.rs`), so that suffix is found by reading: a record
 //! whose stamp is above `at` was written (created, completed, extended) by an
 //! entry the copy does not hold. Records, not orders, decide, because an order is
@@ -65,7 +67,8 @@ pub struct Orphan {
 pub struct Reconciliation {
     /// The failover operation.
     pub operation_id: String,
-    /// The log position the promoted copy held.
+    /// The failover's cut: this region's log and the promoted copy hold the
+    /// same entries up to it (`Store::failover_cut`).
     pub at: u64,
     /// The tenants the failover re-homed away from this region.
     pub tenants: Vec<TenantId>,
@@ -83,7 +86,7 @@ pub struct Reconciliation {
 pub struct LostTenant {
     /// The failover.
     pub operation_id: String,
-    /// The log position its promoted copy held.
+    /// Its cut (`Reconciliation::at`).
     pub at: u64,
 }
 
@@ -203,6 +206,20 @@ impl Store {
     /// out beyond `RECONCILIATION_ORPHANS_MAX`.
     pub fn orphans(&self, tenants: &[TenantId], at: u64) -> Result<(Vec<Orphan>, u64), Error> {
         orphans(self.inner.machine_tree(), tenants, at)
+    }
+
+    /// The cut of a failover whose promoted copy of this region had `tail`:
+    /// the last log index up to which the copy holds the same entries as this
+    /// store applied (`LogTail::agreement` against the leaders this store
+    /// recorded), so every record stamped above it is an orphan. Below the
+    /// copy's `tail.last` wherever a leader the copy never heard from
+    /// rewrote the copy's unconfirmed entries here. The same on every call
+    /// for the lost tenants, whose records all precede their fence.
+    pub fn failover_cut(&self, tail: &keyhold_raftlog::LogTail) -> Result<u64, Error> {
+        let machine = self.inner.group.state_machine();
+        let applied = machine.applied_index()?;
+        let runs = machine.leader_runs(tail.committed + 1, tail.last.min(applied))?;
+        Ok(tail.agreement(&runs, applied))
     }
 
     /// The stored reconciliation of the failover `operation_id`, if recorded.

@@ -36,6 +36,7 @@ const PREFIX_OPERATION: &str = "operation/";
 const PREFIX_DRIVER: &str = "driver/";
 const PREFIX_SURVIVAL: &str = "survival/";
 const PREFIX_FAILOVER: &str = "failover/";
+const PREFIX_FAILOVER_TAIL: &str = "failover-tail/";
 const PREFIX_NODE: &[u8] = b"node/";
 const KEY_SNAPSHOT: &[u8] = b"current";
 
@@ -128,6 +129,14 @@ fn stage_key(
             text_key(PREFIX_FAILOVER, id),
             state.failovers.get(id).map(codec::encode).transpose()?,
         ),
+        StateKey::FailoverTail(id) => (
+            text_key(PREFIX_FAILOVER_TAIL, id),
+            state
+                .failover_tails
+                .get(id)
+                .map(codec::encode)
+                .transpose()?,
+        ),
     };
     match value {
         Some(value) => batch.insert(db_key, value),
@@ -157,6 +166,12 @@ fn stage_all(batch: &mut sled::Batch, applied: &Applied) -> Result<(), EncodeErr
                 .failovers
                 .keys()
                 .map(|k| StateKey::Failover(k.clone())),
+        )
+        .chain(
+            state
+                .failover_tails
+                .keys()
+                .map(|k| StateKey::FailoverTail(k.clone())),
         );
     for key in keys {
         stage_key(batch, state, &key)?;
@@ -216,6 +231,10 @@ fn load(tree: &sled::Tree) -> Result<Applied, crate::Error> {
             let id = String::from_utf8_lossy(id).into_owned();
             let result = decode_value(&value).map_err(corrupt)?;
             applied.state.failovers.insert(id, result);
+        } else if let Some(id) = key.strip_prefix(PREFIX_FAILOVER_TAIL.as_bytes()) {
+            let id = String::from_utf8_lossy(id).into_owned();
+            let tail = decode_value(&value).map_err(corrupt)?;
+            applied.state.failover_tails.insert(id, tail);
         } else {
             return Err(crate::Error::Storage(format!(
                 "unknown state key {}",
@@ -238,22 +257,50 @@ struct RegistryStateV1 {
     drivers: std::collections::BTreeMap<String, crate::state::DriverLease>,
 }
 
-/// A snapshot's state, in today's encoding or in the one before survival and
-/// failover (a node that upgraded sends or keeps such a snapshot).
+/// `RegistryState` as snapshots before failover tails encoded it (its first
+/// seven fields, positionally).
+#[derive(Deserialize)]
+#[cfg_attr(test, derive(Serialize))]
+struct RegistryStateV2 {
+    regions: std::collections::BTreeMap<String, crate::state::RegionRecord>,
+    nodes: std::collections::BTreeMap<crate::types::NodeId, crate::types::NodeInfo>,
+    tenants: std::collections::BTreeMap<String, crate::state::TenantRecord>,
+    operations: std::collections::BTreeMap<String, crate::state::Operation>,
+    drivers: std::collections::BTreeMap<String, crate::state::DriverLease>,
+    survival: std::collections::BTreeMap<String, crate::failover::Survival>,
+    failovers: std::collections::BTreeMap<String, crate::failover::FailoverResult>,
+}
+
+/// A snapshot's state, in today's encoding or in an earlier one (a node that
+/// upgraded sends or keeps such a snapshot): before failover tails (V2), or
+/// before survival and failover (V1).
 fn decode_snapshot_state(data: &[u8]) -> Result<RegistryState, bincode::error::DecodeError> {
-    match codec::decode::<RegistryState>(data) {
-        Ok(state) => Ok(state),
-        Err(current) => match codec::decode::<RegistryStateV1>(data) {
-            Ok(v1) => Ok(RegistryState {
-                regions: v1.regions,
-                nodes: v1.nodes,
-                tenants: v1.tenants,
-                operations: v1.operations,
-                drivers: v1.drivers,
-                ..RegistryState::default()
-            }),
-            Err(_) => Err(current),
-        },
+    let current = match codec::decode::<RegistryState>(data) {
+        Ok(state) => return Ok(state),
+        Err(e) => e,
+    };
+    if let Ok(v2) = codec::decode::<RegistryStateV2>(data) {
+        return Ok(RegistryState {
+            regions: v2.regions,
+            nodes: v2.nodes,
+            tenants: v2.tenants,
+            operations: v2.operations,
+            drivers: v2.drivers,
+            survival: v2.survival,
+            failovers: v2.failovers,
+            ..RegistryState::default()
+        });
+    }
+    match codec::decode::<RegistryStateV1>(data) {
+        Ok(v1) => Ok(RegistryState {
+            regions: v1.regions,
+            nodes: v1.nodes,
+            tenants: v1.tenants,
+            operations: v1.operations,
+            drivers: v1.drivers,
+            ..RegistryState::default()
+        }),
+        Err(_) => Err(current),
     }
 }
 
@@ -521,5 +568,44 @@ mod tests {
         );
         assert_eq!(decode_snapshot_state(&current).expect("decodes"), state);
         assert!(decode_snapshot_state(&[7, 7, 7]).is_err());
+    }
+
+    #[test]
+    fn a_snapshot_from_before_failover_tails_still_installs() {
+        let mut state = RegistryState::default();
+        state.apply(&crate::state::Request::AddRegion {
+            name: "a".into(),
+            now_ms: 1,
+        });
+        state.failovers.insert(
+            "f1".into(),
+            crate::failover::FailoverResult {
+                at: 42,
+                estimated_lost: Default::default(),
+                tenants: vec!["t1".into()],
+            },
+        );
+        let v2 = RegistryStateV2 {
+            regions: state.regions.clone(),
+            nodes: Default::default(),
+            tenants: Default::default(),
+            operations: Default::default(),
+            drivers: Default::default(),
+            survival: Default::default(),
+            failovers: state.failovers.clone(),
+        };
+        let old = codec::encode(&v2).expect("encodes");
+        let decoded = decode_snapshot_state(&old).expect("decodes");
+        assert_eq!(decoded, state);
+        assert_eq!(
+            decoded.failover_tail("f1"),
+            Some(keyhold_raftlog::LogTail::confirmed(42)),
+            "a failover of an earlier release keeps its position as its cut"
+        );
+        state
+            .failover_tails
+            .insert("f1".into(), keyhold_raftlog::LogTail::confirmed(41));
+        let current = codec::encode(&state).expect("encodes");
+        assert_eq!(decode_snapshot_state(&current).expect("decodes"), state);
     }
 }

@@ -8,7 +8,9 @@
 //!   (`last_log_index`, `applied_index`) and the last lag it knew, for the
 //!   driver to pick the most complete copy;
 //! - `POST /internal/v1/failover/{r}/promote`: makes the copy final
-//!   (`Store::promote`) and answers `at`, the last index it applied;
+//!   (`Store::promote`) and answers `at`, the last index it applied, and
+//!   `tail`, the leaders of the entries it applied without knowing them
+//!   committed (`LogTail`: they tell r which of its entries the copy holds);
 //! - `GET .../entries/{tenant}` and `GET .../events/{tenant}`: pages of one
 //!   tenant's entries and of its unhandled outbox events, out of the promoted
 //!   copy (promoting it first).
@@ -48,6 +50,7 @@ use keyhold_registry::{
     NodeId, OperationKind, OperationState, TenantRecord, TenantState, NODE_CREDENTIAL_HEADER,
 };
 use keyhold_store::raft::Leadership;
+use keyhold_store::LogTail;
 use keyhold_store::{CarriedEvent, ExportEntry, Store};
 use serde::Deserialize;
 use std::sync::Arc;
@@ -109,21 +112,23 @@ async fn require_running_failover(node: &Node, region: &str) -> Result<(), ApiEr
 }
 
 /// The copy of `region`, promoted (the source's part of every failover call).
-async fn promoted_copy(node: &Node, region: &str) -> Result<(Store, u64), ApiError> {
+async fn promoted_copy(node: &Node, region: &str) -> Result<(Store, LogTail), ApiError> {
     let copy = copy_of(node, region)?;
     require_running_failover(node, region).await?;
-    let at = copy.store.promote().await?;
-    Ok((copy.store, at))
+    let tail = copy.store.promote().await?;
+    Ok((copy.store, tail))
 }
 
 /// `POST /internal/v1/failover/{r}/promote`: this node's copy of r becomes
-/// final; answers the last index it applied.
+/// final; answers the last index it applied and its tail.
 async fn promote(
     State(node): State<Arc<Node>>,
     Path(region): Path<String>,
 ) -> Result<Response, ApiError> {
-    let (_, at) = promoted_copy(&node, &region).await?;
-    Ok(ok_json(serde_json::json!({ "at": at })))
+    let (_, tail) = promoted_copy(&node, &region).await?;
+    Ok(ok_json(
+        serde_json::json!({ "at": tail.last, "tail": tail }),
+    ))
 }
 
 #[derive(Deserialize)]
@@ -200,8 +205,8 @@ impl Source {
         }))
     }
 
-    /// Promotes the copy; the last log index it applied.
-    async fn promote(&self, node: &Node, region: &str) -> Result<u64, ApiError> {
+    /// Promotes the copy; its tail (`last`: the last log index it applied).
+    async fn promote(&self, node: &Node, region: &str) -> Result<LogTail, ApiError> {
         match self {
             Source::Local(copy) => {
                 require_running_failover(node, region).await?;
@@ -297,18 +302,20 @@ impl RemoteCopy {
         Ok(response)
     }
 
-    /// Has the copy's node promote it; the last log index it applied.
-    async fn promote(&self, node: &Node, region: &str) -> Result<u64, ApiError> {
+    /// Has the copy's node promote it; its tail.
+    async fn promote(&self, node: &Node, region: &str) -> Result<LogTail, ApiError> {
         let path = format!("/internal/v1/failover/{region}/promote");
-        let answer: serde_json::Value = self
+        let answer: Promoted = self
             .call(node, reqwest::Method::POST, &path)
             .await?
             .json()
             .await
-            .map_err(|e| ApiError::new(Problem::OwnerUnreachable).detail(e.to_string()))?;
-        answer["at"].as_u64().ok_or_else(|| {
-            ApiError::new(Problem::OwnerUnreachable).detail("promotion answered no index")
-        })
+            .map_err(|e| {
+                ApiError::new(Problem::OwnerUnreachable)
+                    .detail(format!("promotion answered no position: {e}"))
+            })?;
+        // A node of an earlier release answers its index alone.
+        Ok(answer.tail.unwrap_or_else(|| LogTail::confirmed(answer.at)))
     }
 
     /// A page from the copy's `kind` route of `tenant`, and its next cursor
@@ -337,6 +344,14 @@ impl RemoteCopy {
             .map_err(|e| ApiError::new(Problem::OwnerUnreachable).detail(e.to_string()))?;
         Ok((body, next))
     }
+}
+
+/// The answer of `POST /internal/v1/failover/{r}/promote`.
+#[derive(Deserialize)]
+struct Promoted {
+    at: u64,
+    #[serde(default)]
+    tail: Option<LogTail>,
 }
 
 fn undecodable(e: keyhold_store::Error) -> ApiError {
@@ -406,7 +421,7 @@ async fn import(
         check_import(&node, &region, &q.operation_id)?;
     }
     let source = Source::of(&node, &region, q.source)?;
-    let at = source.promote(&node, &region).await?;
+    let tail = source.promote(&node, &region).await?;
     let tenants = tenants_homed_in(&node, &region);
     let (mut entries, mut events) = (0u64, 0u64);
     for record in &tenants {
@@ -423,14 +438,16 @@ async fn import(
     tracing::info!(
         region,
         operation_id = %q.operation_id,
-        at,
+        at = tail.last,
+        committed = tail.committed,
         tenants = tenants.len(),
         entries,
         events,
         "failover imported"
     );
     Ok(ok_json(serde_json::json!({
-        "at": at,
+        "at": tail.last,
+        "tail": tail,
         "tenants": tenants.len(),
         "entries": entries,
         "events": events,

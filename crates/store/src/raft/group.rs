@@ -26,7 +26,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use keyhold_raftlog::{NodeId, NodeInfo};
+use keyhold_raftlog::{LogTail, NodeId, NodeInfo};
 use openraft::error::{ClientWriteError, InstallSnapshotError, RPCError, RaftError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
@@ -550,20 +550,22 @@ impl RegionGroup {
     /// instance for good (it neither votes, nor takes entries from a leader,
     /// nor writes, even after a restart) and applies every entry of its log
     /// beyond its applied index, including those it received but never
-    /// learned were committed. Returns the last index applied: the same on
-    /// every call, and after a restart.
+    /// learned were committed. Returns its tail then (`LogTail`: the last
+    /// index applied, `last`, and the leaders of the entries it applied
+    /// without knowing them committed): the same on every call, and after a
+    /// restart.
     ///
     /// Entries a deposed leader never got committed may be among them: each is
     /// a command that executed here without its client ever hearing so, which
     /// the client's retry with the same key replays.
-    pub async fn promote(&self) -> Result<u64, Error> {
+    pub async fn promote(&self) -> Result<LogTail, Error> {
         self.inner
             .raft
             .shutdown()
             .await
             .map_err(|e| Error::Raft(format!("shutdown for promotion: {e}")))?;
-        if let Some(at) = self.inner.state_machine.promoted()? {
-            return Ok(at);
+        if let Some(tail) = self.inner.state_machine.promoted_tail()? {
+            return Ok(tail);
         }
         let applied = self.inner.state_machine.applied_index()?;
         let mut log = self.inner.log.clone();
@@ -572,8 +574,14 @@ impl RegionGroup {
                 .await
                 .map_err(|e| Error::Raft(format!("reading the log for promotion: {e}")))?;
         let at = self.inner.state_machine.promote(entries).await?;
-        tracing::info!(applied, at, "replica promoted");
-        Ok(at)
+        let tail = self
+            .inner
+            .state_machine
+            .promoted_tail()?
+            .expect("promoted just now");
+        debug_assert_eq!(tail.last, at);
+        tracing::info!(applied, at, leaders = tail.runs.len(), "replica promoted");
+        Ok(tail)
     }
 
     /// The last log index this replica holds (for a promoted one, the index

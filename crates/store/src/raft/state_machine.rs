@@ -36,6 +36,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
+use keyhold_raftlog::tail::Leader;
+use keyhold_raftlog::{LeaderRun, LogTail};
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{AnyError, EntryPayload, OptionalSend, RaftSnapshotBuilder, StorageIOError};
 use serde::{Deserialize, Serialize};
@@ -64,6 +66,18 @@ const KEY_PARTIAL: &[u8] = b"sraft:partial";
 /// Present once the replica was promoted (`RegionStateMachine::promote`): the
 /// last log index it applied (`u64`). From then on it applies nothing more.
 const KEY_PROMOTED: &[u8] = b"sraft:promoted";
+/// Written when the replica's promotion begins (before it applies anything
+/// beyond its applied index) and kept: the replica's `LogTail` then, the log
+/// it held beyond what it knew committed. Absent in a replica promoted by an
+/// earlier release, whose tail counts as all committed.
+const KEY_PROMOTED_TAIL: &[u8] = b"sraft:promoted-tail";
+/// Followed by a log index (8 bytes, big-endian): the leader
+/// (`keyhold_raftlog::tail::Leader`) of the entry applied there and of every
+/// entry after it up to the next such key. Written with the first entry each
+/// new leader's entries bring (and the first entry a tree from an earlier
+/// release applies), so there is one per change of leader: it tells which
+/// entries a promoted copy of this region holds alike (`leader_runs`).
+const KEY_LEADER_PREFIX: &[u8] = b"sraft:leader:";
 const CURRENT_SNAPSHOT: &str = "current.snap";
 const INSTALL_PENDING: &str = "install.pending";
 /// Prefixes of files that only live while a snapshot is built or received.
@@ -110,6 +124,27 @@ struct Shared {
     promoted: AtomicBool,
     /// `ENTRY_BATCH_BYTES_MAX`, or another bound in tests.
     entry_batch_bytes_max: usize,
+    /// The leader of the newest `KEY_LEADER_PREFIX` key in the tree (`None`
+    /// while there is none): an entry by another leader writes a new one.
+    last_leader: Mutex<Option<Leader>>,
+}
+
+fn leader_key(index: u64) -> Vec<u8> {
+    let mut key = KEY_LEADER_PREFIX.to_vec();
+    key.extend_from_slice(&index.to_be_bytes());
+    key
+}
+
+fn is_bookkeeping(key: &[u8]) -> bool {
+    [
+        KEY_APPLIED,
+        KEY_MEMBERSHIP,
+        KEY_PARTIAL,
+        KEY_PROMOTED,
+        KEY_PROMOTED_TAIL,
+    ]
+    .contains(&key)
+        || key.starts_with(KEY_LEADER_PREFIX)
 }
 
 /// One replica's region state machine. Cloning is cheap and shares the same state.
@@ -182,12 +217,14 @@ impl RegionStateMachine {
             seq: AtomicU64::new(0),
             promoted: AtomicBool::new(false),
             entry_batch_bytes_max: bytes,
+            last_leader: Mutex::new(None),
         };
         if shared.snapshots.join(INSTALL_PENDING).exists() {
             tracing::warn!("finishing a snapshot installation a crash interrupted");
             shared.refill_from_current()?;
         }
         shared.remove_temporary_files()?;
+        shared.load_last_leader()?;
         let (applied, _) = shared.applied_state()?;
         shared
             .applied_index
@@ -219,8 +256,8 @@ impl RegionStateMachine {
     }
 
     /// Every entry of the region tree but the group's own bookkeeping (last applied
-    /// id, membership, progress in an entry), as stored (with their stamps), in key order: for tests that
-    /// compare replicas.
+    /// id, membership, progress in an entry, leaders, promotion), as stored (with
+    /// their stamps), in key order: for tests that compare replicas.
     #[doc(hidden)]
     pub fn entries_for_tests(&self) -> Vec<(Vec<u8>, Vec<u8>)> {
         self.shared
@@ -228,9 +265,7 @@ impl RegionStateMachine {
             .tree()
             .iter()
             .filter_map(Result::ok)
-            .filter(|(k, _)| {
-                ![KEY_APPLIED, KEY_MEMBERSHIP, KEY_PARTIAL, KEY_PROMOTED].contains(&k.as_ref())
-            })
+            .filter(|(k, _)| !is_bookkeeping(k))
             .map(|(k, v)| (k.to_vec(), v.to_vec()))
             .collect()
     }
@@ -242,6 +277,51 @@ impl RegionStateMachine {
             Some(bytes) => Ok(Some(decode(&bytes)?)),
             None => Ok(None),
         }
+    }
+
+    /// The log this replica held when its promotion began (its `LogTail`);
+    /// `None` while it is an ordinary replica. A replica promoted by an
+    /// earlier release, which kept no tail, answers its promoted index as all
+    /// committed.
+    pub fn promoted_tail(&self) -> Result<Option<LogTail>, Error> {
+        let tree = self.shared.machine.tree();
+        let Some(at) = self.promoted()? else {
+            return Ok(None);
+        };
+        match tree.get(KEY_PROMOTED_TAIL)? {
+            Some(bytes) => Ok(Some(decode(&bytes)?)),
+            None => Ok(Some(LogTail::confirmed(at))),
+        }
+    }
+
+    /// The leaders of the entries this replica applied from `from` to `to`
+    /// (see `KEY_LEADER_PREFIX`): the run covering `from`, if one was
+    /// recorded, then every later one up to `to`.
+    pub fn leader_runs(&self, from: u64, to: u64) -> Result<Vec<LeaderRun>, Error> {
+        let tree = self.shared.machine.tree();
+        let run = |item: sled::Result<(sled::IVec, sled::IVec)>| -> Result<LeaderRun, Error> {
+            let (key, value) = item?;
+            let index: [u8; 8] = key[KEY_LEADER_PREFIX.len()..]
+                .try_into()
+                .map_err(|_| Error::Corrupt("a leader key without its index".into()))?;
+            Ok(LeaderRun {
+                from_index: u64::from_be_bytes(index),
+                leader: decode(&value)?,
+            })
+        };
+        let mut runs = Vec::new();
+        if let Some(first) = tree
+            .range(KEY_LEADER_PREFIX.to_vec()..=leader_key(from))
+            .next_back()
+        {
+            runs.push(run(first)?);
+        }
+        if from < to {
+            for item in tree.range(leader_key(from + 1)..=leader_key(to)) {
+                runs.push(run(item)?);
+            }
+        }
+        Ok(runs)
     }
 
     /// The last applied log index, as the tree records it.
@@ -311,6 +391,18 @@ impl Shared {
             ));
         }
         self.apply_locked(entries)
+    }
+
+    /// Reads the newest leader key into `last_leader`.
+    fn load_last_leader(&self) -> Result<(), Error> {
+        let tree = self.machine.tree();
+        let newest = tree
+            .scan_prefix(KEY_LEADER_PREFIX)
+            .next_back()
+            .transpose()?;
+        let leader = newest.map(|(_, value)| decode(&value)).transpose()?;
+        *self.last_leader.lock().unwrap_or_else(|p| p.into_inner()) = leader;
+        Ok(())
     }
 
     /// `apply`, with the lock held by the caller.
@@ -402,7 +494,15 @@ impl Shared {
         if let Some(membership) = membership {
             batch.insert(KEY_MEMBERSHIP, encode(membership)?);
         }
+        let mut last_leader = self.last_leader.lock().unwrap_or_else(|p| p.into_inner());
+        let new_leader = *last_leader != Some(log_id.leader_id);
+        if new_leader {
+            batch.insert(leader_key(log_id.index), encode(&log_id.leader_id)?);
+        }
         self.machine.tree().apply_batch(batch)?;
+        if new_leader {
+            *last_leader = Some(log_id.leader_id);
+        }
         Ok(())
     }
 
@@ -416,7 +516,8 @@ impl Shared {
             self.promoted.store(true, Ordering::SeqCst);
             return decode(&bytes);
         }
-        let mut at = self.applied_state()?.0.map_or(0, |id| id.index);
+        let applied = self.applied_state()?.0.map_or(0, |id| id.index);
+        let mut at = applied;
         let mut beyond = Vec::new();
         for entry in entries {
             let index = entry.log_id.index;
@@ -431,6 +532,13 @@ impl Shared {
             }
             at = index;
             beyond.push(entry);
+        }
+        // The tail is written before anything beyond the applied index is
+        // applied, and kept: promoting again after a crash midway finds a
+        // higher applied index, which is no longer what was known committed.
+        if !tree.contains_key(KEY_PROMOTED_TAIL)? {
+            let tail = LogTail::of(applied, beyond.iter().map(|entry| entry.log_id));
+            tree.insert(KEY_PROMOTED_TAIL, encode(&tail)?)?;
         }
         self.apply_locked(beyond)?;
         tree.insert(KEY_PROMOTED, encode(&at)?)?;
@@ -553,6 +661,7 @@ impl Shared {
         batch.insert(KEY_APPLIED, encode(&meta.last_log_id)?);
         batch.insert(KEY_MEMBERSHIP, encode(&meta.last_membership)?);
         tree.apply_batch(batch)?;
+        self.load_last_leader()?;
         self.db.flush()?;
         std::fs::remove_file(self.snapshots.join(INSTALL_PENDING))
             .or_else(|e| match e.kind() {

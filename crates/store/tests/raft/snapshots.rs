@@ -238,3 +238,56 @@ fn open_released(path: &std::path::Path) -> sled::Db {
         }
     }
 }
+
+/// An order entry at `index` written by the leader of `(term, node)`.
+fn order_by((term, node): (u64, u64), index: u64) -> raft::Entry {
+    let mut entry = order_entry(index);
+    entry.log_id = openraft::LogId::new(openraft::CommittedLeaderId::new(term, node), index);
+    entry
+}
+
+fn run((term, node): (u64, u64), from_index: u64) -> keyhold_raftlog::LeaderRun {
+    keyhold_raftlog::LeaderRun {
+        from_index,
+        leader: openraft::CommittedLeaderId::new(term, node),
+    }
+}
+
+/// A replica records one leader per change of leader, a snapshot carries
+/// them, and every replica records the next change alike, also after a
+/// reopen: what a failover's cut is read from (`Store::failover_cut`).
+#[tokio::test]
+async fn the_leaders_of_applied_entries_travel_with_a_snapshot() {
+    let leader_dir = tempfile::tempdir().unwrap();
+    let mut leader = open(leader_dir.path());
+    fill(&mut leader, 5, 0).await;
+    leader
+        .apply((6..=8).map(|i| order_by((2, 3), i)))
+        .await
+        .unwrap();
+    let runs = vec![run((1, 1), 1), run((2, 3), 6)];
+    assert_eq!(leader.leader_runs(1, 8).unwrap(), runs);
+    assert_eq!(leader.leader_runs(7, 8).unwrap(), vec![run((2, 3), 6)]);
+    assert_eq!(leader.leader_runs(2, 5).unwrap(), vec![run((1, 1), 1)]);
+    let (meta, bytes) = build(&mut leader).await;
+
+    let new_dir = tempfile::tempdir().unwrap();
+    {
+        let mut new = open(new_dir.path());
+        install(&mut new, &meta, &bytes).await;
+        assert_eq!(new.leader_runs(1, 8).unwrap(), runs);
+        let next = [order_by((2, 3), 9), order_by((3, 1), 10)];
+        leader.apply(next.clone()).await.unwrap();
+        new.apply(next).await.unwrap();
+        assert_eq!(
+            new.leader_runs(1, 10).unwrap(),
+            leader.leader_runs(1, 10).unwrap()
+        );
+    }
+    let mut new = open(new_dir.path());
+    new.apply([order_by((3, 1), 11)]).await.unwrap();
+    leader.apply([order_by((3, 1), 11)]).await.unwrap();
+    let all = vec![run((1, 1), 1), run((2, 3), 6), run((3, 1), 10)];
+    assert_eq!(new.leader_runs(1, 11).unwrap(), all);
+    assert_eq!(leader.leader_runs(1, 11).unwrap(), all);
+}
