@@ -1,6 +1,8 @@
 //! The expiry sweeper: physically deletes expired records, markers and
-//! delivered outbox events in small batches (the store's `Sweep` walks its
-//! outbox and its expiry index).
+//! delivered outbox events in small batches (`Store::sweep`: the store's
+//! `Sweep` walks its outbox and its expiry index, then a paced scan of the
+//! leader's records and markers lists the due ones in `SweepKeys`, so that
+//! writing an order adds no index entries for them).
 //!
 //! Reads already treat expired entries as absent, so the sweeper only reclaims
 //! space; each sweep command is one short apply in the region state machine, so

@@ -217,19 +217,46 @@ impl Store {
     }
 
     /// Deletes up to `entries_max` entries due at `now`, keeping outbox events
-    /// some consumer in `consumers` has not had.
+    /// some consumer in `consumers` has not had (`Command::Sweep`: the outbox
+    /// and the expiry index); then reads the next `SWEEP_SCAN_ENTRIES_MAX`
+    /// records and markers of this replica's tree and deletes the due ones
+    /// among them, at most `entries_max` (`Command::SweepKeys`), a pass over
+    /// them in as many calls as it takes. For the region's leader, whose tree
+    /// is the most up to date; on another replica the scan is only less
+    /// complete, since the command checks each key again when it applies.
     pub async fn sweep(
         &self,
         now: UnixMillis,
         entries_max: u32,
         consumers: Vec<Consumer>,
     ) -> Result<SweepOutcome, Error> {
-        self.run(Command::Sweep {
+        let mut out: SweepOutcome = self
+            .run(Command::Sweep {
+                now,
+                entries_max,
+                consumers,
+            })
+            .await?;
+        let after = self
+            .inner
+            .sweep_cursor
+            .lock()
+            .expect("not poisoned")
+            .clone();
+        let crate::machine::DueScan { due: keys, next } = self.inner.machine.scan_due(
+            after.as_deref(),
             now,
-            entries_max,
-            consumers,
-        })
-        .await
+            crate::limits::SWEEP_SCAN_ENTRIES_MAX,
+            entries_max as usize,
+        )?;
+        if !keys.is_empty() {
+            let listed: SweepOutcome = self.run(Command::SweepKeys { now, keys }).await?;
+            out.records += listed.records;
+            out.markers += listed.markers;
+            out.stale_index += listed.stale_index;
+        }
+        *self.inner.sweep_cursor.lock().expect("not poisoned") = next;
+        Ok(out)
     }
 
     /// Erases up to `entries_max` entries of the deleted `tenant`

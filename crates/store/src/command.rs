@@ -285,6 +285,14 @@ pub enum Command {
         epoch: u64,
         bytes_max: u32,
     },
+    /// Deletes each of the records and markers `keys` names that is due at
+    /// `now` (its `expires_at` at or before it); a key that is gone, not due
+    /// (rewritten with a later expiry since it was listed) or of another kind
+    /// is passed over. Sent by the sweeper with the keys its scan of the
+    /// leader's tree found due (`Store::sweep`): records and markers have no
+    /// expiry index entries (a release before this one wrote them, and
+    /// `Sweep` still walks those). Answers `Sweep`.
+    SweepKeys { now: UnixMillis, keys: Vec<Vec<u8>> },
 }
 
 /// One event's inventory effect within `Command::ConsumeInventoryBatch`.
@@ -444,6 +452,7 @@ impl Command {
             | Command::ConsumePaymentBatch { .. }
             | Command::AdvanceCursor { .. }
             | Command::Sweep { .. }
+            | Command::SweepKeys { .. }
             | Command::StandbyMatched { .. } => Lane::Upkeep,
             // Moves, failovers, reconciliation and outbox replays are driven by
             // an operator's call that waits for them: they go at once.
@@ -606,7 +615,8 @@ pub struct SweepOutcome {
     /// 1 when the walk of the outbox stopped at an event past its expiry that
     /// a consumer has not had yet (it and the events after it are kept).
     pub deferred: u64,
-    /// Index entries whose target had been rewritten with a later expiry.
+    /// Index entries whose target had been rewritten with a later expiry,
+    /// and listed keys (`SweepKeys`) no longer due or gone.
     pub stale_index: u64,
 }
 

@@ -12,10 +12,11 @@ pub const MARKER: u8 = b'm';
 pub const ORDER_INDEX: u8 = b'i';
 pub const OUTBOX: u8 = b'x';
 /// `expires_at (big-endian) ++ kind ++ primary key -> ()`: the sweeper walks it in
-/// time order. It indexes records, markers and the processed entries of
-/// single-event commands; outbox events and their processed entries are swept
-/// by walking the outbox (entries of older releases still point at events and
-/// are dropped as stale).
+/// time order. It indexes the processed entries of single-event commands, and
+/// the records and markers written by releases before the sweeper scanned for
+/// them (`Command::SweepKeys`); outbox events and their processed entries are
+/// swept by walking the outbox (entries of older releases still point at
+/// events and are dropped as stale).
 pub const EXPIRY: u8 = b'e';
 /// `consumer ++ 0 ++ event_id -> Processed`.
 pub const PROCESSED: u8 = b'p';

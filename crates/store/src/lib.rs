@@ -155,6 +155,9 @@ struct Inner {
     dir: PathBuf,
     group: raft::RegionGroup,
     machine: machine::Machine,
+    /// Where the sweeper's scan of records and markers goes on (`None`: from
+    /// the start). In memory: a new leader, or a restart, starts a new pass.
+    sweep_cursor: std::sync::Mutex<Option<Vec<u8>>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -208,6 +211,7 @@ impl Store {
                 dir: dir.to_path_buf(),
                 group,
                 machine,
+                sweep_cursor: std::sync::Mutex::new(None),
             }),
         }
     }

@@ -10,6 +10,12 @@ pub const BATCH_COMMANDS_MAX: usize = 1024;
 /// Expired entries one sweep command deletes, so a sweep never holds up the
 /// apply long enough to delay writers noticeably.
 pub const SWEEP_ENTRIES_MAX: usize = 256;
+/// Records and markers one sweep reads on the leader to find the due ones
+/// (`Store::sweep`): the pace of the scan that replaced their expiry index
+/// entries. At one sweep a second (`SWEEP_INTERVAL_MS_DEFAULT`) a pass over
+/// 5 million entries takes under 21 minutes, a small delay against TTLs of
+/// hours, for about one millisecond of reads per sweep.
+pub const SWEEP_SCAN_ENTRIES_MAX: usize = 4096;
 /// Entries one `EraseTenant` command deletes (a deleted tenant's data goes in
 /// pages, like a sweep, so writers of other tenants wait little).
 pub const ERASE_ENTRIES_MAX: usize = 256;
@@ -144,6 +150,7 @@ const _: () = assert!(REGION_HEARTBEAT_INTERVAL_MS < REGION_RPC_TIMEOUT_MS);
 const _: () = assert!(REGION_RPC_TIMEOUT_MS < REGION_ELECTION_TIMEOUT_MIN_MS);
 const _: () = assert!(REGION_ELECTION_TIMEOUT_MAX_MS < REGION_WRITE_WAIT_MS);
 const _: () = assert!(SWEEP_ENTRIES_MAX <= BATCH_COMMANDS_MAX);
+const _: () = assert!(SWEEP_ENTRIES_MAX <= SWEEP_SCAN_ENTRIES_MAX);
 const _: () = assert!(ERASE_ENTRIES_MAX <= BATCH_COMMANDS_MAX);
 const _: () = assert!(COMMAND_BYTES_MAX <= FORMAT_1_RECORD_BYTES_MAX);
 const _: () = assert!(SNAPSHOT_IO_BUFFER_BYTES <= SNAPSHOT_INSTALL_BATCH_BYTES_MAX);

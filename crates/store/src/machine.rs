@@ -132,6 +132,46 @@ impl Machine {
         self.view(&Changes::default()).get(key)
     }
 
+    /// The records and markers due at `now` among the next `scan_max` of them
+    /// after `after` (key order: markers, then records), at most `due_max`.
+    pub fn scan_due(
+        &self,
+        after: Option<&[u8]>,
+        now: UnixMillis,
+        scan_max: usize,
+        due_max: usize,
+    ) -> Result<DueScan, Error> {
+        let (mut due, mut scanned) = (Vec::new(), 0usize);
+        // Both kinds, in key order (`m` before `r`).
+        const KINDS: [u8; 2] = [keys::MARKER, keys::RECORD];
+        const _: () = assert!(KINDS[0] < KINDS[1]);
+        for kind in KINDS {
+            let start = match after {
+                Some(key) if key.first() > Some(&kind) => continue,
+                Some(key) if key.first() == Some(&kind) => std::ops::Bound::Excluded(key.to_vec()),
+                _ => std::ops::Bound::Included(vec![kind]),
+            };
+            let end = std::ops::Bound::Excluded(vec![kind + 1]);
+            for item in self.tree.range::<Vec<u8>, _>((start, end)) {
+                let (key, value) = item?;
+                scanned += 1;
+                let expires_at = if kind == keys::RECORD {
+                    decode::<Record>(&value)?.0.expires_at
+                } else {
+                    decode::<Marker>(&value)?.0.expires_at
+                };
+                if expires_at <= now {
+                    due.push(key.to_vec());
+                }
+                if scanned >= scan_max || due.len() >= due_max {
+                    let next = Some(key.to_vec());
+                    return Ok(DueScan { due, next });
+                }
+            }
+        }
+        Ok(DueScan { due, next: None })
+    }
+
     /// The tenant's guard (`None`: never moved, executes).
     pub fn guard(&self, tenant: &TenantId) -> Result<Option<TenantGuard>, Error> {
         self.view(&Changes::default()).guard(tenant)
@@ -287,7 +327,6 @@ impl View<'_> {
                         record.resource_id = resource_id.clone();
                         record.lease_expires_at = *now;
                         record.expires_at = now.plus_ms(*response_ttl_ms);
-                        w.put_expiry(record.expires_at, &key);
                         w.put(key, &record);
                         CompleteOutcome::Completed {
                             state: record.state,
@@ -309,7 +348,6 @@ impl View<'_> {
                         record.lease_expires_at = now.plus_ms(*lease_ms);
                         if record.expires_at < record.lease_expires_at {
                             record.expires_at = record.lease_expires_at;
-                            w.put_expiry(record.expires_at, &key);
                         }
                         let lease_expires_at = record.lease_expires_at;
                         w.put(key, &record);
@@ -324,6 +362,7 @@ impl View<'_> {
                 entries_max,
                 consumers,
             } => Applied::Sweep(self.sweep(w, *now, *entries_max as usize, consumers)?),
+            Command::SweepKeys { now, keys } => Applied::Sweep(self.sweep_keys(w, *now, keys)?),
             Command::EraseTenant {
                 tenant,
                 entries_max,
@@ -1318,9 +1357,9 @@ impl View<'_> {
                     occurred_at: now,
                     expires_at: now.plus_ms(processed_ttl_ms),
                 };
-                // The event has no index entry: the sweep walks the outbox.
-                w.put_expiry(record.expires_at, &record_key);
-                w.put_expiry(marker.expires_at, &marker_key);
+                // Neither the event nor the record and marker have index
+                // entries: the sweep walks the outbox, and the sweeper's scan
+                // finds due records and markers (`SweepKeys`).
                 w.put(record_key, &record);
                 w.put(marker_key, &marker);
                 w.put(
@@ -1373,7 +1412,6 @@ impl View<'_> {
                     created_at: now,
                     expires_at: now.plus_ms(response_ttl_ms).max(lease_expires_at),
                 };
-                w.put_expiry(record.expires_at, &key);
                 let token = OwnerToken::of(&record);
                 w.put(key, &record);
                 Ok(ClaimOutcome::Acquired {
@@ -1450,6 +1488,45 @@ impl View<'_> {
         Ok(Applied::Erased {
             entries: doomed.len() as u64,
             more,
+        })
+    }
+
+    /// `Command::SweepKeys`: deletes the listed records and markers that are
+    /// due at `now`.
+    fn sweep_keys(
+        &self,
+        w: &mut Writes,
+        now: UnixMillis,
+        listed: &[Vec<u8>],
+    ) -> Result<SweepOutcome, Error> {
+        let mut out = SweepOutcome::default();
+        for key in listed {
+            match self.due(key, now)? {
+                Some(Due::Record) => out.records += 1,
+                Some(Due::Marker) => out.markers += 1,
+                None => {
+                    out.stale_index += 1;
+                    continue;
+                }
+            }
+            w.remove(key);
+        }
+        Ok(out)
+    }
+
+    /// What the record or marker at `key` is when it is due at `now`;
+    /// `None` when it is not due, gone, or another kind of entry.
+    pub(crate) fn due(&self, key: &[u8], now: UnixMillis) -> Result<Option<Due>, Error> {
+        Ok(match key.first() {
+            Some(&keys::RECORD) => self
+                .get::<Record>(key)?
+                .filter(|r| r.expires_at <= now)
+                .map(|_| Due::Record),
+            Some(&keys::MARKER) => self
+                .get::<Marker>(key)?
+                .filter(|m| m.expires_at <= now)
+                .map(|_| Due::Marker),
+            _ => None,
         })
     }
 
@@ -1553,8 +1630,22 @@ impl View<'_> {
     }
 }
 
-/// Adds one imported entry to `w` under this store's batch stamp, re-creating
-/// its expiry index entry. Only the kinds a tenant move carries, of the tenant
+/// One step of the sweeper's scan (`Machine::scan_due`).
+pub struct DueScan {
+    /// The keys of the due records and markers found.
+    pub due: Vec<Vec<u8>>,
+    /// The key to go on after; `None` once the scan reached the end.
+    pub next: Option<Vec<u8>>,
+}
+
+/// What a due entry the sweeper's scan found is (`Machine::due`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Due {
+    Record,
+    Marker,
+}
+
+/// Adds one imported entry to `w` under this store's batch stamp. Only the kinds a tenant move carries, of the tenant
 /// the import names and whose payload decodes, are accepted.
 fn import(
     w: &mut Writes,
@@ -1567,35 +1658,28 @@ fn import(
         detail: e.to_string(),
     };
     let belongs = keys::tenant_of(&entry.key).is_some_and(|t| t == tenant.as_str().as_bytes());
-    let expires_at = match entry.key.first() {
-        Some(&keys::RECORD) => Some(
-            decode_plain::<Record>(&entry.payload)
-                .map_err(undecodable)?
-                .expires_at,
-        ),
-        Some(&keys::MARKER) => Some(
-            decode_plain::<Marker>(&entry.payload)
-                .map_err(undecodable)?
-                .expires_at,
-        ),
+    // Decoded to refuse what this store could not read back; records and
+    // markers get no index entry (the sweeper's scan finds them when due).
+    match entry.key.first() {
+        Some(&keys::RECORD) => {
+            decode_plain::<Record>(&entry.payload).map_err(undecodable)?;
+        }
+        Some(&keys::MARKER) => {
+            decode_plain::<Marker>(&entry.payload).map_err(undecodable)?;
+        }
         Some(&keys::ORDER_INDEX) => {
             decode_plain::<String>(&entry.payload).map_err(undecodable)?;
-            None
         }
         Some(&keys::ORDER) => {
             let order: Order = decode_plain(&entry.payload).map_err(undecodable)?;
             if &order.tenant != tenant {
                 return Err(Rejection::ImportForeignEntry { index });
             }
-            None
         }
         _ => return Err(Rejection::ImportUnexpectedKind { index }),
-    };
+    }
     if entry.key.first() != Some(&keys::ORDER) && !belongs {
         return Err(Rejection::ImportForeignEntry { index });
-    }
-    if let Some(at) = expires_at {
-        w.put_expiry(at, &entry.key);
     }
     w.changes
         .insert(entry.key.clone(), encode_raw(w.number, &entry.payload));

@@ -125,12 +125,14 @@ async fn apply(store: &Store, step: &Step) {
                 .await;
         }
         Step::Sweep(hours) => {
+            // The sweeper's call: the outbox and index walk, then the scan
+            // of records and markers.
             store
-                .execute(Command::Sweep {
-                    now: UnixMillis(T0.0 + u64::from(*hours) * HOUR_MS + 1),
-                    entries_max: 1_000,
-                    consumers: vec![],
-                })
+                .sweep(
+                    UnixMillis(T0.0 + u64::from(*hours) * HOUR_MS + 1),
+                    1_000,
+                    vec![],
+                )
                 .await
                 .unwrap();
         }

@@ -214,14 +214,12 @@ async fn a_directory_the_previous_release_wrote_is_migrated() {
     // finds by walking the outbox: every entry still goes once due.
     let store = common::open(dir.path()).await;
     assert!(store.count_prefix(EntryKind::ExpiryIndex) > 18);
-    let sweep = Command::Sweep {
-        now: T0.plus_ms(10_000 * HOUR_MS),
-        entries_max: 1_000,
-        consumers: vec![],
-    };
-    let Applied::Sweep(out) = store.execute(sweep).await.unwrap() else {
-        panic!()
-    };
+    // The sweeper's call walks that index, then scans for the records and
+    // markers this release wrote without index entries.
+    let out = store
+        .sweep(T0.plus_ms(10_000 * HOUR_MS), 1_000, vec![])
+        .await
+        .unwrap();
     assert_eq!((out.records, out.markers, out.events), (9, 9, 9), "{out:?}");
     for kind in [EntryKind::ExpiryIndex, EntryKind::Outbox, EntryKind::Record] {
         assert_eq!(store.count_prefix(kind), 0, "{kind:?}");
@@ -319,26 +317,14 @@ async fn claims_fencing_and_sweep() {
         Applied::Claim(ClaimOutcome::Replay { .. })
     ));
 
-    // Nothing is due yet; then everything is, and the index empties too.
-    let sweep = |now| Command::Sweep {
-        now,
-        entries_max: 100,
-        consumers: vec![],
-    };
-    let Applied::Sweep(early) = store.execute(sweep(T0.plus_ms(2_000))).await.unwrap() else {
-        panic!()
-    };
-    assert_eq!(early.records, 0);
-    let Applied::Sweep(late) = store.execute(sweep(T0.plus_ms(60_000))).await.unwrap() else {
-        panic!()
-    };
-    assert_eq!(late.records, 1);
-    assert!(
-        late.stale_index >= 1,
-        "rewritten records leave stale index entries: {late:?}"
-    );
-    assert_eq!(store.count_prefix(EntryKind::Record), 0);
+    // Records have no index entries (the sweeper's scan finds them). Nothing
+    // is due yet; then everything is.
     assert_eq!(store.count_prefix(EntryKind::ExpiryIndex), 0);
+    let early = store.sweep(T0.plus_ms(2_000), 100, vec![]).await.unwrap();
+    assert_eq!(early.records, 0);
+    let late = store.sweep(T0.plus_ms(60_000), 100, vec![]).await.unwrap();
+    assert_eq!(late.records, 1, "{late:?}");
+    assert_eq!(store.count_prefix(EntryKind::Record), 0);
 }
 
 #[test]
@@ -970,8 +956,8 @@ async fn a_processed_entry_lives_as_long_as_its_event() {
     order(&store, create("k1", "c1", "fp", "ord_1", T0)).await;
     assert_eq!(
         store.count_prefix(EntryKind::ExpiryIndex),
-        2,
-        "record and marker"
+        0,
+        "the sweeper's scan finds records and markers"
     );
     let event = store.outbox_after(0, 1).await.unwrap().remove(0);
     let reserve = |cursor: Option<Cursor>| Command::ConsumeInventoryBatch {
@@ -1000,19 +986,13 @@ async fn a_processed_entry_lives_as_long_as_its_event() {
         .await
         .unwrap();
     assert_eq!(consumed(first), vec![Ok(ConsumeOutcome::Applied)]);
-    assert_eq!(store.count_prefix(EntryKind::ExpiryIndex), 2);
+    assert_eq!(store.count_prefix(EntryKind::ExpiryIndex), 0);
 
     // 100 hours on: the inventory entry's own TTL (1 h) and the event's (48 h)
     // passed, but payments has not had the event.
-    let sweep = |now: UnixMillis| Command::Sweep {
-        now,
-        entries_max: 100,
-        consumers: vec![Consumer::Inventory, Consumer::Payments],
-    };
+    let consumers = vec![Consumer::Inventory, Consumer::Payments];
     let late = T0.plus_ms(100 * HOUR_MS);
-    let Applied::Sweep(out) = store.execute(sweep(late)).await.unwrap() else {
-        panic!()
-    };
+    let out = store.sweep(late, 100, consumers.clone()).await.unwrap();
     let expected = SweepOutcome {
         records: 1,
         markers: 1,
@@ -1064,9 +1044,7 @@ async fn a_processed_entry_lives_as_long_as_its_event() {
         generation,
     };
     store.execute(advance).await.unwrap();
-    let Applied::Sweep(out) = store.execute(sweep(late.plus_ms(1))).await.unwrap() else {
-        panic!()
-    };
+    let out = store.sweep(late.plus_ms(1), 100, consumers).await.unwrap();
     let expected = SweepOutcome {
         events: 1,
         processed: 2,
@@ -1189,4 +1167,63 @@ async fn erasing_a_tenant_keeps_other_tenants_and_delivered_events() {
         order(&store, create("k2", "c2", "fp2", "ord_4", T0)).await,
         OrderOutcome::Created { .. }
     ));
+}
+
+/// The sweeper's scan of records and markers (`Store::sweep`) goes on where
+/// the last call stopped, deletes at most `entries_max` a call, and checks
+/// each listed key again when it applies: a key rewritten with a later
+/// expiry since it was listed stays.
+#[tokio::test]
+async fn the_sweepers_scan_deletes_due_records_and_markers_in_pages() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = common::open(dir.path()).await;
+    for n in 1..=5 {
+        order(&store, common::new_order(n)).await;
+    }
+    assert_eq!(store.count_prefix(EntryKind::ExpiryIndex), 0);
+    // The records (1 h) are due, the markers (24 h) not.
+    let later = T0.plus_ms(2 * HOUR_MS);
+    let mut records = Vec::new();
+    for _ in 0..3 {
+        let out = store.sweep(later, 2, vec![]).await.unwrap();
+        assert!(out.records <= 2, "{out:?}");
+        assert_eq!(out.markers, 0);
+        records.push(out.records);
+    }
+    assert_eq!(records, [2, 2, 1], "pages of at most two, then the rest");
+    assert_eq!(store.count_prefix(EntryKind::Record), 0);
+    assert_eq!(store.count_prefix(EntryKind::Marker), 5);
+    // A pass that ended starts again from the first key.
+    let out = store
+        .sweep(T0.plus_ms(25 * HOUR_MS), 100, vec![])
+        .await
+        .unwrap();
+    assert_eq!(out.markers, 5, "{out:?}");
+    assert_eq!(store.count_prefix(EntryKind::Marker), 0);
+
+    // A listed key that is not due (or gone) is passed over.
+    order(&store, common::new_order(6)).await;
+    let record = [
+        b"r".as_slice(),
+        &scope(Namespace::Orders, "key-6").storage_key(),
+    ]
+    .concat();
+    let listed = |now| Command::SweepKeys {
+        now,
+        keys: vec![
+            record.clone(),
+            b"r-gone".to_vec(),
+            b"o-not-a-record".to_vec(),
+        ],
+    };
+    let Applied::Sweep(out) = store.execute(listed(T0)).await.unwrap() else {
+        panic!()
+    };
+    assert_eq!((out.records, out.stale_index), (0, 3), "{out:?}");
+    assert_eq!(store.count_prefix(EntryKind::Record), 1);
+    let Applied::Sweep(out) = store.execute(listed(later.plus_ms(10))).await.unwrap() else {
+        panic!()
+    };
+    assert_eq!((out.records, out.stale_index), (1, 2), "{out:?}");
+    assert_eq!(store.count_prefix(EntryKind::Record), 0);
 }

@@ -22,6 +22,13 @@ fn t2() -> TenantId {
     TenantId::parse("t2").unwrap()
 }
 
+/// The region tree's key of the order record of `key` (`keys::record`: the
+/// record prefix `r`, then the scope's storage key).
+fn record_key(key: &str) -> Vec<u8> {
+    let scope = crate::common::scope(keyhold_core::scope::Namespace::Orders, key);
+    [b"r".as_slice(), &scope.storage_key()].concat()
+}
+
 /// Commands each reading some state an earlier one of the list wrote.
 fn commands() -> Vec<Command> {
     vec![
@@ -76,11 +83,11 @@ fn commands() -> Vec<Command> {
             from_seq: 1,
             consumers: vec![Consumer::Inventory],
         },
-        // 10: the sweep scans the expiry index: the two records are due.
-        Command::Sweep {
+        // 10: the sweeper lists both records (of 0 and 6), due by now and
+        // written by this entry: the check sees them.
+        Command::SweepKeys {
             now: T0.plus_ms(2 * HOUR_MS),
-            entries_max: 1_000,
-            consumers: vec![],
+            keys: vec![record_key("k1"), record_key("k4")],
         },
         // 11: a replay on the swept key: a record no more, the marker decides.
         create("k1", "c1", "fp1", "ord_5", T0.plus_ms(2 * HOUR_MS)),
