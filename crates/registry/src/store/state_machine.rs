@@ -271,16 +271,23 @@ struct RegistryStateV2 {
     failovers: std::collections::BTreeMap<String, crate::failover::FailoverResult>,
 }
 
-/// A snapshot's state, in today's encoding or in an earlier one (a node that
-/// upgraded sends or keeps such a snapshot): before failover tails (V2), or
-/// before survival and failover (V1).
-fn decode_snapshot_state(data: &[u8]) -> Result<RegistryState, bincode::error::DecodeError> {
-    let current = match codec::decode::<RegistryState>(data) {
-        Ok(state) => return Ok(state),
-        Err(e) => e,
-    };
-    if let Ok(v2) = codec::decode::<RegistryStateV2>(data) {
-        return Ok(RegistryState {
+impl From<RegistryStateV1> for RegistryStateV2 {
+    fn from(v1: RegistryStateV1) -> Self {
+        RegistryStateV2 {
+            regions: v1.regions,
+            nodes: v1.nodes,
+            tenants: v1.tenants,
+            operations: v1.operations,
+            drivers: v1.drivers,
+            survival: Default::default(),
+            failovers: Default::default(),
+        }
+    }
+}
+
+impl From<RegistryStateV2> for RegistryState {
+    fn from(v2: RegistryStateV2) -> Self {
+        RegistryState {
             regions: v2.regions,
             nodes: v2.nodes,
             tenants: v2.tenants,
@@ -289,17 +296,24 @@ fn decode_snapshot_state(data: &[u8]) -> Result<RegistryState, bincode::error::D
             survival: v2.survival,
             failovers: v2.failovers,
             ..RegistryState::default()
-        });
+        }
+    }
+}
+
+/// A snapshot's state, in today's encoding or in an earlier one (a node that
+/// upgraded sends or keeps such a snapshot): before failover tails (V2), or
+/// before survival and failover (V1), each read as the next one with its new
+/// fields empty.
+fn decode_snapshot_state(data: &[u8]) -> Result<RegistryState, bincode::error::DecodeError> {
+    let current = match codec::decode::<RegistryState>(data) {
+        Ok(state) => return Ok(state),
+        Err(e) => e,
+    };
+    if let Ok(v2) = codec::decode::<RegistryStateV2>(data) {
+        return Ok(v2.into());
     }
     match codec::decode::<RegistryStateV1>(data) {
-        Ok(v1) => Ok(RegistryState {
-            regions: v1.regions,
-            nodes: v1.nodes,
-            tenants: v1.tenants,
-            operations: v1.operations,
-            drivers: v1.drivers,
-            ..RegistryState::default()
-        }),
+        Ok(v1) => Ok(RegistryStateV2::from(v1).into()),
         Err(_) => Err(current),
     }
 }
