@@ -50,8 +50,7 @@ use keyhold_registry::{
     NodeId, OperationKind, OperationState, TenantRecord, TenantState, NODE_CREDENTIAL_HEADER,
 };
 use keyhold_store::raft::Leadership;
-use keyhold_store::LogTail;
-use keyhold_store::{CarriedEvent, ExportEntry, Store};
+use keyhold_store::{CarriedEvent, ExportEntry, LogTail, Store};
 use serde::Deserialize;
 use std::sync::Arc;
 use std::time::Duration;
