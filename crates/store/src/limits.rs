@@ -77,6 +77,14 @@ pub const SNAPSHOT_ENTRY_BYTES_MAX: usize = COMMAND_BYTES_MAX;
 /// Buffer of the reader or writer of a snapshot file: building or installing a
 /// snapshot holds this, one entry and (installing) one batch in memory.
 pub const SNAPSHOT_IO_BUFFER_BYTES: usize = 1024 * 1024;
+/// While a snapshot is built, every applied entry first records the old
+/// values of the keys it changes (`raft::cut`), so that the build reads the
+/// tree as it was at its cut while entries go on. Past this many recorded key
+/// and value bytes the build holds the apply lock for the rest of its stream,
+/// as every build did before: the records never outgrow this by more than the
+/// one entry being applied. At a few thousand orders per second a build has
+/// tens of seconds before it gets there.
+pub const SNAPSHOT_CUT_RECORDED_BYTES_MAX: usize = 256 * 1024 * 1024;
 /// An installing snapshot is written to the region tree in sled batches of about
 /// this many key and value bytes (one more entry may go over it).
 pub const SNAPSHOT_INSTALL_BATCH_BYTES_MAX: usize = 4 * 1024 * 1024;
@@ -154,6 +162,7 @@ const _: () = assert!(SWEEP_ENTRIES_MAX <= SWEEP_SCAN_ENTRIES_MAX);
 const _: () = assert!(ERASE_ENTRIES_MAX <= BATCH_COMMANDS_MAX);
 const _: () = assert!(COMMAND_BYTES_MAX <= FORMAT_1_RECORD_BYTES_MAX);
 const _: () = assert!(SNAPSHOT_IO_BUFFER_BYTES <= SNAPSHOT_INSTALL_BATCH_BYTES_MAX);
+const _: () = assert!(ENTRY_BATCH_BYTES_MAX < SNAPSHOT_CUT_RECORDED_BYTES_MAX);
 const _: () = assert!(REGION_HEARTBEAT_INTERVAL_MS < REGION_ELECTION_TIMEOUT_MIN_MS);
 const _: () = assert!(REGION_ELECTION_TIMEOUT_MIN_MS < REGION_ELECTION_TIMEOUT_MAX_MS);
 const _: () = assert!(REGION_ELECTION_TIMEOUT_MAX_MS * 10 <= REGION_LEADER_WAIT_MS);

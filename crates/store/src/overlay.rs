@@ -54,6 +54,11 @@ impl Changes {
         self.bytes
     }
 
+    /// The keys written or deleted, in key order.
+    pub fn keys(&self) -> impl Iterator<Item = &[u8]> {
+        self.writes.keys().map(|key| key.as_ref())
+    }
+
     /// The changes as one sled batch, applied atomically.
     pub fn into_batch(self) -> sled::Batch {
         let mut batch = sled::Batch::default();

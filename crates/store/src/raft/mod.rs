@@ -3,7 +3,8 @@
 //! `Applied` outcome), its log (`keyhold-raftlog`'s sled log store) and its state machine
 //! (`state_machine.rs`, applying each entry through `Machine::apply`'s staging with
 //! the last applied log id in the same sled batch), and snapshots streamed from and
-//! into the region tree (`snapshot.rs`).
+//! into the region tree (`snapshot.rs`), a build reading a cut of the tree while
+//! entries go on being applied (`cut.rs`).
 //!
 //! Directory layout of one replica of a region group (`open`):
 //! - `log/`: a sled `Db` holding the group's Raft log (`{group}/raft_log`,
@@ -22,6 +23,7 @@
 //! it (how far its entry got) reach the region tree in one atomic sled batch, so a
 //! crash at any point re-applies exactly the commands whose effects are missing.
 
+mod cut;
 mod group;
 mod snapshot;
 mod state_machine;

@@ -11,12 +11,12 @@
 //! installs them by streaming a file back into the tree; publishes the last applied
 //! index on a watch channel.
 //!
-//! A snapshot is a consistent cut because building one holds the same lock as
-//! applying: entries wait while the tree is streamed to disk (a pause proportional to
-//! the region's size, once every snapshot interval; sled offers no point-in-time
-//! view to avoid it). Memory stays bounded by one entry and an I/O buffer when
-//! building, and by one install batch (`SNAPSHOT_INSTALL_BATCH_BYTES_MAX`) when
-//! installing.
+//! A snapshot is a consistent cut of the tree (`cut::Cut`) taken under the apply
+//! lock and then streamed to disk while entries go on being applied: each write
+//! records the old values of the keys it changes first. Memory stays bounded by
+//! those records (`SNAPSHOT_CUT_RECORDED_BYTES_MAX`, past which the build holds
+//! the apply lock for its rest), one entry and an I/O buffer when building, and
+//! by one install batch (`SNAPSHOT_INSTALL_BATCH_BYTES_MAX`) when installing.
 //!
 //! Installing is made crash-safe by a marker file: the received snapshot becomes
 //! `current.snap` (synced, renamed), `install.pending` is created, the tree is
@@ -43,13 +43,15 @@ use openraft::{AnyError, EntryPayload, OptionalSend, RaftSnapshotBuilder, Storag
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
+use super::cut::Cut;
 use super::snapshot;
 use super::{
     CommandBatch, Entry, EntryOutcome, LogId, RegionConfig, SnapshotMeta, StorageError,
     StoredMembership,
 };
 use crate::limits::{
-    ENTRY_BATCH_BYTES_MAX, EPOCH_COLLECTS_PER_ENTRY, SNAPSHOT_INSTALL_BATCH_BYTES_MAX,
+    ENTRY_BATCH_BYTES_MAX, EPOCH_COLLECTS_PER_ENTRY, SNAPSHOT_CUT_RECORDED_BYTES_MAX,
+    SNAPSHOT_INSTALL_BATCH_BYTES_MAX,
 };
 use crate::machine::Machine;
 use crate::overlay::Changes;
@@ -111,9 +113,17 @@ struct Shared {
     db: sled::Db,
     machine: Machine,
     snapshots: PathBuf,
-    /// Held while applying, building and installing, so that a snapshot is a
-    /// consistent cut and an installation never interleaves with an apply.
-    cut: Mutex<()>,
+    /// Held while applying, installing and promoting, and while a build takes
+    /// its cut: no write is half done at a cut, and an installation never
+    /// interleaves with an apply.
+    applying: Mutex<()>,
+    /// Held for a whole build, and while installing or promoting: the tree is
+    /// not replaced (installing) or made final (promoting) under a build's
+    /// reader, and one build runs at a time.
+    building: Mutex<()>,
+    /// The cut a build is reading, if one is: every write of an entry records
+    /// what it changes here first.
+    cut: Cut,
     /// Last applied log index (0 before the first entry).
     applied_index: watch::Sender<u64>,
     /// Makes temporary file names and snapshot ids unique within a process.
@@ -212,7 +222,9 @@ impl RegionStateMachine {
             db,
             machine: Machine::new(tree),
             snapshots: snapshots.to_path_buf(),
-            cut: Mutex::new(()),
+            applying: Mutex::new(()),
+            building: Mutex::new(()),
+            cut: Cut::default(),
             applied_index: watch::channel(0).0,
             seq: AtomicU64::new(0),
             promoted: AtomicBool::new(false),
@@ -345,6 +357,21 @@ impl RegionStateMachine {
         Ok(at)
     }
 
+    /// openraft's `build_snapshot`, calling `after_entry` with the number of
+    /// entries streamed so far after each one, and holding the apply lock for
+    /// the rest of the build once the cut's records reach `recorded_bytes_max`
+    /// (`SNAPSHOT_CUT_RECORDED_BYTES_MAX` in a node): for tests that pause a
+    /// build midway.
+    #[doc(hidden)]
+    pub async fn build_snapshot_with(
+        &self,
+        recorded_bytes_max: usize,
+        after_entry: impl FnMut(u64) + Send + 'static,
+    ) -> Result<(SnapshotMeta, File), Error> {
+        self.spawn_blocking(move |shared| shared.build_with(recorded_bytes_max, after_entry))
+            .await
+    }
+
     fn spawn_blocking<T: Send + 'static>(
         &self,
         f: impl FnOnce(&Shared) -> Result<T, Error> + Send + 'static,
@@ -362,9 +389,24 @@ impl Shared {
     // A poisoned lock means a panic while applying; each entry's batch is atomic, so
     // the tree still holds whole entries with a matching last applied id.
     fn lock(&self) -> MutexGuard<'_, ()> {
-        self.cut
+        self.applying
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn lock_building(&self) -> MutexGuard<'_, ()> {
+        self.building
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Writes `changes` to the tree in one atomic batch, after recording what
+    /// they replace for a build's cut.
+    fn write(&self, changes: Changes) -> Result<(), Error> {
+        let tree = self.machine.tree();
+        self.cut.record(tree, changes.keys())?;
+        tree.apply_batch(changes.into_batch())?;
+        Ok(())
     }
 
     fn applied_state(&self) -> Result<(Option<LogId>, StoredMembership), Error> {
@@ -384,7 +426,7 @@ impl Shared {
     /// that it is applied (`KEY_APPLIED`), or for a large one in several batches
     /// that record how far it got (`KEY_PARTIAL`).
     fn apply(&self, entries: impl IntoIterator<Item = Entry>) -> Result<Vec<EntryOutcome>, Error> {
-        let _cut = self.lock();
+        let _applying = self.lock();
         if self.promoted.load(Ordering::SeqCst) {
             return Err(Error::Raft(
                 "the replica was promoted: it applies no more entries".into(),
@@ -416,13 +458,13 @@ impl Shared {
             let log_id = entry.log_id;
             let outcome = match entry.payload {
                 EntryPayload::Blank => {
-                    self.finish_entry(sled::Batch::default(), log_id, None)?;
+                    self.finish_entry(Changes::default(), log_id, None)?;
                     EntryOutcome::Raft
                 }
                 EntryPayload::Normal(batch) => self.apply_commands(log_id, &batch)?,
                 EntryPayload::Membership(membership) => {
                     let membership = StoredMembership::new(Some(log_id), membership);
-                    self.finish_entry(sled::Batch::default(), log_id, Some(&membership))?;
+                    self.finish_entry(Changes::default(), log_id, Some(&membership))?;
                     EntryOutcome::Raft
                 }
             };
@@ -468,24 +510,24 @@ impl Shared {
                 pending.absorb(writes);
             }
             if position + 1 < count && pending.bytes() >= self.entry_batch_bytes_max {
-                let mut writes = std::mem::take(&mut pending).into_batch();
+                let mut writes = std::mem::take(&mut pending);
                 let partial = Partial {
                     log_id,
                     commands: (position + 1) as u32,
                 };
                 writes.insert(KEY_PARTIAL, encode(&partial)?);
-                tree.apply_batch(writes)?;
+                self.write(writes)?;
                 collect_replaced_nodes();
             }
         }
-        self.finish_entry(pending.into_batch(), log_id, None)?;
+        self.finish_entry(pending, log_id, None)?;
         Ok(EntryOutcome::Commands(answers))
     }
 
     /// Applies `batch` with the record that entry `log_id` is applied in full.
     fn finish_entry(
         &self,
-        mut batch: sled::Batch,
+        mut batch: Changes,
         log_id: LogId,
         membership: Option<&StoredMembership>,
     ) -> Result<(), Error> {
@@ -499,7 +541,7 @@ impl Shared {
         if new_leader {
             batch.insert(leader_key(log_id.index), encode(&log_id.leader_id)?);
         }
-        self.machine.tree().apply_batch(batch)?;
+        self.write(batch)?;
         if new_leader {
             *last_leader = Some(log_id.leader_id);
         }
@@ -510,7 +552,8 @@ impl Shared {
     /// applied index are skipped (applied meanwhile, or before a crash), the
     /// rest must follow it without a gap.
     fn promote(&self, entries: Vec<Entry>) -> Result<u64, Error> {
-        let _cut = self.lock();
+        let _building = self.lock_building();
+        let _applying = self.lock();
         let tree = self.machine.tree();
         if let Some(bytes) = tree.get(KEY_PROMOTED)? {
             self.promoted.store(true, Ordering::SeqCst);
@@ -567,22 +610,62 @@ impl Shared {
         Ok(())
     }
 
-    /// Streams the tree into a new `current.snap` under the lock; returns it open.
+    /// Streams a cut of the tree into a new `current.snap`; returns it open.
     fn build(&self) -> Result<(SnapshotMeta, File), Error> {
-        let _cut = self.lock();
-        let (last_log_id, last_membership) = self.applied_state()?;
-        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
-        let snapshot_id = match last_log_id {
-            Some(id) => format!("{}-{}-{seq}", id.leader_id, id.index),
-            None => format!("--{seq}"),
+        self.build_with(SNAPSHOT_CUT_RECORDED_BYTES_MAX, |_| {})
+    }
+
+    /// `build`, holding the apply lock for the rest of the stream once the
+    /// cut's records reach `recorded_bytes_max`, and calling `after_entry` with
+    /// the count of entries streamed after each (tests pause a build there).
+    fn build_with(
+        &self,
+        recorded_bytes_max: usize,
+        mut after_entry: impl FnMut(u64),
+    ) -> Result<(SnapshotMeta, File), Error> {
+        let started = Instant::now();
+        let _building = self.lock_building();
+        let meta = {
+            let _applying = self.lock();
+            let (last_log_id, last_membership) = self.applied_state()?;
+            let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+            let snapshot_id = match last_log_id {
+                Some(id) => format!("{}-{}-{seq}", id.leader_id, id.index),
+                None => format!("--{seq}"),
+            };
+            self.cut.begin();
+            SnapshotMeta {
+                last_log_id,
+                last_membership,
+                snapshot_id,
+            }
         };
-        let meta = SnapshotMeta {
-            last_log_id,
-            last_membership,
-            snapshot_id,
-        };
+        // Ends the cut on every way out, an error's included.
+        struct Reading<'a>(&'a Cut);
+        impl Drop for Reading<'_> {
+            fn drop(&mut self) {
+                self.0.end();
+            }
+        }
+        let reading = Reading(&self.cut);
         let building = self.temporary_path("building-");
-        snapshot::write(&building, &meta, self.machine.tree().iter())?;
+        let mut streamed = 0u64;
+        let mut held = None;
+        let entries = self.cut.entries(self.machine.tree()).inspect(|_| {
+            streamed += 1;
+            after_entry(streamed);
+            if held.is_none() && self.cut.recorded_bytes() >= recorded_bytes_max {
+                tracing::warn!(
+                    streamed,
+                    "a snapshot's cut recorded {recorded_bytes_max} bytes of changes: \
+                     entries wait for the rest of the build"
+                );
+                held = Some(self.lock());
+            }
+        });
+        snapshot::write(&building, &meta, entries)?;
+        drop(held);
+        drop(reading);
         // The state the snapshot covers must be durable before openraft may purge
         // the log behind it: a restart re-applies from the tree's last applied id.
         self.db.flush()?;
@@ -590,6 +673,8 @@ impl Shared {
         std::fs::rename(&building, &current).map_err(io("rename snapshot"))?;
         sync_dir(&self.snapshots)?;
         let file = File::open(&current).map_err(io("open snapshot"))?;
+        metrics::histogram!("keyhold_store_snapshot_build_seconds")
+            .record(started.elapsed().as_secs_f64());
         Ok((meta, file))
     }
 
@@ -609,7 +694,8 @@ impl Shared {
 
     /// Makes the received snapshot `current.snap`, then refills the tree from it.
     fn install(&self, meta: &SnapshotMeta, mut received: File) -> Result<(), Error> {
-        let _cut = self.lock();
+        let _building = self.lock_building();
+        let _applying = self.lock();
         let installing = self.temporary_path("installing-");
         {
             received

@@ -29,6 +29,12 @@ pub fn membership_entry(index: u64) -> Entry {
 
 pub use crate::common::new_order;
 
+/// The region tree's key of the record of idempotency key `key` (orders).
+pub fn record_key(key: &str) -> Vec<u8> {
+    let scope = crate::common::scope(keyhold_core::scope::Namespace::Orders, key);
+    [b"r".as_slice(), &scope.storage_key()].concat()
+}
+
 /// An entry at `index` carrying one new order, numbered `index`.
 pub fn order_entry(index: u64) -> Entry {
     commands_entry(index, vec![new_order(index)])

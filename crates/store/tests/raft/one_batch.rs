@@ -16,7 +16,7 @@ use keyhold_store::{
 use openraft::storage::RaftStateMachine;
 
 use crate::common::{create, tenant_order, HOUR_MS, T0};
-use crate::helpers::{answers, commands_entry, membership_entry};
+use crate::helpers::{answers, commands_entry, membership_entry, record_key};
 
 fn t2() -> TenantId {
     TenantId::parse("t2").unwrap()
@@ -24,11 +24,6 @@ fn t2() -> TenantId {
 
 /// The region tree's key of the order record of `key` (`keys::record`: the
 /// record prefix `r`, then the scope's storage key).
-fn record_key(key: &str) -> Vec<u8> {
-    let scope = crate::common::scope(keyhold_core::scope::Namespace::Orders, key);
-    [b"r".as_slice(), &scope.storage_key()].concat()
-}
-
 /// Commands each reading some state an earlier one of the list wrote.
 fn commands() -> Vec<Command> {
     vec![

@@ -1,7 +1,8 @@
 //! Snapshots of a region group: built by streaming the region tree, installed on a
 //! new replica and on a lagging one with state of its own, finished after a crash in
 //! the middle of an installation, refused when cut short; and a refused command
-//! answers the same on every replica.
+//! answers the same on every replica; and entries go on applying while a snapshot
+//! streams a cut of the tree.
 
 use std::path::Path;
 
@@ -290,4 +291,118 @@ async fn the_leaders_of_applied_entries_travel_with_a_snapshot() {
     let all = vec![run((1, 1), 1), run((2, 3), 6), run((3, 1), 10)];
     assert_eq!(new.leader_runs(1, 11).unwrap(), all);
     assert_eq!(leader.leader_runs(1, 11).unwrap(), all);
+}
+
+/// Entries 301..=320 of `fill`'s store: a new order each, and in 310 the sweep
+/// of the records of orders 2..=300 (keys at every place in the tree, behind
+/// and ahead of a build's reader).
+fn entries_after_fill() -> Vec<raft::Entry> {
+    (301..=320)
+        .map(|index| match index {
+            310 => commands_entry(
+                index,
+                vec![Command::SweepKeys {
+                    now: T0.plus_ms(30 * crate::common::HOUR_MS * 24),
+                    keys: (2..=300)
+                        .map(|n| crate::helpers::record_key(&format!("key-{n}")))
+                        .collect(),
+                }],
+            ),
+            _ => order_entry(index),
+        })
+        .collect()
+}
+
+/// Starts a build of `state_machine` that pauses after its 100th entry until
+/// told to go on; returns once it is paused.
+async fn paused_build(
+    state_machine: &RegionStateMachine,
+    recorded_bytes_max: usize,
+) -> (
+    tokio::task::JoinHandle<(SnapshotMeta, std::fs::File)>,
+    std::sync::mpsc::Sender<()>,
+) {
+    let (paused_tx, paused_rx) = tokio::sync::oneshot::channel();
+    let (resume_tx, resume_rx) = std::sync::mpsc::channel::<()>();
+    let mut paused_tx = Some(paused_tx);
+    let builder = state_machine.clone();
+    let build = tokio::spawn(async move {
+        builder
+            .build_snapshot_with(recorded_bytes_max, move |streamed| {
+                if streamed == 100 {
+                    paused_tx.take().unwrap().send(()).unwrap();
+                    resume_rx.recv().unwrap();
+                }
+            })
+            .await
+            .expect("build snapshot")
+    });
+    paused_rx.await.expect("the build reaches its 100th entry");
+    (build, resume_tx)
+}
+
+fn read_file(mut file: std::fs::File) -> Vec<u8> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes).expect("read snapshot");
+    bytes
+}
+
+/// Builds a snapshot of a filled store with a cut bounded by
+/// `recorded_bytes_max`, applies `entries_after_fill` while the build is paused
+/// midway, and checks that they applied meanwhile and that the snapshot holds
+/// the tree as it was at its cut.
+async fn build_beside_entries(recorded_bytes_max: usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut leader = open(dir.path());
+    fill(&mut leader, 300, 0).await;
+    let at_cut = leader.entries_for_tests();
+    let (build, resume) = paused_build(&leader, recorded_bytes_max).await;
+
+    // The build holds its cut, not the apply: entries go on meanwhile (before
+    // the cut, this waited for the whole build). Applying blocks its thread,
+    // so it runs on another than the one that times it.
+    let applied = {
+        let mut leader = leader.clone();
+        tokio::spawn(async move { leader.apply(entries_after_fill()).await.unwrap() })
+    };
+    let outcomes = tokio::time::timeout(std::time::Duration::from_secs(20), applied)
+        .await
+        .expect("entries apply while a snapshot is being built")
+        .unwrap();
+    let swept = match &outcomes[9] {
+        EntryOutcome::Commands(answers) => answers[0].clone(),
+        EntryOutcome::Raft => panic!("a sweep entry answers a command"),
+    };
+    assert!(
+        matches!(&swept, Applied::Sweep(outcome) if outcome.records > 0),
+        "the sweep deleted records the build has yet to stream: {swept:?}"
+    );
+    let after = leader.entries_for_tests();
+    assert_ne!(after, at_cut);
+    resume.send(()).unwrap();
+    let (meta, file) = build.await.unwrap();
+    assert_eq!(meta.last_log_id.map(|id| id.index), Some(300));
+
+    // The snapshot holds the tree as it was at its cut, and a replica that
+    // installs it and applies the same entries reaches the leader's state.
+    let replica_dir = tempfile::tempdir().unwrap();
+    let mut replica = open(replica_dir.path());
+    install(&mut replica, &meta, &read_file(file)).await;
+    assert_eq!(replica.entries_for_tests(), at_cut);
+    assert_eq!(*replica.subscribe().borrow(), 300);
+    assert_eq!(replica.apply(entries_after_fill()).await.unwrap(), outcomes);
+    assert_eq!(replica.entries_for_tests(), after);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_apply_while_a_snapshot_streams_and_it_holds_the_state_at_its_cut() {
+    build_beside_entries(usize::MAX).await;
+}
+
+/// A bound of one byte: the first entry applied during the build reaches it,
+/// and the build, once it goes on, finishes under the apply lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_build_whose_cut_records_reach_their_bound_finishes_under_the_apply_lock() {
+    build_beside_entries(1).await;
 }
