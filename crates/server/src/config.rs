@@ -105,6 +105,11 @@ pub struct Config {
     /// keeps as many behind it; a node that lags more catches up by the snapshot.
     #[serde(default = "d_region_snapshot_entries")]
     pub region_snapshot_entries: u64,
+    /// ... once those entries wrote at least this percent of the last
+    /// snapshot's size to the region's store (0: after the entries alone), so
+    /// that a large region is not streamed whole every few minutes.
+    #[serde(default = "d_region_snapshot_written_percent")]
+    pub region_snapshot_written_percent: u64,
     /// Each region's standby region (`{ a = "b", b = "c", c = "a" }`): every node
     /// of the standby region keeps a streamed copy of the region's store (a
     /// learner of its group). The same table on every node; a region without
@@ -147,6 +152,10 @@ pub struct Member {
 
 fn d_region_snapshot_entries() -> u64 {
     keyhold_store::raft::GroupOptions::default().snapshot_entries
+}
+
+fn d_region_snapshot_written_percent() -> u64 {
+    keyhold_store::raft::GroupOptions::default().snapshot_written_percent
 }
 fn d_store_cache_bytes() -> u64 {
     keyhold_store::raft::GroupOptions::default().tree_cache_bytes
@@ -268,6 +277,7 @@ impl Config {
             outbound_ip: None,
             start: Start::Create,
             region_snapshot_entries: d_region_snapshot_entries(),
+            region_snapshot_written_percent: d_region_snapshot_written_percent(),
             standbys: Default::default(),
             store_cache_bytes: d_store_cache_bytes(),
         }

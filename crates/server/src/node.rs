@@ -600,6 +600,7 @@ async fn open_store(
     };
     let options = GroupOptions {
         snapshot_entries: config.region_snapshot_entries,
+        snapshot_written_percent: config.region_snapshot_written_percent,
         purge,
         tree_cache_bytes: config.store_cache_bytes,
     };
@@ -684,6 +685,7 @@ async fn open_standby_copy(
     .with_append_bytes_max(REGION_APPEND_BYTES_MAX);
     let options = GroupOptions {
         snapshot_entries: config.region_snapshot_entries,
+        snapshot_written_percent: config.region_snapshot_written_percent,
         purge: Purge::Automatic,
         tree_cache_bytes: config.store_cache_bytes,
     };

@@ -145,9 +145,15 @@ pub const UPKEEP_RIDE_LAG_ENTRIES_MAX: u64 = REGION_APPEND_ENTRIES_MAX;
 /// How long starting a single-voter region group waits for this node to lead it
 /// (one election timeout after a restart, plus the replay of unapplied entries).
 pub const REGION_LEADER_WAIT_MS: u64 = 30_000;
-/// A region group builds a snapshot (and may purge the log behind it) after this
-/// many applied entries; each entry holds a whole commit batch.
+/// A region group builds a snapshot (and may purge the log behind it) after at
+/// least this many applied entries; each entry holds a whole commit batch.
 pub const REGION_SNAPSHOT_LOGS_SINCE_LAST: u64 = 10_000;
+/// ... and once those entries wrote at least this percent of the last
+/// snapshot's bytes to the region tree, so that a build (a pass over the whole
+/// region) costs in proportion to what was written, not to the region's size
+/// every `REGION_SNAPSHOT_LOGS_SINCE_LAST` entries. The log between two
+/// snapshots holds about this much of the region's size again.
+pub const REGION_SNAPSHOT_WRITTEN_PERCENT: u64 = 100;
 
 const _: () = assert!(BATCH_COMMANDS_MAX <= QUEUE_COMMANDS_MAX);
 const _: () = assert!(REGION_TREE_CACHE_BYTES_MIN <= REGION_TREE_CACHE_BYTES_DEFAULT);

@@ -45,8 +45,9 @@ use crate::limits::{
     BATCH_COMMANDS_MAX, QUEUE_COMMANDS_MAX, REGION_APPEND_ENTRIES_MAX,
     REGION_ELECTION_TIMEOUT_MAX_MS, REGION_ELECTION_TIMEOUT_MIN_MS, REGION_HEARTBEAT_INTERVAL_MS,
     REGION_LEADER_WAIT_MS, REGION_RPC_TIMEOUT_MS, REGION_SNAPSHOT_LOGS_SINCE_LAST,
-    REGION_TREE_CACHE_BYTES_DEFAULT, REGION_WRITE_WAIT_MS, UPKEEP_RIDE_GRACE_MS,
-    UPKEEP_RIDE_LAG_ENTRIES_MAX, UPKEEP_RIDE_WAIT_MS, WRITTEN_ENTRIES_KEPT_MAX,
+    REGION_SNAPSHOT_WRITTEN_PERCENT, REGION_TREE_CACHE_BYTES_DEFAULT, REGION_WRITE_WAIT_MS,
+    UPKEEP_RIDE_GRACE_MS, UPKEEP_RIDE_LAG_ENTRIES_MAX, UPKEEP_RIDE_WAIT_MS,
+    WRITTEN_ENTRIES_KEPT_MAX,
 };
 use crate::stats::CommitStats;
 use crate::{Error, Job, Logged};
@@ -84,6 +85,9 @@ pub struct GroupOptions {
     /// many entries behind it (a follower that lags less catches up from the
     /// log; one that lags more, or a new member, by the snapshot).
     pub snapshot_entries: u64,
+    /// ... once those entries wrote at least this percent of the last
+    /// snapshot's bytes to the region tree (0: after `snapshot_entries` alone).
+    pub snapshot_written_percent: u64,
     /// Who purges the log behind a snapshot.
     pub purge: Purge,
     /// sled's cache of the region tree, in bytes of cached pages as sled counts
@@ -106,6 +110,7 @@ impl Default for GroupOptions {
     fn default() -> Self {
         GroupOptions {
             snapshot_entries: REGION_SNAPSHOT_LOGS_SINCE_LAST,
+            snapshot_written_percent: REGION_SNAPSHOT_WRITTEN_PERCENT,
             purge: Purge::Automatic,
             tree_cache_bytes: REGION_TREE_CACHE_BYTES_DEFAULT,
         }
@@ -222,7 +227,9 @@ fn raft_config(group: &str, options: GroupOptions) -> Result<openraft::Config, E
         max_payload_entries: REGION_APPEND_ENTRIES_MAX,
         election_timeout_min: REGION_ELECTION_TIMEOUT_MIN_MS,
         election_timeout_max: REGION_ELECTION_TIMEOUT_MAX_MS,
-        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(options.snapshot_entries),
+        // The state machine decides when (`SnapshotPolicy`, which also weighs
+        // the bytes written), and `ticks` has openraft build.
+        snapshot_policy: openraft::SnapshotPolicy::Never,
         // Manual: far more than any log holds (openraft adds to it, so not MAX).
         max_in_snapshot_log_to_keep: match options.purge {
             Purge::Automatic => options.snapshot_entries,
@@ -333,7 +340,7 @@ impl RegionGroup {
                 .await
                 .map_err(|e| Error::Raft(format!("shutdown of a promoted replica: {e}")))?;
         }
-        tokio::spawn(heartbeats(raft.clone()));
+        tokio::spawn(ticks(raft.clone(), state_machine.clone()));
         let (jobs, rx) = mpsc::channel(QUEUE_COMMANDS_MAX);
         let stats = Arc::new(CommitStats::default());
         let written = Arc::new(Mutex::new(VecDeque::new()));
@@ -786,12 +793,19 @@ async fn ride_along(raft: &RegionRaft, jobs: &mut mpsc::Receiver<Job>, pending: 
 
 /// Sends the leader's heartbeats every `REGION_HEARTBEAT_INTERVAL_MS` (a no-op on
 /// followers) until the Raft instance stops.
-async fn heartbeats(raft: RegionRaft) {
+/// The group's clock until its Raft instance stops: a heartbeat every tick, and
+/// the snapshot the state machine's policy called for since the last one.
+async fn ticks(raft: RegionRaft, state_machine: RegionStateMachine) {
     let mut ticker = tokio::time::interval(Duration::from_millis(REGION_HEARTBEAT_INTERVAL_MS));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
         if raft.trigger().heartbeat().await.is_err() {
+            return;
+        }
+        // openraft ignores the call while it builds one already; the state
+        // machine asks again after that build.
+        if state_machine.take_snapshot_wanted() && raft.trigger().snapshot().await.is_err() {
             return;
         }
     }

@@ -34,7 +34,7 @@ use keyhold_raftlog::{LogTrees, NodeId, NodeInfo};
 use serde::{Deserialize, Serialize};
 
 pub use self::group::{Bootstrap, GroupOptions, Lag, Leadership, NoPeers, Purge, RegionGroup};
-pub use self::state_machine::RegionStateMachine;
+pub use self::state_machine::{RegionStateMachine, SnapshotPolicy};
 use crate::command::{Applied, Command};
 use crate::limits::{REGION_TREE_CACHE_BYTES_MIN, SLED_FLUSH_EVERY_MS};
 use crate::Error;
@@ -135,5 +135,9 @@ pub fn open_with(
     )?;
     let tree = db.open_tree(REGION_TREE)?;
     let state_machine = RegionStateMachine::open(db, tree, &dir.join("snapshots"))?;
+    state_machine.set_snapshot_policy(SnapshotPolicy {
+        entries: options.snapshot_entries,
+        written_percent: options.snapshot_written_percent,
+    });
     Ok((log, state_machine))
 }

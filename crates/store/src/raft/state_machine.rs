@@ -50,7 +50,8 @@ use super::{
     StoredMembership,
 };
 use crate::limits::{
-    ENTRY_BATCH_BYTES_MAX, EPOCH_COLLECTS_PER_ENTRY, SNAPSHOT_CUT_RECORDED_BYTES_MAX,
+    ENTRY_BATCH_BYTES_MAX, EPOCH_COLLECTS_PER_ENTRY, REGION_SNAPSHOT_LOGS_SINCE_LAST,
+    REGION_SNAPSHOT_WRITTEN_PERCENT, SNAPSHOT_CUT_RECORDED_BYTES_MAX,
     SNAPSHOT_INSTALL_BATCH_BYTES_MAX,
 };
 use crate::machine::Machine;
@@ -137,6 +138,70 @@ struct Shared {
     /// The leader of the newest `KEY_LEADER_PREFIX` key in the tree (`None`
     /// while there is none): an entry by another leader writes a new one.
     last_leader: Mutex<Option<Leader>>,
+    /// What was applied since the last snapshot's cut, and whether that
+    /// calls for the next one.
+    since_snapshot: Mutex<SinceSnapshot>,
+}
+
+/// When a replica builds its next snapshot: once, since the last one's cut,
+/// it applied at least `entries` entries and they wrote at least
+/// `written_percent` percent of the last snapshot's bytes to the tree. The
+/// second condition keeps the cost of building (a pass over the whole
+/// region) in proportion to what was written, whatever the region's size: by
+/// entries alone, a region of millions of orders streamed gigabytes every
+/// `entries` entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SnapshotPolicy {
+    pub entries: u64,
+    pub written_percent: u64,
+}
+
+impl Default for SnapshotPolicy {
+    fn default() -> Self {
+        SnapshotPolicy {
+            entries: REGION_SNAPSHOT_LOGS_SINCE_LAST,
+            written_percent: REGION_SNAPSHOT_WRITTEN_PERCENT,
+        }
+    }
+}
+
+impl SnapshotPolicy {
+    /// Whether a replica that applied `entries` entries writing `written`
+    /// bytes since its last snapshot, of `snapshot_bytes`, builds one now.
+    pub fn due(&self, entries: u64, written: u64, snapshot_bytes: u64) -> bool {
+        entries >= self.entries
+            && u128::from(written) * 100
+                >= u128::from(snapshot_bytes) * u128::from(self.written_percent)
+    }
+}
+
+#[derive(Debug, Default)]
+struct SinceSnapshot {
+    policy: SnapshotPolicy,
+    entries: u64,
+    /// Key and value bytes written to the tree.
+    written: u64,
+    /// Size of the last snapshot built or installed (0 before the first).
+    snapshot_bytes: u64,
+    /// The policy says build, and nobody took that up yet (`snapshot_wanted`).
+    wanted: bool,
+}
+
+impl SinceSnapshot {
+    /// A new cut: what is applied from here on counts toward the next.
+    fn restart(&mut self) {
+        self.entries = 0;
+        self.written = 0;
+    }
+
+    fn check(&mut self) {
+        if self
+            .policy
+            .due(self.entries, self.written, self.snapshot_bytes)
+        {
+            self.wanted = true;
+        }
+    }
 }
 
 fn leader_key(index: u64) -> Vec<u8> {
@@ -230,6 +295,7 @@ impl RegionStateMachine {
             promoted: AtomicBool::new(false),
             entry_batch_bytes_max: bytes,
             last_leader: Mutex::new(None),
+            since_snapshot: Mutex::new(SinceSnapshot::default()),
         };
         if shared.snapshots.join(INSTALL_PENDING).exists() {
             tracing::warn!("finishing a snapshot installation a crash interrupted");
@@ -238,15 +304,44 @@ impl RegionStateMachine {
         shared.remove_temporary_files()?;
         shared.load_last_leader()?;
         let (applied, _) = shared.applied_state()?;
-        shared
-            .applied_index
-            .send_replace(applied.map_or(0, |id| id.index));
+        let applied_index = applied.map_or(0, |id| id.index);
+        shared.applied_index.send_replace(applied_index);
+        // What was written since the last snapshot is not kept: a restart
+        // counts the entries since it, and its size as written, so that a
+        // replica restarted often still builds one.
+        {
+            let current = shared.current()?;
+            let mut since = shared.since();
+            since.entries = applied_index
+                - current
+                    .as_ref()
+                    .and_then(|(meta, _)| meta.last_log_id)
+                    .map_or(0, |id| id.index)
+                    .min(applied_index);
+            since.snapshot_bytes = match &current {
+                Some((_, file)) => file.metadata().map_err(Error::Io)?.len(),
+                None => 0,
+            };
+            since.written = since.snapshot_bytes;
+        }
         if shared.machine.tree().contains_key(KEY_PROMOTED)? {
             shared.promoted.store(true, Ordering::SeqCst);
         }
         Ok(Self {
             shared: Arc::new(shared),
         })
+    }
+
+    /// Builds snapshots as `policy` says from now on (the default is
+    /// `SnapshotPolicy::default`).
+    pub fn set_snapshot_policy(&self, policy: SnapshotPolicy) {
+        self.shared.since().policy = policy;
+    }
+
+    /// Whether the snapshot policy called for a snapshot since the last call;
+    /// the region group asks on every tick and has openraft build one.
+    pub fn take_snapshot_wanted(&self) -> bool {
+        std::mem::take(&mut self.shared.since().wanted)
     }
 
     /// A receiver of the last applied log index, updated after every applied batch
@@ -394,6 +489,12 @@ impl Shared {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    fn since(&self) -> MutexGuard<'_, SinceSnapshot> {
+        self.since_snapshot
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
     fn lock_building(&self) -> MutexGuard<'_, ()> {
         self.building
             .lock()
@@ -405,7 +506,9 @@ impl Shared {
     fn write(&self, changes: Changes) -> Result<(), Error> {
         let tree = self.machine.tree();
         self.cut.record(tree, changes.keys())?;
+        let bytes = changes.bytes() as u64;
         tree.apply_batch(changes.into_batch())?;
+        self.since().written += bytes;
         Ok(())
     }
 
@@ -432,7 +535,9 @@ impl Shared {
                 "the replica was promoted: it applies no more entries".into(),
             ));
         }
-        self.apply_locked(entries)
+        let outcomes = self.apply_locked(entries)?;
+        self.since().check();
+        Ok(outcomes)
     }
 
     /// Reads the newest leader key into `last_leader`.
@@ -469,6 +574,7 @@ impl Shared {
                 }
             };
             outcomes.push(outcome);
+            self.since().entries += 1;
             collect_replaced_nodes();
             // The part of an entry's time (`keyhold_store_fsync_seconds` on the
             // leader) spent here rather than in the log or in Raft's own path.
@@ -634,6 +740,7 @@ impl Shared {
                 None => format!("--{seq}"),
             };
             self.cut.begin();
+            self.since().restart();
             SnapshotMeta {
                 last_log_id,
                 last_membership,
@@ -673,6 +780,7 @@ impl Shared {
         std::fs::rename(&building, &current).map_err(io("rename snapshot"))?;
         sync_dir(&self.snapshots)?;
         let file = File::open(&current).map_err(io("open snapshot"))?;
+        self.snapshot_made(file.metadata().map_err(Error::Io)?.len());
         metrics::histogram!("keyhold_store_snapshot_build_seconds")
             .record(started.elapsed().as_secs_f64());
         Ok((meta, file))
@@ -715,13 +823,28 @@ impl Shared {
                 found.snapshot_id, meta.snapshot_id
             )));
         }
+        let bytes = File::open(&installing)
+            .and_then(|f| f.metadata())
+            .map_err(io("size of snapshot copy"))?
+            .len();
         std::fs::rename(&installing, self.current_path()).map_err(io("rename snapshot"))?;
         File::create(self.snapshots.join(INSTALL_PENDING))
             .and_then(|f| f.sync_all())
             .map_err(io("create install marker"))?;
         sync_dir(&self.snapshots)?;
         self.refill_from_current()?;
+        self.since().restart();
+        self.snapshot_made(bytes);
         self.remove_temporary_files()
+    }
+
+    /// A snapshot of `bytes` was built or installed: the next one waits for
+    /// the policy again (a request made while this one was built is dropped,
+    /// the next apply asks afresh).
+    fn snapshot_made(&self, bytes: u64) {
+        let mut since = self.since();
+        since.snapshot_bytes = bytes;
+        since.wanted = false;
     }
 
     /// Replaces the tree's contents with `current.snap`'s entries and then its last

@@ -6,7 +6,9 @@
 
 use std::path::Path;
 
-use keyhold_store::raft::{self, EntryOutcome, RegionStateMachine, SnapshotMeta, REGION_TREE};
+use keyhold_store::raft::{
+    self, EntryOutcome, RegionStateMachine, SnapshotMeta, SnapshotPolicy, REGION_TREE,
+};
 use keyhold_store::{Applied, Command, Rejection};
 use openraft::storage::RaftStateMachine;
 use openraft::RaftSnapshotBuilder;
@@ -405,4 +407,80 @@ async fn entries_apply_while_a_snapshot_streams_and_it_holds_the_state_at_its_cu
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_build_whose_cut_records_reach_their_bound_finishes_under_the_apply_lock() {
     build_beside_entries(1).await;
+}
+
+#[tokio::test]
+async fn a_snapshot_is_wanted_after_its_entries_and_once_they_wrote_the_last_ones_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut machine = open(dir.path());
+    machine.set_snapshot_policy(SnapshotPolicy {
+        entries: 5,
+        written_percent: 100,
+    });
+    machine.apply([membership_entry(1)]).await.unwrap();
+    // No snapshot yet: the entries alone decide the first.
+    for index in 2..=4 {
+        machine.apply([order_entry(index)]).await.unwrap();
+        assert!(!machine.take_snapshot_wanted(), "only {index} entries");
+    }
+    machine.apply([order_entry(5)]).await.unwrap();
+    assert!(machine.take_snapshot_wanted(), "5 entries");
+    assert!(!machine.take_snapshot_wanted(), "taken once");
+    for index in 6..=40 {
+        machine.apply([order_entry(index)]).await.unwrap();
+    }
+    let (meta, bytes) = build(&mut machine).await;
+    assert!(
+        bytes.len() > 20_000,
+        "a snapshot of 39 orders: {} bytes",
+        bytes.len()
+    );
+
+    // Five entries of one order each write far less than the snapshot holds
+    // (39 orders): not yet.
+    let mut index = 41;
+    for _ in 0..5 {
+        machine.apply([order_entry(index)]).await.unwrap();
+        index += 1;
+    }
+    assert!(
+        !machine.take_snapshot_wanted(),
+        "5 entries, a fraction written"
+    );
+    // As many bytes as the snapshot holds: now.
+    let mut applied = 5;
+    while !machine.take_snapshot_wanted() {
+        machine.apply([order_entry(index)]).await.unwrap();
+        index += 1;
+        applied += 1;
+        assert!(applied < 100, "never wanted after {applied} orders");
+    }
+    assert!(
+        applied > 5,
+        "wanted only once the snapshot's size was written"
+    );
+
+    // A replica that installs a snapshot counts from it; a restarted one
+    // counts the entries since its snapshot and its size as written.
+    let replica_dir = tempfile::tempdir().unwrap();
+    {
+        let mut replica = open(replica_dir.path());
+        replica.set_snapshot_policy(SnapshotPolicy {
+            entries: 5,
+            written_percent: 100,
+        });
+        install(&mut replica, &meta, &bytes).await;
+        replica.apply([order_entry(41)]).await.unwrap();
+        assert!(!replica.take_snapshot_wanted());
+    }
+    let mut replica = open(replica_dir.path());
+    replica.set_snapshot_policy(SnapshotPolicy {
+        entries: 2,
+        written_percent: 100,
+    });
+    replica.apply([order_entry(42)]).await.unwrap();
+    assert!(
+        replica.take_snapshot_wanted(),
+        "2 entries since the snapshot"
+    );
 }
