@@ -19,12 +19,12 @@
 //! at the cut as well, for the same reason.
 //!
 //! The records are the memory the cut costs: old values of the keys changed
-//! while the snapshot streams. The state machine bounds them
+//! while the snapshot streams, ahead of the reader (a key the reader has
+//! decided needs none). The state machine bounds them
 //! (`SNAPSHOT_CUT_RECORDED_BYTES_MAX`) by holding the apply lock for the rest
 //! of a build that reaches it.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::ops::Bound;
 use std::sync::{Mutex, MutexGuard};
 
 use sled::IVec;
@@ -35,6 +35,9 @@ struct Recorded {
     old: BTreeMap<IVec, Option<IVec>>,
     /// Bytes of the recorded keys and values.
     bytes: usize,
+    /// The last key the reader decided (`Entries::passed`): a write at or
+    /// before it needs no record, since the reader never looks back.
+    passed: Option<IVec>,
 }
 
 /// Records kept while a cut is read; none otherwise.
@@ -66,7 +69,8 @@ impl Cut {
 
     /// To be called before `keys` are written to `tree`: while a cut is read,
     /// records the value each of them held at the cut, if this is its first
-    /// write since. Without a cut it costs a lock and nothing more.
+    /// write since and the reader has yet to reach it. Without a cut it costs
+    /// a lock and nothing more.
     pub(crate) fn record<'k>(
         &self,
         tree: &sled::Tree,
@@ -77,7 +81,11 @@ impl Cut {
             return Ok(());
         };
         for key in keys {
-            if recorded.old.contains_key(key) {
+            let behind = recorded
+                .passed
+                .as_ref()
+                .is_some_and(|passed| key <= passed.as_ref());
+            if behind || recorded.old.contains_key(key) {
                 continue;
             }
             let old = tree.get(key)?;
@@ -87,7 +95,7 @@ impl Cut {
         Ok(())
     }
 
-    /// Bytes recorded since the cut began (0 without a cut).
+    /// Bytes of the records the reader has yet to reach (0 without a cut).
     pub(crate) fn recorded_bytes(&self) -> usize {
         self.lock().as_ref().map_or(0, |recorded| recorded.bytes)
     }
@@ -130,32 +138,38 @@ impl Entries<'_> {
                 other => break other,
             }
         };
-        let guard = self.cut.lock();
+        let mut guard = self.cut.lock();
         let recorded = guard
-            .as_ref()
+            .as_mut()
             .expect("a cut's entries are read between begin and end");
-        let lower = match &self.passed {
-            Some(key) => Bound::Excluded(key.as_ref()),
-            None => Bound::Unbounded,
-        };
-        let upper = match &next {
-            Some((key, _)) => Bound::Excluded(key.as_ref()),
-            None => Bound::Unbounded,
-        };
-        for (key, old) in recorded.old.range::<[u8], _>((lower, upper)) {
-            if let Some(value) = old {
-                self.ready.push_back((key.clone(), value.clone()));
+        // Every record is of a key after the last one decided, so the first
+        // ones, up to the tree's next key, are the keys in the gap before it
+        // (absent from the tree when its iterator passed) and that key's own.
+        // Each is taken out as it is decided: the reader never looks back.
+        let mut next_at_cut = None;
+        while let Some(first) = recorded.old.first_entry() {
+            let key = first.key();
+            let in_gap = match &next {
+                Some((next_key, _)) if key > next_key => break,
+                Some((next_key, _)) => key < next_key,
+                None => true,
+            };
+            let (key, old) = first.remove_entry();
+            recorded.bytes -= key.len() + old.as_ref().map_or(0, |value| value.len());
+            match (in_gap, old) {
+                (true, Some(value)) => self.ready.push_back((key, value)),
+                (true, None) => {}
+                (false, old) => next_at_cut = Some(old),
             }
         }
         match next {
             Some((key, now)) => {
-                let at_cut = match recorded.old.get(key.as_ref()) {
-                    Some(old) => old.clone(),
-                    None => Some(now),
-                };
-                if let Some(value) = at_cut {
+                if let Some(value) = next_at_cut.unwrap_or(Some(now)) {
                     self.ready.push_back((key.clone(), value));
                 }
+                // Under the same lock as the records: from here on, writes
+                // up to this key record nothing.
+                recorded.passed = Some(key.clone());
                 self.passed = Some(key);
             }
             None => self.finished = true,
@@ -257,6 +271,13 @@ mod tests {
         write(&cut, &tree, &[98], None);
         write(&cut, &tree, &[99], Some(b"last"));
         read.extend(entries.map(Result::unwrap));
+        assert_eq!(cut.recorded_bytes(), 0, "the reader took every record");
+        write(&cut, &tree, &[50], Some(b"behind"));
+        assert_eq!(
+            cut.recorded_bytes(),
+            0,
+            "a write behind the reader records nothing"
+        );
         cut.end();
         let read: BTreeMap<_, _> = read
             .into_iter()
