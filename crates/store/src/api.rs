@@ -243,12 +243,20 @@ impl Store {
             .lock()
             .expect("not poisoned")
             .clone();
-        let crate::machine::DueScan { due: keys, next } = self.inner.machine.scan_due(
-            after.as_deref(),
-            now,
-            crate::limits::SWEEP_SCAN_ENTRIES_MAX,
-            entries_max as usize,
-        )?;
+        // A pass over up to `SWEEP_SCAN_ENTRIES_MAX` entries of the tree reads
+        // sled for milliseconds: off the async threads, which serve requests
+        // meanwhile.
+        let inner = self.inner.clone();
+        let crate::machine::DueScan { due: keys, next } = tokio::task::spawn_blocking(move || {
+            inner.machine.scan_due(
+                after.as_deref(),
+                now,
+                crate::limits::SWEEP_SCAN_ENTRIES_MAX,
+                entries_max as usize,
+            )
+        })
+        .await
+        .map_err(|e| Error::Raft(format!("sweep scan task: {e}")))??;
         if !keys.is_empty() {
             let listed: SweepOutcome = self.run(Command::SweepKeys { now, keys }).await?;
             out.records += listed.records;
