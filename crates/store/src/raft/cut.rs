@@ -54,17 +54,14 @@ impl Cut {
     }
 
     /// Takes the cut at the tree's present state. The caller holds what keeps
-    /// writes out meanwhile (the apply lock), so no write is half done, and
-    /// calls `end` when the cut's reader is done.
-    pub(crate) fn begin(&self) {
+    /// writes out meanwhile (the apply lock), so no write is half done. The
+    /// cut lasts as long as the returned guard: dropping it, on every way out
+    /// of a build, stops recording and frees the records.
+    pub(crate) fn begin(&self) -> Reading<'_> {
         let mut recorded = self.lock();
         assert!(recorded.is_none(), "one cut at a time");
         *recorded = Some(Recorded::default());
-    }
-
-    /// Stops recording and frees the records.
-    pub(crate) fn end(&self) {
-        *self.lock() = None;
+        Reading(self)
     }
 
     /// To be called before `keys` are written to `tree`: while a cut is read,
@@ -100,8 +97,8 @@ impl Cut {
         self.lock().as_ref().map_or(0, |recorded| recorded.bytes)
     }
 
-    /// The tree's entries as they were at the cut, in key order. Valid between
-    /// `begin` and `end`.
+    /// The tree's entries as they were at the cut, in key order. Valid while
+    /// `begin`'s guard lives.
     pub(crate) fn entries<'a>(&'a self, tree: &sled::Tree) -> Entries<'a> {
         Entries {
             cut: self,
@@ -110,6 +107,15 @@ impl Cut {
             ready: VecDeque::new(),
             finished: false,
         }
+    }
+}
+
+/// A cut being read (`Cut::begin`).
+pub(crate) struct Reading<'a>(&'a Cut);
+
+impl Drop for Reading<'_> {
+    fn drop(&mut self) {
+        *self.0.lock() = None;
     }
 }
 
@@ -141,7 +147,7 @@ impl Entries<'_> {
         let mut guard = self.cut.lock();
         let recorded = guard
             .as_mut()
-            .expect("a cut's entries are read between begin and end");
+            .expect("a cut's entries are read while it is taken");
         // Every record is of a key after the last one decided, so the first
         // ones, up to the tree's next key, are the keys in the gap before it
         // (absent from the tree when its iterator passed) and that key's own.
@@ -234,7 +240,7 @@ mod tests {
         for i in 0u8..50 {
             tree.insert([i], vec![i; 3]).unwrap();
         }
-        cut.begin();
+        let reading = cut.begin();
         let read: BTreeMap<_, _> = cut
             .entries(&tree)
             .map(|item| {
@@ -242,7 +248,7 @@ mod tests {
                 (k.to_vec(), v.to_vec())
             })
             .collect();
-        cut.end();
+        drop(reading);
         assert_eq!(read, contents(&tree));
     }
 
@@ -253,7 +259,7 @@ mod tests {
             tree.insert([i], vec![i]).unwrap();
         }
         let expected = contents(&tree);
-        cut.begin();
+        let reading = cut.begin();
         let mut entries = cut.entries(&tree);
         let mut read = Vec::new();
         for _ in 0..10 {
@@ -278,7 +284,7 @@ mod tests {
             0,
             "a write behind the reader records nothing"
         );
-        cut.end();
+        drop(reading);
         let read: BTreeMap<_, _> = read
             .into_iter()
             .map(|(k, v)| (k.to_vec(), v.to_vec()))
@@ -316,7 +322,7 @@ mod tests {
                 tree.insert([*k], vec![*v]).unwrap();
             }
             let expected: Vec<(Vec<u8>, Vec<u8>)> = contents(&tree).into_iter().collect();
-            cut.begin();
+            let reading = cut.begin();
             let mut entries = cut.entries(&tree);
             let mut read = Vec::new();
             for step in steps {
@@ -331,7 +337,7 @@ mod tests {
                 }
             }
             read.extend(entries.map(Result::unwrap));
-            cut.end();
+            drop(reading);
             let read: Vec<(Vec<u8>, Vec<u8>)> =
                 read.into_iter().map(|(k, v)| (k.to_vec(), v.to_vec())).collect();
             prop_assert_eq!(read, expected);

@@ -312,12 +312,11 @@ impl RegionStateMachine {
         {
             let current = shared.current()?;
             let mut since = shared.since();
-            since.entries = applied_index
-                - current
-                    .as_ref()
-                    .and_then(|(meta, _)| meta.last_log_id)
-                    .map_or(0, |id| id.index)
-                    .min(applied_index);
+            let snapshot_index = current
+                .as_ref()
+                .and_then(|(meta, _)| meta.last_log_id)
+                .map_or(0, |id| id.index);
+            since.entries = applied_index.saturating_sub(snapshot_index);
             since.snapshot_bytes = match &current {
                 Some((_, file)) => file.metadata().map_err(Error::Io)?.len(),
                 None => 0,
@@ -536,7 +535,10 @@ impl Shared {
             ));
         }
         let outcomes = self.apply_locked(entries)?;
-        self.since().check();
+        let mut since = self.since();
+        since.entries += outcomes.len() as u64;
+        since.check();
+        drop(since);
         Ok(outcomes)
     }
 
@@ -574,7 +576,6 @@ impl Shared {
                 }
             };
             outcomes.push(outcome);
-            self.since().entries += 1;
             collect_replaced_nodes();
             // The part of an entry's time (`keyhold_store_fsync_seconds` on the
             // leader) spent here rather than in the log or in Raft's own path.
@@ -731,7 +732,7 @@ impl Shared {
     ) -> Result<(SnapshotMeta, File), Error> {
         let started = Instant::now();
         let _building = self.lock_building();
-        let meta = {
+        let (meta, reading) = {
             let _applying = self.lock();
             let (last_log_id, last_membership) = self.applied_state()?;
             let seq = self.seq.fetch_add(1, Ordering::Relaxed);
@@ -739,22 +740,15 @@ impl Shared {
                 Some(id) => format!("{}-{}-{seq}", id.leader_id, id.index),
                 None => format!("--{seq}"),
             };
-            self.cut.begin();
+            let reading = self.cut.begin();
             self.since().restart();
-            SnapshotMeta {
+            let meta = SnapshotMeta {
                 last_log_id,
                 last_membership,
                 snapshot_id,
-            }
+            };
+            (meta, reading)
         };
-        // Ends the cut on every way out, an error's included.
-        struct Reading<'a>(&'a Cut);
-        impl Drop for Reading<'_> {
-            fn drop(&mut self) {
-                self.0.end();
-            }
-        }
-        let reading = Reading(&self.cut);
         let building = self.temporary_path("building-");
         let mut streamed = 0u64;
         let mut held = None;
