@@ -564,8 +564,16 @@ impl Drop for Cluster {
             );
         }
         self.kill9();
+        // A failed run's data dir (node logs, stores) kept for reading.
+        if std::thread::panicking() && std::env::var_os(KEEP_FAILED_ENV).is_some() {
+            let dir = std::mem::replace(&mut self.tmp, tempfile::tempdir().expect("tempdir"));
+            eprintln!("kept {} ({KEEP_FAILED_ENV} is set)", dir.keep().display());
+        }
     }
 }
+
+/// Set, a failed test's cluster data dir is kept rather than removed.
+const KEEP_FAILED_ENV: &str = "KEYHOLD_E2E_KEEP_FAILED";
 
 /// Runs `keyhold <args>` to completion (bounded) and returns its status and stderr.
 pub fn run_to_exit(args: &[&str], timeout: Duration) -> (ExitStatus, String) {
