@@ -8,7 +8,8 @@
 //! (leader or follower) is SIGKILLed through the control API, the time until
 //! the region answers again is measured and printed, and the node is started
 //! again later; `KEYHOLD_KILL_ROUNDS` rounds (default 3; `scripts/kill-loop`
-//! runs 20). The history checker then reads the final state: no acknowledged
+//! runs 20), each killing a node at random or, with
+//! `KEYHOLD_KILL_VICTIM=leader`, always the region's leader. The history checker then reads the final state: no acknowledged
 //! order missing or changed, one order per client_order_id, every replay
 //! byte-identical, one charge and one set of reservations per order; and every
 //! recovery took less than `RECOVERY_MAX`.
@@ -46,6 +47,38 @@ const TWICE_EVERY: usize = 10;
 
 fn process_exists(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Which node of the home region a round kills (`KEYHOLD_KILL_VICTIM`).
+enum Victim {
+    /// Any, at random (the default).
+    Any,
+    /// The region's leader, whose loss costs an election.
+    Leader,
+}
+
+fn kill_victim() -> Victim {
+    match std::env::var("KEYHOLD_KILL_VICTIM").as_deref() {
+        Err(_) | Ok("any") => Victim::Any,
+        Ok("leader") => Victim::Leader,
+        Ok(v) => panic!("KEYHOLD_KILL_VICTIM={v:?} is neither \"any\" nor \"leader\""),
+    }
+}
+
+/// The leader of the home region as its first reachable node reports it.
+fn region_leader(cluster: &Cluster, nodes: &[NodeInfo]) -> Option<u64> {
+    let http = reqwest::blocking::Client::new();
+    nodes.iter().find_map(|node| {
+        let view: serde_json::Value = http
+            .get(format!("{}/admin/v1/cluster", node.api_url))
+            .bearer_auth(&cluster.info.admin_token)
+            .timeout(Duration::from_secs(2))
+            .send()
+            .ok()?
+            .json()
+            .ok()?;
+        view["store"]["leader"].as_u64()
+    })
 }
 
 fn kill_rounds() -> usize {
@@ -234,7 +267,23 @@ fn any_node_of_a_three_node_region_can_die_under_load_and_nothing_is_lost() {
     for round in 0..kill_rounds() {
         cluster.reload_info();
         let nodes = cluster.nodes_of(HOME);
-        let victim = nodes[(random_u64() % nodes.len() as u64) as usize].clone();
+        let leader = region_leader(&cluster, &nodes);
+        let victim = match kill_victim() {
+            Victim::Leader => {
+                let leader = leader.expect("the region knows its leader between rounds");
+                nodes
+                    .iter()
+                    .find(|n| n.node_id == leader)
+                    .expect("a member")
+                    .clone()
+            }
+            Victim::Any => nodes[(random_u64() % nodes.len() as u64) as usize].clone(),
+        };
+        let role = if leader == Some(victim.node_id) {
+            "leader"
+        } else {
+            "follower"
+        };
         let survivors: Vec<NodeInfo> = nodes
             .iter()
             .filter(|n| n.node_id != victim.node_id)
@@ -247,8 +296,8 @@ fn any_node_of_a_three_node_region_can_die_under_load_and_nothing_is_lost() {
             &recorder, &survivors, &home, killed_at,
         ));
         println!(
-            "round {round}: node {} of region {HOME} SIGKILLed; the region answered again \
-             after {} ms",
+            "round {round}: node {} ({role}) of region {HOME} SIGKILLed; the region answered \
+             again after {} ms",
             victim.node_id,
             recovery.as_millis()
         );

@@ -19,12 +19,14 @@ mod log;
 mod node;
 pub mod probe;
 pub mod tail;
+mod votes;
 
 use std::time::{Duration, Instant};
 
 pub use self::log::{LogStore, LogTrees};
 pub use self::node::{NodeId, NodeInfo};
 pub use self::tail::{LeaderRun, LogTail};
+pub use self::votes::{LongerLogs, NotesVotes};
 
 /// Errors of opening a log store (every later failure is openraft's `StorageError`).
 #[derive(Debug, thiserror::Error)]

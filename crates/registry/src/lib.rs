@@ -58,6 +58,7 @@ pub use crate::state::{
     TenantRecord, TenantState,
 };
 pub use crate::types::{NodeId, NodeInfo, RaftMetrics};
+pub use keyhold_raftlog::LongerLogs;
 
 use crate::limits::{WRITE_ATTEMPTS_MAX, WRITE_NO_LEADER_WAIT_MS};
 use crate::network::{exchange, rpc_url, Exchange};

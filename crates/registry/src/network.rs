@@ -32,6 +32,11 @@
 //! in the background (`with_learner_heartbeats_detached`, `detached.rs`), so
 //! that a new entry for a standby does not wait a round trip behind one.
 //!
+//! A network may note the vote answers that show a longer log than the
+//! candidate's (`with_longer_logs_noted`, `LongerLogs`): a group that times its
+//! own elections holds back a node that just learned its log is behind, as
+//! openraft's own election timer does.
+//!
 //! Every request carries the cluster's node credential (`credential.rs`); the router
 //! answers anything else with 401 `unauthenticated` (problem+json) before decoding it,
 //! so a forged vote, append or write changes nothing.
@@ -73,6 +78,7 @@ use crate::limits::{APPEND_CAP_GROWTH_ENTRIES, RPC_BODY_BYTES_MAX};
 use crate::state::Request;
 use crate::types::{NodeId, NodeInfo, RaftError, RpcError, TypeConfig};
 use crate::Registry;
+use keyhold_raftlog::{LongerLogs, NotesVotes};
 
 const CONTENT_TYPE_BINCODE: &str = "application/octet-stream";
 
@@ -114,6 +120,7 @@ pub struct HttpNetwork<C = TypeConfig> {
     /// The region whose nodes are the group's voters, when empty AppendEntries
     /// to members of other regions (its learners) are detached.
     detach_beyond: Option<Arc<str>>,
+    longer_logs: Option<LongerLogs>,
     config: PhantomData<fn() -> C>,
 }
 
@@ -126,6 +133,7 @@ impl<C> Clone for HttpNetwork<C> {
             group: self.group.clone(),
             append_bytes_max: self.append_bytes_max,
             detach_beyond: self.detach_beyond.clone(),
+            longer_logs: self.longer_logs.clone(),
             config: PhantomData,
         }
     }
@@ -147,6 +155,7 @@ impl<C> HttpNetwork<C> {
             group: group.into(),
             append_bytes_max: None,
             detach_beyond: None,
+            longer_logs: None,
             config: PhantomData,
         }
     }
@@ -165,6 +174,19 @@ impl<C> HttpNetwork<C> {
     pub fn with_learner_heartbeats_detached(mut self, home_region: &str) -> Self {
         self.detach_beyond = Some(home_region.into());
         self
+    }
+
+    /// Notes in `notes` every vote answer whose log is longer than the
+    /// candidate's; see the module's documentation.
+    pub fn with_longer_logs_noted(mut self, notes: LongerLogs) -> Self {
+        self.longer_logs = Some(notes);
+        self
+    }
+}
+
+impl<C> NotesVotes for HttpNetwork<C> {
+    fn longer_logs(&self) -> Option<LongerLogs> {
+        self.longer_logs.clone()
     }
 }
 
@@ -193,6 +215,7 @@ impl<C: NodeGroup> RaftNetworkFactory<C> for HttpNetwork<C> {
             raft_addr: node.raft_addr.clone(),
             append_cap: AppendCap::default(),
             detached,
+            longer_logs: self.longer_logs.clone(),
             config: PhantomData,
         }
     }
@@ -212,6 +235,7 @@ pub struct HttpConnection<C: RaftTypeConfig = TypeConfig> {
     /// For a learner in another region: its empty AppendEntries go in the
     /// background.
     detached: Option<Detached<C>>,
+    longer_logs: Option<LongerLogs>,
     config: PhantomData<fn() -> C>,
 }
 
@@ -427,7 +451,13 @@ impl<C: NodeGroup> RaftNetwork<C> for HttpConnection<C> {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RpcError> {
-        self.call(RPCTypes::Vote, "vote", &rpc, &option).await
+        let answer: VoteResponse<NodeId> = self.call(RPCTypes::Vote, "vote", &rpc, &option).await?;
+        if let Some(notes) = &self.longer_logs {
+            if answer.last_log_id > rpc.last_log_id {
+                notes.seen(std::time::Instant::now());
+            }
+        }
+        Ok(answer)
     }
 }
 
@@ -691,5 +721,69 @@ mod tests {
         );
         assert_eq!(prefix_within(&[], 30), None);
         assert_eq!(prefix_within(&[usize::MAX, 1], 30), Some(1));
+    }
+}
+
+#[cfg(test)]
+mod vote_tests {
+    use super::*;
+    use openraft::{CommittedLeaderId, LogId, Vote};
+
+    /// A member that answers every vote request refusing it, with a log
+    /// ending at `last`.
+    async fn member_with_log(last: u64) -> String {
+        let answer = move |body: Bytes| async move {
+            let request: VoteRequest<NodeId> = codec::decode(&body).expect("a vote request");
+            let answer: Result<VoteResponse<NodeId>, RaftError> = Ok(VoteResponse::new(
+                request.vote,
+                Some(LogId::new(CommittedLeaderId::new(1, 2), last)),
+                false,
+            ));
+            reply(&answer)
+        };
+        let router = Router::new().route("/raft/g/vote", post(answer));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+        addr
+    }
+
+    async fn campaign(notes: &LongerLogs, own_last: u64, member_last: u64) {
+        let addr = member_with_log(member_last).await;
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let credentials = NodeCredentials::parse("vote-test-credential-0123456789ab").unwrap();
+        let mut network = HttpNetwork::<TypeConfig>::new(client, "g", 1, credentials)
+            .with_longer_logs_noted(notes.clone());
+        assert!(network.longer_logs().is_some());
+        let mut connection = network
+            .new_client(2, &NodeInfo::new("a", "127.0.0.1:1", addr))
+            .await;
+        let request = VoteRequest::new(
+            Vote::new(3, 1),
+            Some(LogId::new(CommittedLeaderId::new(1, 2), own_last)),
+        );
+        let answer = connection
+            .vote(request, RPCOption::new(Duration::from_secs(10)))
+            .await
+            .expect("an answer");
+        assert!(!answer.vote_granted);
+    }
+
+    #[tokio::test]
+    async fn a_vote_answer_with_a_longer_log_is_noted_and_others_are_not() {
+        let notes = LongerLogs::default();
+        campaign(&notes, 10, 10).await;
+        campaign(&notes, 10, 9).await;
+        assert_eq!(notes.last_seen(), None, "no answer showed a longer log");
+        let before = std::time::Instant::now();
+        campaign(&notes, 10, 11).await;
+        assert!(notes.last_seen().is_some_and(|at| at >= before));
+    }
+
+    #[test]
+    fn a_network_notes_nothing_unless_asked() {
+        let credentials = NodeCredentials::parse("vote-test-credential-0123456789ab").unwrap();
+        let network = HttpNetwork::<TypeConfig>::new(reqwest::Client::new(), "g", 1, credentials);
+        assert!(network.longer_logs().is_none());
     }
 }

@@ -590,7 +590,10 @@ async fn open_store(
         credentials.clone(),
     )
     .with_append_bytes_max(REGION_APPEND_BYTES_MAX)
-    .with_learner_heartbeats_detached(&config.region);
+    .with_learner_heartbeats_detached(&config.region)
+    // The group's election timer holds a member back once it learns its log
+    // is behind (`keyhold_store::raft`'s elections).
+    .with_longer_logs_noted(keyhold_registry::LongerLogs::default());
     // With a standby, no replica purges what the standby has not matched
     // (`standby.rs` purges as far as it may).
     let purge = if config.standbys.contains_key(&config.region) {

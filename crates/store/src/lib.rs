@@ -189,7 +189,7 @@ impl Store {
         options: raft::GroupOptions,
     ) -> Result<Store, Error>
     where
-        N: openraft::network::RaftNetworkFactory<raft::RegionConfig>,
+        N: openraft::network::RaftNetworkFactory<raft::RegionConfig> + keyhold_raftlog::NotesVotes,
     {
         check_format(dir).await?;
         let group = raft::RegionGroup::start_single_voter_with(
@@ -231,7 +231,7 @@ impl Store {
         options: raft::GroupOptions,
     ) -> Result<Store, Error>
     where
-        N: openraft::network::RaftNetworkFactory<raft::RegionConfig>,
+        N: openraft::network::RaftNetworkFactory<raft::RegionConfig> + keyhold_raftlog::NotesVotes,
     {
         if let raft::Bootstrap::Voters(voters) = &bootstrap {
             assert!(

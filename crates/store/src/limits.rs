@@ -98,6 +98,16 @@ pub const REGION_HEARTBEAT_INTERVAL_MS: u64 = 100;
 /// that a region answers again within a few seconds of losing its leader.
 pub const REGION_ELECTION_TIMEOUT_MIN_MS: u64 = 500;
 pub const REGION_ELECTION_TIMEOUT_MAX_MS: u64 = 1_000;
+/// A member that knows a leader campaigns once no leader reached it for this
+/// long plus a draw below `REGION_CAMPAIGN_JITTER_MS` (`raft/election.rs`).
+/// Past openraft's leader lease (`REGION_ELECTION_TIMEOUT_MAX_MS`), within
+/// which the other voters refuse every campaign.
+pub const REGION_CAMPAIGN_AFTER_LEADER_MS: u64 = 1_200;
+/// The spread of the waits before a campaign, drawn anew for each.
+pub const REGION_CAMPAIGN_JITTER_MS: u64 = 500;
+/// A member that learned another's log is longer holds back this long, as
+/// openraft does (twice its longest election timeout).
+pub const REGION_CAMPAIGN_BEHIND_MS: u64 = 2 * REGION_ELECTION_TIMEOUT_MAX_MS;
 /// The leader remembers this many of the entries it appended (index, commands,
 /// time) to tell a standby's lag in commands and seconds; older ones count as
 /// one command each, of unknown age.
@@ -160,6 +170,14 @@ const _: () = assert!(REGION_TREE_CACHE_BYTES_MIN <= REGION_TREE_CACHE_BYTES_DEF
 const _: () = assert!(REGION_TREE_CACHE_BYTES_DEFAULT <= REGION_TREE_CACHE_BYTES_MAX);
 const _: () = assert!(REGION_HEARTBEAT_INTERVAL_MS * 3 <= REGION_ELECTION_TIMEOUT_MIN_MS);
 const _: () = assert!(REGION_ELECTION_TIMEOUT_MIN_MS < REGION_ELECTION_TIMEOUT_MAX_MS);
+// A campaign after a silent leader comes after openraft's lease, in which the
+// other voters still refuse it; a retry after a failed one comes sooner.
+const _: () = assert!(REGION_ELECTION_TIMEOUT_MAX_MS < REGION_CAMPAIGN_AFTER_LEADER_MS);
+const _: () = assert!(REGION_ELECTION_TIMEOUT_MIN_MS < REGION_CAMPAIGN_AFTER_LEADER_MS);
+// The ticker that asks the election timer runs many times per wait.
+const _: () = assert!(REGION_HEARTBEAT_INTERVAL_MS * 4 <= REGION_CAMPAIGN_JITTER_MS);
+const _: () =
+    assert!(REGION_CAMPAIGN_AFTER_LEADER_MS + REGION_CAMPAIGN_JITTER_MS < REGION_WRITE_WAIT_MS);
 const _: () = assert!(REGION_HEARTBEAT_INTERVAL_MS < REGION_RPC_TIMEOUT_MS);
 const _: () = assert!(REGION_RPC_TIMEOUT_MS < REGION_ELECTION_TIMEOUT_MIN_MS);
 const _: () = assert!(REGION_ELECTION_TIMEOUT_MAX_MS < REGION_WRITE_WAIT_MS);

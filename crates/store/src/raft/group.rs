@@ -26,7 +26,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use keyhold_raftlog::{LogTail, NodeId, NodeInfo};
+use keyhold_raftlog::{LogTail, LongerLogs, NodeId, NodeInfo, NotesVotes};
 use openraft::error::{ClientWriteError, InstallSnapshotError, RPCError, RaftError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
@@ -36,6 +36,7 @@ use openraft::raft::{
 use openraft::{AnyError, ChangeMembers, ServerState};
 use tokio::sync::{mpsc, watch};
 
+use super::election::{ElectionTimer, Role, Seen};
 use super::{
     CommandBatch, EntryOutcome, Member, RegionConfig, RegionLogStore, RegionRaft,
     RegionStateMachine,
@@ -173,6 +174,8 @@ fn unreachable<E: std::error::Error>(target: NodeId) -> RPCError<NodeId, NodeInf
     RPCError::Unreachable(Unreachable::new(&AnyError::error(reason)))
 }
 
+impl NotesVotes for NoPeers {}
+
 impl RaftNetworkFactory<RegionConfig> for NoPeers {
     type Network = NoPeersClient;
 
@@ -257,7 +260,7 @@ impl RegionGroup {
 
     /// `start_single_voter` with `options` instead of the defaults, and `network`
     /// to reach learners the group may gain (a standby region's copies).
-    pub async fn start_single_voter_with<N: RaftNetworkFactory<RegionConfig>>(
+    pub async fn start_single_voter_with<N: RaftNetworkFactory<RegionConfig> + NotesVotes>(
         dir: &Path,
         group: &str,
         node: NodeId,
@@ -293,7 +296,7 @@ impl RegionGroup {
     /// Opens `member`'s replica of its group in `dir` with `network` to reach the
     /// other members, initializes the group as `bootstrap` says, and starts the
     /// writer. Returns without waiting for a leader.
-    pub async fn start<N: RaftNetworkFactory<RegionConfig>>(
+    pub async fn start<N: RaftNetworkFactory<RegionConfig> + NotesVotes>(
         dir: &Path,
         member: &Member,
         network: N,
@@ -303,7 +306,7 @@ impl RegionGroup {
     }
 
     /// `start` with `options` instead of the defaults.
-    pub async fn start_with<N: RaftNetworkFactory<RegionConfig>>(
+    pub async fn start_with<N: RaftNetworkFactory<RegionConfig> + NotesVotes>(
         dir: &Path,
         member: &Member,
         network: N,
@@ -319,9 +322,12 @@ impl RegionGroup {
         .map_err(|e| Error::Raft(format!("open task: {e}")))??;
         let config = Arc::new(raft_config(&member.group, options)?);
         let log_reader = log.clone();
+        let longer_logs = network.longer_logs().unwrap_or_default();
         let raft = RegionRaft::new(member.node, config, network, log, state_machine.clone())
             .await
             .map_err(|e| Error::Raft(e.to_string()))?;
+        // The group's ticker times the elections (`election.rs`).
+        raft.runtime_config().elect(false);
         // Only a pristine replica is initialized: openraft refuses the others anyway,
         // but logs that refusal as an error on every restart.
         let pristine = !raft
@@ -340,7 +346,13 @@ impl RegionGroup {
                 .await
                 .map_err(|e| Error::Raft(format!("shutdown of a promoted replica: {e}")))?;
         }
-        tokio::spawn(ticks(raft.clone(), state_machine.clone()));
+        let timer = ElectionTimer::new(election_seed(member.node));
+        tokio::spawn(ticks(
+            raft.clone(),
+            state_machine.clone(),
+            timer,
+            longer_logs,
+        ));
         let (jobs, rx) = mpsc::channel(QUEUE_COMMANDS_MAX);
         let stats = Arc::new(CommitStats::default());
         let written = Arc::new(Mutex::new(VecDeque::new()));
@@ -795,12 +807,27 @@ async fn ride_along(raft: &RegionRaft, jobs: &mut mpsc::Receiver<Job>, pending: 
 /// followers) until the Raft instance stops.
 /// The group's clock until its Raft instance stops: a heartbeat every tick, and
 /// the snapshot the state machine's policy called for since the last one.
-async fn ticks(raft: RegionRaft, state_machine: RegionStateMachine) {
+async fn ticks(
+    raft: RegionRaft,
+    state_machine: RegionStateMachine,
+    mut elections: ElectionTimer,
+    longer_logs: LongerLogs,
+) {
     let mut ticker = tokio::time::interval(Duration::from_millis(REGION_HEARTBEAT_INTERVAL_MS));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
         if raft.trigger().heartbeat().await.is_err() {
+            return;
+        }
+        let Ok(seen) = raft.with_raft_state(election_seen).await else {
+            return;
+        };
+        let seen = Seen {
+            longer_log: longer_logs.last_seen(),
+            ..seen
+        };
+        if elections.due(&seen, Instant::now()) && raft.trigger().elect().await.is_err() {
             return;
         }
         // openraft ignores the call while it builds one already; the state
@@ -809,6 +836,34 @@ async fn ticks(raft: RegionRaft, state_machine: RegionStateMachine) {
             return;
         }
     }
+}
+
+/// What the election timer needs of openraft's state (all but what the
+/// network noted).
+fn election_seen(state: &openraft::RaftState<NodeId, NodeInfo, tokio::time::Instant>) -> Seen {
+    let membership = state.membership_state.effective();
+    let role = match state.server_state {
+        ServerState::Leader => Role::Leader,
+        ServerState::Candidate => Role::Candidate,
+        ServerState::Follower => Role::Follower,
+        ServerState::Learner | ServerState::Shutdown => Role::NoVoter,
+    };
+    Seen {
+        role,
+        voters: membership.voter_ids().count(),
+        vote_committed: state.vote_ref().is_committed(),
+        vote_changed: state.vote_last_modified().map(|at| at.into_std()),
+        longer_log: None,
+    }
+}
+
+/// A seed for a member's election draws: members of a group differ in node
+/// id, and a restarted member draws differently from its last run.
+fn election_seed(node: NodeId) -> u64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    now ^ node.rotate_left(32)
 }
 
 /// On a leader, the highest log index that a majority of `replicas` hold (a

@@ -24,6 +24,7 @@
 //! crash at any point re-applies exactly the commands whose effects are missing.
 
 mod cut;
+mod election;
 mod group;
 mod snapshot;
 mod state_machine;
