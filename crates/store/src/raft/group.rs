@@ -803,10 +803,11 @@ async fn ride_along(raft: &RegionRaft, jobs: &mut mpsc::Receiver<Job>, pending: 
     }
 }
 
-/// Sends the leader's heartbeats every `REGION_HEARTBEAT_INTERVAL_MS` (a no-op on
-/// followers) until the Raft instance stops.
-/// The group's clock until its Raft instance stops: a heartbeat every tick, and
-/// the snapshot the state machine's policy called for since the last one.
+/// The group's clock until its Raft instance stops: every
+/// `REGION_HEARTBEAT_INTERVAL_MS` the leader's heartbeats (a no-op on
+/// followers), a campaign when the election timer says one is due
+/// (`election.rs`), and the snapshot the state machine's policy called for
+/// since the last one.
 async fn ticks(
     raft: RegionRaft,
     state_machine: RegionStateMachine,
@@ -820,12 +821,12 @@ async fn ticks(
         if raft.trigger().heartbeat().await.is_err() {
             return;
         }
-        let Ok(seen) = raft.with_raft_state(election_seen).await else {
+        let longer_log = longer_logs.last_seen();
+        let Ok(seen) = raft
+            .with_raft_state(move |state| election_seen(state, longer_log))
+            .await
+        else {
             return;
-        };
-        let seen = Seen {
-            longer_log: longer_logs.last_seen(),
-            ..seen
         };
         if elections.due(&seen, Instant::now()) && raft.trigger().elect().await.is_err() {
             return;
@@ -838,10 +839,12 @@ async fn ticks(
     }
 }
 
-/// What the election timer needs of openraft's state (all but what the
-/// network noted).
-fn election_seen(state: &openraft::RaftState<NodeId, NodeInfo, tokio::time::Instant>) -> Seen {
-    let membership = state.membership_state.effective();
+/// What the election timer needs: openraft's state, and when the network last
+/// noted a longer log.
+fn election_seen(
+    state: &openraft::RaftState<NodeId, NodeInfo, tokio::time::Instant>,
+    longer_log: Option<Instant>,
+) -> Seen {
     let role = match state.server_state {
         ServerState::Leader => Role::Leader,
         ServerState::Candidate => Role::Candidate,
@@ -850,10 +853,10 @@ fn election_seen(state: &openraft::RaftState<NodeId, NodeInfo, tokio::time::Inst
     };
     Seen {
         role,
-        voters: membership.voter_ids().count(),
+        voters: state.membership_state.effective().voter_ids().count(),
         vote_committed: state.vote_ref().is_committed(),
         vote_changed: state.vote_last_modified().map(|at| at.into_std()),
-        longer_log: None,
+        longer_log,
     }
 }
 
