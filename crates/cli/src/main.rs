@@ -8,6 +8,7 @@ mod cmd_fingerprint;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use keyhold_server::config::Downstream;
 use keyhold_server::{parse_duration, Config};
 use keyhold_up::UpConfig;
 use std::io::IsTerminal;
@@ -179,6 +180,19 @@ struct UpArgs {
     /// of the demo compiled into the binary (for working on the page).
     #[arg(long)]
     demo_dir: Option<PathBuf>,
+    /// Whether the nodes deliver their outbox events (inventory, payments).
+    #[arg(long, value_enum, default_value_t = DownstreamArg::On)]
+    downstream: DownstreamArg,
+}
+
+/// `keyhold up --downstream`: the nodes' `downstream` setting.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum DownstreamArg {
+    /// Every region's relays deliver its events (the default).
+    On,
+    /// Ingest only: orders write their events, no relay delivers them; they
+    /// stay in the outbox (for benchmarks of the write path alone).
+    Off,
 }
 
 impl UpArgs {
@@ -206,6 +220,10 @@ impl UpArgs {
             inter_region_rtt: a.inter_region_rtt,
             nodes_per_region: a.nodes_per_region,
             standby: a.standby,
+            downstream: match a.downstream {
+                DownstreamArg::On => Downstream::On,
+                DownstreamArg::Off => Downstream::Off,
+            },
         }
     }
 }

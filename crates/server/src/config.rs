@@ -82,6 +82,11 @@ pub struct Config {
     /// the payments consumer does not run.
     #[serde(default)]
     pub psp_url: Option<String>,
+    /// Whether this node runs its region's outbox relays (`on`), or takes
+    /// orders only (`off`): each order still writes its `order.created` event
+    /// in the same atomic batch, but nothing delivers it.
+    #[serde(default)]
+    pub downstream: Downstream,
     /// Name of an environment variable holding a secret; when set, records store
     /// `hmac-sha256:` fingerprints instead of plain ones.
     #[serde(default)]
@@ -138,6 +143,21 @@ pub enum Start {
     Create,
     /// It waits to be added by the groups' leaders.
     Join,
+}
+
+/// Whether a node delivers its region's outbox events to the consumers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Downstream {
+    /// The relays run on the region store's leader (inventory, and payments
+    /// with a `psp_url`).
+    #[default]
+    On,
+    /// Ingest only: no relay runs, so events accumulate in the outbox and,
+    /// undelivered, are never swept. For benchmarks of the write path alone
+    /// and for a cluster whose downstream is paused; turning it back on
+    /// delivers every event kept since.
+    Off,
 }
 
 /// One registry voter of the cluster's first membership.
@@ -273,6 +293,7 @@ impl Config {
             header_read_timeout: d_header_read_timeout(),
             fingerprint_hmac_key_env: None,
             psp_url: None,
+            downstream: Downstream::On,
             demo_dir: None,
             outbound_ip: None,
             start: Start::Create,
@@ -504,6 +525,17 @@ mod tests {
         c.validate().unwrap();
         let back = Config::from_toml(&c.to_toml().unwrap()).unwrap();
         assert_eq!(back.auto_failover_after, Some(Duration::from_secs(30)));
+    }
+
+    #[test]
+    fn downstream_is_on_unless_turned_off() {
+        let base = "region='a'\ndata_dir='x'\nadmin_token='0123456789abcdef0123'\n";
+        assert_eq!(Config::from_toml(base).unwrap().downstream, Downstream::On);
+        let off = Config::from_toml(&format!("{base}downstream = 'off'")).unwrap();
+        assert_eq!(off.downstream, Downstream::Off);
+        let back = Config::from_toml(&off.to_toml().unwrap()).unwrap();
+        assert_eq!(back.downstream, Downstream::Off);
+        assert!(Config::from_toml(&format!("{base}downstream = 'paused'")).is_err());
     }
 
     #[test]

@@ -28,6 +28,7 @@
 //! applied serially on the region's state machine and the store's commands per
 //! order bound the new-order rate.
 
+use crate::config::Downstream;
 use crate::limits::{
     PSP_ATTEMPTS_MAX, PSP_BACKOFF_MS_BASE, PSP_BACKOFF_MS_MAX, PSP_REQUEST_TIMEOUT_MS,
     RELAY_BACKOFF_MS_MAX, RELAY_BATCH_EVENTS_MAX, RELAY_IDLE_POLL_MS, RELAY_INFLIGHT_EVENTS_MAX,
@@ -47,14 +48,25 @@ use tokio::sync::{watch, Semaphore};
 /// consumer's rounds move the cursor in a command of their own.
 pub const FAULT_ENV: &str = "KEYHOLD_FAULT_ABORT_AFTER_EFFECT";
 
-/// The consumers this node runs: inventory always, payments when a payment
-/// provider is configured.
+/// The consumers of this node's region: inventory always, payments when a
+/// payment provider is configured. Their cursors decide what the sweeper may
+/// delete, also while their relays are off.
 pub fn consumers(node: &Node) -> Vec<Consumer> {
     let mut out = vec![Consumer::Inventory];
     if node.config().psp_url.is_some() {
         out.push(Consumer::Payments);
     }
     out
+}
+
+/// The consumers whose relay loops this node runs: every one of
+/// [`consumers`], or none with `downstream = "off"` (the events wait in the
+/// outbox, kept from the sweeper by the cursors that do not move).
+pub fn relayed(node: &Node) -> Vec<Consumer> {
+    match node.config().downstream {
+        Downstream::On => consumers(node),
+        Downstream::Off => Vec::new(),
+    }
 }
 
 /// Why an event was not finished this round; it is delivered again later.

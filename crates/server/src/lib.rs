@@ -192,7 +192,10 @@ pub async fn serve(
     let sweeper = tokio::spawn(sweeper::run(node.clone(), stop_rx.clone()));
     let eraser = tokio::spawn(erase::run(node.clone(), stop_rx.clone()));
     let reconciler = tokio::spawn(reconcile::run(node.clone(), stop_rx.clone()));
-    let relays: Vec<_> = downstream::consumers(&node)
+    if node.config().downstream == config::Downstream::Off {
+        tracing::info!("downstream off: orders write their events, no relay delivers them");
+    }
+    let relays: Vec<_> = downstream::relayed(&node)
         .into_iter()
         .map(|c| tokio::spawn(downstream::run(node.clone(), c, stop_rx.clone())))
         .collect();

@@ -25,7 +25,7 @@ pub use keyhold_clusterfile::{ClusterFile, NodeEntry, RegionEntry, TenantEntry};
 pub use nodes::{follow_supervisor, SUPERVISOR_PID_ENV};
 
 use crate::limits::{CLUSTER_READY_WAIT_MS, CONTROL_PORT_OFFSET, PSP_PORT_OFFSET};
-use keyhold_server::config::Member;
+use keyhold_server::config::{Downstream, Member};
 use keyhold_server::Config;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -81,6 +81,9 @@ pub struct UpConfig {
     /// `region=standby` pairs; empty: each region's standby is the next region,
     /// cyclically.
     pub standby: Vec<String>,
+    /// `Config::downstream` of every node: `Off` runs no outbox relay (ingest
+    /// only, for benchmarks); the payment provider runs all the same.
+    pub downstream: Downstream,
 }
 
 /// Runs the cluster until `shutdown` resolves, then stops every node.
@@ -147,6 +150,7 @@ pub async fn run(
         config.raft_listen = plan.raft.to_string();
         config.outbound_ip = Some(layout::region_ip(plan.region_index));
         config.psp_url = Some(psp_url.clone());
+        config.downstream = up.downstream;
         config.node_credential_file = Some(credential.clone());
         if let Some(d) = up.response_ttl {
             config.response_ttl = d;
