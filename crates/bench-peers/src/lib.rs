@@ -5,10 +5,14 @@
 //! - [`pg`]: axum + tokio-postgres over an idempotency table with a unique
 //!   constraint (`INSERT ... ON CONFLICT DO NOTHING` claims; the order row and
 //!   the stored response are written in the same transaction);
+//! - [`pg_outbox`]: the same, with the whole contract's downstream as a team
+//!   would build it: an outbox row in the order's transaction, and a relay in
+//!   the process that charges the fake payment provider and reserves
+//!   inventory for each event;
 //! - [`redis_peer`]: axum + redis (`SET NX` claims, `SET XX` stores the response);
 //! - [`floor`]: a bare handler with a fixed 200-byte body, the HTTP floor.
 //!
-//! [`orders`] holds what the two stores share: the loose request checks, the
+//! [`orders`] holds what the storage peers share: the loose request checks, the
 //! fingerprint (keyhold's own `Spec::orders()`), the order body and the
 //! problem+json answers; [`chart`] what the chart binaries share. Nothing here
 //! is used by keyhold itself.
@@ -17,6 +21,7 @@ pub mod chart;
 pub mod floor;
 pub mod orders;
 pub mod pg;
+pub mod pg_outbox;
 pub mod redis_peer;
 
 use std::future::Future;
@@ -29,6 +34,8 @@ pub enum Error {
     Postgres(#[from] tokio_postgres::Error),
     #[error("postgres pool: {0}")]
     Pool(String),
+    #[error("payment provider: {0}")]
+    Provider(String),
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
     #[error("i/o: {0}")]

@@ -6,6 +6,7 @@
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use keyhold_fingerprint::Spec;
+use serde::{Deserialize, Serialize};
 use std::sync::OnceLock;
 
 /// The contract's bounds of an `Idempotency-Key`.
@@ -13,6 +14,8 @@ pub const KEY_LENGTH_MAX: usize = 255;
 /// Loose field bounds (keyhold checks more; the peers check what a typical
 /// handler would).
 pub const FIELD_LENGTH_MAX: usize = 64;
+/// Item lines an order may have (keyhold's own bound).
+pub const ITEMS_MAX: usize = 100;
 /// The operation both peers store keys under.
 pub const OPERATION: &str = "POST:/v1/orders";
 /// Sent with every 409 in progress and 503, like keyhold.
@@ -88,8 +91,46 @@ const fn reject(status: u16, slug: &'static str, title: &'static str) -> Rejecti
     }
 }
 
+/// One item line of an order, as the full PostgreSQL peer's event carries it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Item {
+    pub sku: String,
+    pub quantity: i64,
+}
+
 /// Authentication, key, body: the checks a typical handler makes.
 pub fn prepare(headers: &HeaderMap, body: &[u8]) -> Result<Prepared, Rejection> {
+    prepare_parsed(headers, body).map(|(prepared, _)| prepared)
+}
+
+/// `prepare`, and the order's item lines (none when `items` is absent; each
+/// with a `sku` and a `quantity` of at least 1), for a peer whose
+/// downstream needs them. The minimal peers do not look at them.
+pub fn prepare_with_items(
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<(Prepared, Vec<Item>), Rejection> {
+    let (prepared, value) = prepare_parsed(headers, body)?;
+    let items = match value.get("items") {
+        None => Vec::new(),
+        Some(items) => serde_json::from_value::<Vec<Item>>(items.clone())
+            .ok()
+            .filter(|items| {
+                items.len() <= ITEMS_MAX
+                    && items
+                        .iter()
+                        .all(|i| (1..=FIELD_LENGTH_MAX).contains(&i.sku.len()) && i.quantity >= 1)
+            })
+            .ok_or_else(|| reject(400, "invalid-request", "Invalid request"))?,
+    };
+    Ok((prepared, items))
+}
+
+/// The checks of `prepare`, with the body's parsed JSON.
+fn prepare_parsed(
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<(Prepared, serde_json::Value), Rejection> {
     let tenant = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -128,7 +169,7 @@ pub fn prepare(headers: &HeaderMap, body: &[u8]) -> Result<Prepared, Rejection> 
         .and_then(|v| v.as_i64())
         .filter(|a| *a >= 1)
         .ok_or_else(invalid)?;
-    Ok(Prepared {
+    let prepared = Prepared {
         tenant,
         key,
         fingerprint: spec().fingerprint(&strict).as_str().to_owned(),
@@ -136,7 +177,8 @@ pub fn prepare(headers: &HeaderMap, body: &[u8]) -> Result<Prepared, Rejection> 
         cart_id,
         amount,
         currency,
-    })
+    };
+    Ok((prepared, value))
 }
 
 /// A new order: its id, `Location` and body, shaped like keyhold's.
@@ -226,6 +268,26 @@ mod tests {
             status(prepare(&headers(Some("t"), Some("k")), b"nope")),
             400
         );
+    }
+
+    #[test]
+    fn item_lines_for_the_peer_that_needs_them() {
+        let h = headers(Some("t1"), Some("k"));
+        let body = br#"{"client_order_id":"c","cart_id":"k","amount":5,"currency":"EUR","items":[{"sku":"a","quantity":2}]}"#;
+        let (p, items) = prepare_with_items(&h, body).unwrap();
+        assert_eq!(p.amount, 5);
+        assert_eq!(
+            items,
+            vec![Item {
+                sku: "a".into(),
+                quantity: 2
+            }]
+        );
+        assert!(prepare_with_items(&h, BODY).unwrap().1.is_empty());
+        let bad = br#"{"client_order_id":"c","cart_id":"k","amount":5,"currency":"EUR","items":[{"sku":"a","quantity":0}]}"#;
+        assert_eq!(prepare_with_items(&h, bad).unwrap_err().status, 400);
+        // The minimal peers do not look at the lines.
+        assert!(prepare(&h, bad).is_ok());
     }
 
     #[test]

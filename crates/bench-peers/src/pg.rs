@@ -4,9 +4,12 @@
 //! in the same transaction, so order and record commit together or not at all.
 //! A loser reads the record in a fresh statement (under READ COMMITTED the
 //! `INSERT` waited for the winner's commit, and a new statement's snapshot sees
-//! it): same fingerprint replays, another one is 422.
+//! it): same fingerprint replays, another one is 422. The full peer
+//! (`pg_outbox`) answers through the same `decide`, adding its outbox row to
+//! the transaction (`AlsoInTransaction`); this one adds nothing, so its
+//! statements are those of earlier runs.
 
-use crate::orders::{self, Prepared, OPERATION};
+use crate::orders::{self, NewOrder, Prepared, OPERATION};
 use crate::Error;
 use axum::body::Bytes;
 use axum::extract::State;
@@ -14,7 +17,7 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Transaction};
 use std::sync::Arc;
 
 /// Connections in the pool: as many as the benchmark's largest client count, so
@@ -72,21 +75,7 @@ impl PgPeer {
     /// Connects a pool to `url` (`host=... port=... user=... dbname=...` or a
     /// `postgresql://` URL) and creates the schema.
     pub async fn connect(url: &str, connections: usize) -> Result<PgPeer, Error> {
-        let mut config: tokio_postgres::Config = url.parse()?;
-        config.options(format!("-c statement_timeout={STATEMENT_TIMEOUT_MS}"));
-        let manager = Manager::from_config(
-            config,
-            tokio_postgres::NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(manager)
-            .max_size(connections)
-            .build()
-            .map_err(|e| Error::Pool(e.to_string()))?;
-        let client = pool.get().await.map_err(|e| Error::Pool(e.to_string()))?;
-        client.batch_execute(SCHEMA).await?;
+        let pool = connect_pool(url, connections, SCHEMA).await?;
         Ok(PgPeer { pool })
     }
 
@@ -97,23 +86,66 @@ impl PgPeer {
     }
 }
 
+/// A pool of `connections` to `url` whose statements time out after
+/// `STATEMENT_TIMEOUT_MS`, with `schema` created.
+pub(crate) async fn connect_pool(
+    url: &str,
+    connections: usize,
+    schema: &str,
+) -> Result<Pool, Error> {
+    let mut config: tokio_postgres::Config = url.parse()?;
+    config.options(format!("-c statement_timeout={STATEMENT_TIMEOUT_MS}"));
+    let manager = Manager::from_config(
+        config,
+        tokio_postgres::NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    let pool = Pool::builder(manager)
+        .max_size(connections)
+        .build()
+        .map_err(|e| Error::Pool(e.to_string()))?;
+    let client = pool.get().await.map_err(|e| Error::Pool(e.to_string()))?;
+    client.batch_execute(schema).await?;
+    Ok(pool)
+}
+
 async fn create(State(peer): State<Arc<PgPeer>>, headers: HeaderMap, body: Bytes) -> Response {
     let prepared = match orders::prepare(&headers, &body) {
         Ok(p) => p,
         Err(rejection) => return rejection.into_response(),
     };
-    match decide(&peer, &prepared).await {
+    match decide(&peer.pool, &prepared, HOME_REGION, &Nothing).await {
         Ok(answer) => answer,
         Err(e) => orders::unavailable(e),
     }
 }
 
-async fn decide(peer: &PgPeer, p: &Prepared) -> Result<Response, Error> {
-    let mut client = peer
-        .pool
-        .get()
-        .await
-        .map_err(|e| Error::Pool(e.to_string()))?;
+/// What a new order's transaction writes besides its key, its order row and
+/// its stored response, before the commit.
+pub(crate) trait AlsoInTransaction {
+    async fn write(&self, tx: &Transaction<'_>, order: &NewOrder) -> Result<(), Error>;
+}
+
+/// The minimal peer writes nothing more.
+struct Nothing;
+
+impl AlsoInTransaction for Nothing {
+    async fn write(&self, _: &Transaction<'_>, _: &NewOrder) -> Result<(), Error> {
+        Ok(())
+    }
+}
+
+/// The answer to `p`: claim its key, or replay or refuse by the record that
+/// holds it. A claim writes the order and `also` in the same transaction.
+pub(crate) async fn decide(
+    pool: &Pool,
+    p: &Prepared,
+    home_region: &str,
+    also: &impl AlsoInTransaction,
+) -> Result<Response, Error> {
+    let mut client = pool.get().await.map_err(|e| Error::Pool(e.to_string()))?;
     let scope: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&p.tenant, &OPERATION, &p.key];
     {
         let tx = client.transaction().await?;
@@ -122,7 +154,7 @@ async fn decide(peer: &PgPeer, p: &Prepared) -> Result<Response, Error> {
             .execute(&claim, &[&p.tenant, &OPERATION, &p.key, &p.fingerprint])
             .await?;
         if claimed == 1 {
-            let order = orders::new_order(p, HOME_REGION);
+            let order = orders::new_order(p, home_region);
             let insert = tx.prepare_cached(CREATE_ORDER).await?;
             let inserted = tx
                 .execute(
@@ -149,6 +181,7 @@ async fn decide(peer: &PgPeer, p: &Prepared) -> Result<Response, Error> {
                 }
                 return Err(e.into());
             }
+            also.write(&tx, &order).await?;
             let store = tx.prepare_cached(STORE_RESPONSE).await?;
             tx.execute(
                 &store,
