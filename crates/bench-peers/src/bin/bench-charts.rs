@@ -1,7 +1,8 @@
 //! `bench-charts`: draws the PNG charts of `scripts/bench` from its results
 //! (one JSON object per line: system, kind, clients, per_second, p50_us,
 //! p99_us): throughput against concurrency, and p50/p99 latency against
-//! concurrency, one panel per request kind and one line per system.
+//! concurrency, one panel per request kind and one line per system (keyhold
+//! ingest only and the full PostgreSQL peer run new orders only).
 
 use anyhow::Context;
 use clap::Parser;
@@ -47,6 +48,9 @@ fn color(system: &str) -> RGBColor {
         "keyhold" => RGBColor(0x1f, 0x77, 0xb4),
         "postgres" => RGBColor(0x2c, 0xa0, 0x2c),
         "redis" => RGBColor(0xd6, 0x27, 0x28),
+        // The variants in lighter or darker shades of their system's colour.
+        "keyhold-ingest" => RGBColor(0x9e, 0xc9, 0xe8),
+        "postgres-outbox" => RGBColor(0x1a, 0x5e, 0x1a),
         _ => RGBColor(0x7f, 0x7f, 0x7f),
     }
 }
@@ -54,7 +58,14 @@ fn color(system: &str) -> RGBColor {
 /// The systems in a stable order, the floor last.
 fn systems(rows: &[Row]) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
-    for name in ["keyhold", "postgres", "redis", "floor"] {
+    for name in [
+        "keyhold",
+        "keyhold-ingest",
+        "postgres",
+        "postgres-outbox",
+        "redis",
+        "floor",
+    ] {
         if rows.iter().any(|r| r.system == name) {
             out.push(name.to_owned());
         }
@@ -122,6 +133,10 @@ fn throughput(rows: &[Row], path: &PathBuf) -> anyhow::Result<()> {
                 .iter()
                 .map(|r| (r.clients as f64, r.per_second))
                 .collect();
+            // A system without rows of this kind gets no legend entry here.
+            if points.is_empty() {
+                continue;
+            }
             let c = color(&system);
             chart
                 .draw_series(LineSeries::new(points.clone(), c.stroke_width(2)))?
@@ -174,6 +189,9 @@ fn latency(rows: &[Row], path: &PathBuf) -> anyhow::Result<()> {
             .draw()?;
         for system in systems(rows) {
             let points = series(rows, &system, kind);
+            if points.is_empty() {
+                continue;
+            }
             let c = color(&system);
             let p50: Vec<(f64, f64)> = points
                 .iter()
