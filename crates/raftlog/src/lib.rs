@@ -31,9 +31,12 @@ pub use self::votes::{LongerLogs, NotesVotes};
 /// Errors of opening a log store (every later failure is openraft's `StorageError`).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// sled failed to open a tree.
+    /// sled failed to open a tree, or to finish a purge a crash cut short.
     #[error("raft log storage: {0}")]
     Storage(#[from] sled::Error),
+    /// A stored value of the log's own could not be decoded.
+    #[error("raft log storage: {0}")]
+    Corrupt(String),
 }
 
 /// The configuration of a sled `Db` in `path` that holds Raft logs: sled's cache

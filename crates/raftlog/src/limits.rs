@@ -29,7 +29,14 @@ pub const SLED_LEAF_KEYS_MAX: u64 = 16;
 /// (225 of 356 MB of heap at 300k stored orders, docs/benchmarks.md).
 pub const LOG_VALUE_CHUNK_BYTES: usize = 3 * 1024;
 
+/// Keys one sled batch of a purge deletes; a purge goes on batch after batch
+/// until no key at or below its id is left. A region's log between two
+/// snapshots holds hundreds of thousands of chunk keys; one write of them all
+/// held them, and sled's epoch, for seconds (see `log.rs`).
+pub const PURGE_BATCH_KEYS_MAX: usize = 4096;
+
 const _: () = assert!(DB_OPEN_LOCK_RETRY_MS * 10 <= DB_OPEN_LOCK_WAIT_MS);
+const _: () = assert!(PURGE_BATCH_KEYS_MAX >= 1);
 const _: () = assert!(
     (SLED_LEAF_KEYS_MAX + 1) * LOG_VALUE_CHUNK_BYTES as u64
         <= LOG_DB_CACHE_BYTES / SLED_CACHE_SHARDS

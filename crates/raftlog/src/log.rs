@@ -5,6 +5,14 @@
 //! `flush_async` has made it durable, because openraft counts an acknowledged entry
 //! towards a quorum and an acknowledged vote towards an election; losing either on a
 //! crash could elect two leaders or lose a committed write.
+//!
+//! A purge records its log id first and then deletes the entries at or below it
+//! in batches of at most `PURGE_BATCH_KEYS_MAX` keys: nothing reads below the
+//! last purged id, so keys a crash leaves there are dead, and `open` deletes
+//! them. (One sled transaction over the whole range, as before, held every key
+//! and the epoch pinned for as long as it took: at millions of keys, seconds
+//! during which nothing sled replaced anywhere in the process could be freed,
+//! and the memory grew by gigabytes; docs/benchmarks.md.)
 
 // openraft's storage traits fix the error type (`StorageError`, > 200 bytes); helpers
 // returning it directly are clearer than boxing and unboxing at every trait method.
@@ -14,6 +22,8 @@ use std::fmt::Debug;
 use std::marker::PhantomData;
 use std::ops::{Bound, RangeBounds};
 
+use crate::codec;
+use crate::limits::{LOG_VALUE_CHUNK_BYTES, PURGE_BATCH_KEYS_MAX};
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{
     LogId, OptionalSend, RaftLogId, RaftLogReader, RaftTypeConfig, StorageError, StorageIOError,
@@ -21,10 +31,6 @@ use openraft::{
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use sled::Transactional;
-
-use crate::codec;
-use crate::limits::LOG_VALUE_CHUNK_BYTES;
 
 const KEY_VOTE: &[u8] = b"vote";
 const KEY_COMMITTED: &[u8] = b"committed";
@@ -141,14 +147,45 @@ where
     C: RaftTypeConfig,
     C::Entry: Serialize + DeserializeOwned,
 {
-    /// Opens (or creates) the log of one group in `db` under `trees`.
+    /// Opens (or creates) the log of one group in `db` under `trees`, and
+    /// finishes a purge a crash cut short.
     pub fn open(db: &sled::Db, trees: &LogTrees) -> Result<Self, crate::Error> {
-        Ok(Self {
+        let store = Self {
             db: db.clone(),
             log: db.open_tree(&trees.log)?,
             meta: db.open_tree(&trees.meta)?,
             config: PhantomData,
-        })
+        };
+        let purged: Option<LogId<C::NodeId>> = store
+            .read_meta(KEY_LAST_PURGED)
+            .map_err(|e| crate::Error::Corrupt(e.to_string()))?;
+        if let Some(purged) = purged {
+            store.delete_through(purged.index)?;
+        }
+        Ok(store)
+    }
+
+    /// Deletes every key of the entries at or below `index`, at most
+    /// `PURGE_BATCH_KEYS_MAX` per sled batch, so that no one write holds a
+    /// purge's whole range (see the module doc).
+    fn delete_through(&self, index: u64) -> Result<(), sled::Error> {
+        loop {
+            let mut batch = sled::Batch::default();
+            let mut keys = 0;
+            for key in self
+                .log
+                .range(to_key_range(&(..=index)))
+                .keys()
+                .take(PURGE_BATCH_KEYS_MAX)
+            {
+                batch.remove(key?);
+                keys += 1;
+            }
+            if keys == 0 {
+                return Ok(());
+            }
+            self.log.apply_batch(batch)?;
+        }
     }
 
     fn read_meta<T: DeserializeOwned>(
@@ -251,7 +288,10 @@ where
             })?),
             None => None,
         };
-        let last_log_id = match last_index {
+        // Keys at or below the last purged id are a purge's leftovers (see
+        // `purge`): the log ends at the purged id then.
+        let purged_index = last_purged_log_id.as_ref().map(|id| id.index);
+        let last_log_id = match last_index.filter(|&index| Some(index) > purged_index) {
             Some(index) => match self.read_entries(&(index..=index))?.pop() {
                 Some(entry) => Some(entry.get_log_id().clone()),
                 None => {
@@ -367,24 +407,17 @@ where
     }
 
     async fn purge(&mut self, log_id: LogId<C::NodeId>) -> Result<(), StorageError<C::NodeId>> {
+        // The id first: from then on nothing reads at or below it, so a crash
+        // before the deletions end leaves only dead keys, which `open` (or the
+        // next purge) deletes. Both trees are in one `Db`, whose log sled
+        // recovers as a prefix: a deletion that survives a crash means the id
+        // survived too.
         let marker = codec::encode(&log_id).map_err(|e| StorageIOError::write_logs(&e))?;
-        let mut doomed = Vec::new();
-        for key in self.log.range(to_key_range(&(..=log_id.index))).keys() {
-            doomed.push(key.map_err(|e| StorageIOError::write_logs(&e))?);
-        }
-        // Marker and deletions in one transaction: a crash never leaves a purged range
-        // without its marker (a log that seems to start at 1 again) or the reverse.
-        // The closure may run more than once, so it only replays precomputed writes.
-        let result: sled::transaction::TransactionResult<(), ()> = (&self.log, &self.meta)
-            .transaction(|(log, meta)| {
-                meta.insert(KEY_LAST_PURGED, marker.as_slice())?;
-                for key in &doomed {
-                    log.remove(key)?;
-                }
-                Ok(())
-            });
-        result
-            .map_err(|e| StorageIOError::write_logs(openraft::AnyError::error(format!("{e:?}"))))?;
+        self.meta
+            .insert(KEY_LAST_PURGED, marker)
+            .map_err(|e| StorageIOError::write_logs(&e))?;
+        self.delete_through(log_id.index)
+            .map_err(|e| StorageIOError::write_logs(&e))?;
         Ok(())
     }
 }
@@ -485,6 +518,56 @@ mod tests {
         assert!(log.log.is_empty());
         let state = log.get_log_state().await.unwrap();
         assert_eq!(state.last_log_id, Some(log_id(8)));
+    }
+
+    /// A purge's range larger than one deletion batch goes whole, in batches.
+    #[tokio::test]
+    async fn a_purge_of_more_keys_than_a_batch_deletes_them_all() {
+        let mut log = open();
+        let chunks = PURGE_BATCH_KEYS_MAX + PURGE_BATCH_KEYS_MAX / 2;
+        let entries: Vec<Entry> = (1..=3)
+            .map(|i| entry(i, chunks * LOG_VALUE_CHUNK_BYTES / 2))
+            .collect();
+        log.blocking_append(entries.clone()).await.unwrap();
+        let before = log.log.len();
+        assert!(before > 2 * PURGE_BATCH_KEYS_MAX, "{before} keys");
+        log.purge(log_id(2)).await.unwrap();
+        let first = log.log.first().unwrap().unwrap().0;
+        assert_eq!(parse_key(&first), Some((3, 0)));
+        assert_eq!(log.try_get_log_entries(..).await.unwrap(), entries[2..]);
+        assert_eq!(
+            log.get_log_state().await.unwrap().last_purged_log_id,
+            Some(log_id(2))
+        );
+    }
+
+    /// A crash between a purge's id and the end of its deletions leaves keys
+    /// at or below the id: nothing reads them, the log's state ignores them
+    /// (also when they are all that is left), and opening the log deletes them.
+    #[tokio::test]
+    async fn keys_a_cut_short_purge_left_are_ignored_and_deleted_at_open() {
+        let (mut log, entries) = filled().await;
+        // The purge's first write, and none of its deletions.
+        let marker = codec::encode(&log_id(6)).unwrap();
+        log.meta.insert(KEY_LAST_PURGED, marker).unwrap();
+        let state = log.get_log_state().await.unwrap();
+        assert_eq!(state.last_purged_log_id, Some(log_id(6)));
+        assert_eq!(state.last_log_id, Some(log_id(10)));
+        assert_eq!(log.try_get_log_entries(7..).await.unwrap(), entries[6..]);
+
+        // Every entry at or below the purged id: the log ends there.
+        let marker = codec::encode(&log_id(12)).unwrap();
+        log.meta.insert(KEY_LAST_PURGED, marker).unwrap();
+        let state = log.get_log_state().await.unwrap();
+        assert_eq!(state.last_log_id, Some(log_id(12)));
+
+        let reopened: LogStore<Bytes> =
+            LogStore::open(&log.db, &LogTrees::for_group("test")).unwrap();
+        assert!(reopened.log.is_empty(), "{} keys left", reopened.log.len());
+        let mut reopened = reopened;
+        let state = reopened.get_log_state().await.unwrap();
+        assert_eq!(state.last_log_id, Some(log_id(12)));
+        assert_eq!(state.last_purged_log_id, Some(log_id(12)));
     }
 
     #[tokio::test]
