@@ -16,7 +16,7 @@
 //! incarnation is dead with its process, so nothing else writes under that
 //! generation, and every step is safe to repeat.
 //!
-//! A move is five steps, each safe to repeat:
+//! A move is six steps, each safe to repeat:
 //! 1. `BeginMove` in the registry (by the admin endpoint): the tenant is
 //!    `moving` at its current epoch. Nodes still place its requests at its old
 //!    home, whose store keeps executing them.
@@ -25,12 +25,16 @@
 //! 3. The first pass, online: the new home pulls the tenant's records, markers,
 //!    order index and orders page by page (pages sized by bytes) straight from
 //!    the old home (`pull`), each import scoped by the operation and epoch.
-//! 4. The old home fences its store for this operation and epoch (through the
+//! 4. The catch-up, online: the old home tracks again, which answers a mark
+//!    (the log index of that command; every later change of the tenant is
+//!    stamped higher), and the new home pulls what the change index holds:
+//!    what changed, or was deleted, since step 2.
+//! 5. The old home fences its store for this operation and epoch (through the
 //!    apply loop, so no queued command slips past; from here on the tenant
 //!    answers 503 `tenant-moving`) and lets its relay deliver the tenant's
-//!    events, so order states settle; then the final pass pulls only what the
-//!    change index holds: what changed, or was deleted, since step 2.
-//! 5. `CompleteMove` in the registry: home is the new region, epoch + 1. `done`
+//!    events, so order states settle; then the final pass pulls only the
+//!    changes stamped after the mark: what changed during the catch-up.
+//! 6. `CompleteMove` in the registry: home is the new region, epoch + 1. `done`
 //!    is reported by that same committed entry. The old home prunes the
 //!    tenant's change index once its replica shows the move ended.
 //!
@@ -378,7 +382,7 @@ impl Driver<'_> {
         // 1. The old home starts the tenant's change index and keeps serving it.
         let track_path = format!("/internal/v1/moves/{t}/track?{scope}");
         let tracked = self
-            .post_json(old, track_path, MOVE_CALL_TIMEOUT_MS)
+            .post_json(old, track_path.clone(), MOVE_CALL_TIMEOUT_MS)
             .await?;
         let estimate = tracked["entries"].as_u64().unwrap_or(0).max(1) as f64;
         // 2. The first pass, online: the new home pulls every entry.
@@ -388,7 +392,21 @@ impl Driver<'_> {
                 FIRST_PASS_SHARE * copied as f64 / estimate
             })
             .await?;
-        // 3. The fence, which includes letting the old home's relay deliver the
+        // 3. The catch-up, online: what the tenant changed while the first
+        // pass ran (a tenant writing hundreds of orders a second changes
+        // megabytes meanwhile). Tracking again first gives its mark: every
+        // change after it is stamped higher, so the fenced pass carries only
+        // what changed during the catch-up, and the 503s last that long.
+        let tracked = self
+            .post_json(old, track_path, MOVE_CALL_TIMEOUT_MS)
+            .await?;
+        let mark = tracked["mark"]
+            .as_u64()
+            .ok_or("the old home answered no mark")?;
+        let caught_up = self
+            .pull(new, &pull_path, Pass::Catchup, |_| FIRST_PASS_SHARE)
+            .await?;
+        // 4. The fence, which includes letting the old home's relay deliver the
         // tenant's events. From here on the tenant answers 503 tenant-moving.
         self.fenced_at = Some(Instant::now());
         let fence_path = format!("/internal/v1/moves/{t}/fence?{scope}");
@@ -401,11 +419,12 @@ impl Driver<'_> {
             tracing::error!("{FAULT_DRIVER_PAUSE_MS} is set: stalling {ms} ms without renewing");
             tokio::time::sleep(Duration::from_millis(ms)).await;
         }
-        // 4. The final pass: only what changed since the first pass began.
+        // 5. The final pass: only what changed since the catch-up's mark.
+        let final_path = format!("{pull_path}&since={mark}");
         let changed = self
-            .pull(new, &pull_path, Pass::Changes, |_| FIRST_PASS_SHARE)
+            .pull(new, &final_path, Pass::Changes, |_| FIRST_PASS_SHARE)
             .await?;
-        tracing::info!(tenant = %t, copied, changed, "tenant data copied");
+        tracing::info!(tenant = %t, copied, caught_up, changed, "tenant data copied");
         Ok(())
     }
 

@@ -522,14 +522,17 @@ impl Store {
         self.run(Command::Own { tenant, epoch }).await
     }
 
-    /// Starts `tenant`'s change index for its move `operation_id` at `epoch`.
+    /// Starts `tenant`'s change index for its move `operation_id` at `epoch`
+    /// (again: the index goes on). Answers with the index of the log entry
+    /// that carried the command: every write applied after it carries a
+    /// higher one, so `export_changes` since that index misses none of them.
     pub async fn track_changes(
         &self,
         tenant: TenantId,
         operation_id: String,
         epoch: u64,
-    ) -> Result<GuardOutcome, Error> {
-        self.run(Command::TrackChanges {
+    ) -> Result<Logged<GuardOutcome>, Error> {
+        self.run_logged(Command::TrackChanges {
             tenant,
             operation_id,
             epoch,
@@ -821,9 +824,10 @@ mod tests {
 
         let tracked = store.track_changes(t("t1"), "op1".into(), 1).await.unwrap();
         assert!(
-            matches!(tracked, GuardOutcome::Accepted { .. }),
+            matches!(tracked.value, GuardOutcome::Accepted { .. }),
             "{tracked:?}"
         );
+        assert!(tracked.index > 0);
         let fenced = store.fence(t("t1"), "op1".into(), 1).await.unwrap();
         let guard = TenantGuard::Fenced {
             operation_id: "op1".into(),

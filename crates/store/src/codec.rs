@@ -46,6 +46,14 @@ pub fn payload(bytes: &[u8]) -> Result<&[u8], Error> {
     Ok(&bytes[HEADER_BYTES..])
 }
 
+/// The batch (log index) that wrote a stored value, from its header alone.
+pub fn stamp(bytes: &[u8]) -> Result<u64, Error> {
+    payload(bytes)?;
+    Ok(u64::from_be_bytes(
+        bytes[1..HEADER_BYTES].try_into().expect("8 bytes"),
+    ))
+}
+
 /// Returns the value and the batch that wrote it.
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<(T, u64), Error> {
     if bytes.len() < HEADER_BYTES || bytes[0] != FORMAT_VERSION {

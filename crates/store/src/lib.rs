@@ -530,14 +530,18 @@ impl Store {
     }
 
     /// One page of the tenant's change index after `after` (a changed key), for
-    /// a move's final pass: each changed entry as it is now, or its key among
+    /// a move's later passes: each entry changed by a log entry above `since`
+    /// (0: every change since tracking began), as it is now, or its key among
     /// the removed ones when it is gone; sized like `export_tenant`. Returns
-    /// the page and the next page's cursor (`None` when done).
+    /// the page and the next page's cursor (`None` when done). An entry of the
+    /// change index is stamped by the last write that changed its key, so a
+    /// key changed both before and after `since` is in the page.
     pub async fn export_changes(
         &self,
         tenant: &TenantId,
         after: Option<&[u8]>,
         bytes_max: usize,
+        since: u64,
     ) -> Result<(ChangePage, Option<Vec<u8>>), Error> {
         let tree = self.inner.machine_tree();
         let prefix = keys::changes_of(tenant.as_str().as_bytes());
@@ -553,10 +557,13 @@ impl Store {
         let mut page = PageBuilder::new(bytes_max);
         let mut next = None;
         for item in tree.range(start..) {
-            let (index_key, _) = item?;
+            let (index_key, stamped) = item?;
             let Some(changed) = index_key.strip_prefix(prefix.as_slice()) else {
                 break;
             };
+            if codec::stamp(&stamped)? <= since {
+                continue;
+            }
             let added = match tree.get(changed)? {
                 Some(value) => page.add(changed, &value)?,
                 None => page.add_removed(changed),

@@ -160,17 +160,68 @@ fn accepted(applied: Applied) -> bool {
     matches!(applied, Applied::Guard(GuardOutcome::Accepted { .. }))
 }
 
+/// What each of a move's later passes carried (keys copied or removed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Carried {
+    /// The online catch-up: every change since tracking began.
+    catch_up: usize,
+    /// The fenced final pass: the changes after the catch-up's mark.
+    last: usize,
+}
+
+/// One pass of the change index since `since`, page by page with a step of
+/// `between` applied at the old home after each page; what it carried.
+async fn changes_pass(
+    old: &Store,
+    new: &Store,
+    since: u64,
+    between: &[Step],
+    page_bytes: usize,
+) -> usize {
+    let mut between = between.iter();
+    let mut carried = 0;
+    let mut cursor: Option<Vec<u8>> = None;
+    loop {
+        let (page, next) = old
+            .export_changes(&t1(), cursor.as_deref(), page_bytes, since)
+            .await
+            .unwrap();
+        carried += page.entries.len() + page.removed.len();
+        let import = Command::ImportChanges {
+            tenant: t1(),
+            operation_id: OP.into(),
+            epoch: EPOCH,
+            page,
+        };
+        assert!(accepted(new.execute(import).await.unwrap()));
+        if let Some(step) = between.next() {
+            apply(old, step).await;
+        }
+        match next {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    for step in between {
+        apply(old, step).await;
+    }
+    carried
+}
+
 /// Moves t1 from `old` to `new` as a move does: track, first pass in pages of
 /// `page_bytes` with `during` applied between pages (the old home executes),
-/// `after` once the first pass is done, then fence and the final pass of the
-/// change index. Returns how many keys the final pass carried.
+/// then the online catch-up (tracking again gives its mark, the index of the
+/// entry that carried it; every change since tracking began travels, with
+/// `catching` applied between its pages), `after` once it is done, then fence
+/// and the final pass of what changed after the mark.
 async fn move_online(
     old: &Store,
     new: &Store,
     during: &[Step],
+    catching: &[Step],
     after: &[Step],
     page_bytes: usize,
-) -> usize {
+) -> Carried {
     assert!(accepted(old.execute(track()).await.unwrap()));
     let mut during = during.iter();
     let mut cursor: Option<Vec<u8>> = None;
@@ -194,7 +245,13 @@ async fn move_online(
             None => break,
         }
     }
-    for step in during.chain(after) {
+    for step in during {
+        apply(old, step).await;
+    }
+    let mark = old.track_changes(t1(), OP.into(), EPOCH).await.unwrap();
+    assert!(matches!(mark.value, GuardOutcome::Accepted { .. }));
+    let catch_up = changes_pass(old, new, 0, catching, page_bytes).await;
+    for step in after {
         apply(old, step).await;
     }
     let fence = Command::Fence {
@@ -203,26 +260,8 @@ async fn move_online(
         epoch: EPOCH,
     };
     assert!(accepted(old.execute(fence).await.unwrap()));
-    let mut carried = 0;
-    let mut cursor: Option<Vec<u8>> = None;
-    loop {
-        let (page, next) = old
-            .export_changes(&t1(), cursor.as_deref(), page_bytes)
-            .await
-            .unwrap();
-        carried += page.entries.len() + page.removed.len();
-        let import = Command::ImportChanges {
-            tenant: t1(),
-            operation_id: OP.into(),
-            epoch: EPOCH,
-            page,
-        };
-        assert!(accepted(new.execute(import).await.unwrap()));
-        match next {
-            Some(c) => cursor = Some(c),
-            None => return carried,
-        }
-    }
+    let last = changes_pass(old, new, mark.index, &[], page_bytes).await;
+    Carried { catch_up, last }
 }
 
 #[tokio::test]
@@ -247,7 +286,7 @@ async fn writes_and_deletions_of_a_tracked_tenant_only_enter_its_change_index() 
     // (order 2's record is noted already).
     apply(&store, &Step::Sweep(2)).await;
     assert_eq!(store.change_count(&t1()), 6);
-    let (page, next) = store.export_changes(&t1(), None, 1 << 20).await.unwrap();
+    let (page, next) = store.export_changes(&t1(), None, 1 << 20, 0).await.unwrap();
     assert_eq!(next, None);
     assert_eq!(page.entries.len() + page.removed.len(), 6);
     assert_eq!(page.removed.len(), 2, "both records are gone: {page:?}");
@@ -337,22 +376,77 @@ async fn cut_plus_changes_equals_the_old_home() {
         .map(Step::Order)
         .chain([Step::Pay(3), Step::Foreign(1), Step::Claim(9)])
         .collect();
+    let catching = [Step::Order(41), Step::Pay(32)];
     let after = [
         Step::Order(5),
         Step::Pay(31),
         Step::Sweep(2),
         Step::Order(50),
     ];
-    let carried = move_online(&old, &new, &during, &after, 600).await;
+    let carried = move_online(&old, &new, &during, &catching, &after, 600).await;
     let (from, to) = (content(&old).await, content(&new).await);
     assert!(!from.is_empty());
     assert_eq!(
         to, from,
         "the new home holds exactly the old home's content"
     );
-    // The final pass carried what changed, not the whole tenant.
-    assert!(carried < from.len() + 100, "{carried}");
-    assert!(carried > 0);
+    // The catch-up carried what changed during the first pass, not the whole
+    // tenant; the fenced pass only what changed after the catch-up began,
+    // fewer keys than every change since tracking began.
+    let (all, _) = old.export_changes(&t1(), None, 1 << 20, 0).await.unwrap();
+    let since_tracking = all.entries.len() + all.removed.len();
+    assert!(carried.catch_up < from.len(), "{carried:?}");
+    assert!(carried.last > 0, "{carried:?}");
+    assert!(
+        carried.last < since_tracking,
+        "{carried:?} of {since_tracking}"
+    );
+}
+
+/// The fenced pass since the catch-up's mark carries exactly the keys written
+/// or deleted after it: a key changed before and again after is in it, one
+/// changed only before is not.
+#[tokio::test]
+async fn changes_since_a_mark_are_the_keys_written_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = common::open(dir.path()).await;
+    assert!(accepted(store.execute(track()).await.unwrap()));
+    apply(&store, &Step::Order(1)).await;
+    apply(&store, &Step::Order(2)).await;
+    let mark = store.track_changes(t1(), OP.into(), EPOCH).await.unwrap();
+    assert!(mark.index > 0);
+    // Order 1 paid after the mark: only its order entry changes again.
+    apply(&store, &Step::Pay(1)).await;
+    // The sweep deletes both records after the mark.
+    apply(&store, &Step::Sweep(2)).await;
+    let keys = |page: &keyhold_store::ChangePage| -> Vec<(u8, bool)> {
+        let mut keys: Vec<(u8, bool)> = page
+            .entries
+            .iter()
+            .map(|e| (e.key[0], true))
+            .chain(page.removed.iter().map(|k| (k[0], false)))
+            .collect();
+        keys.sort();
+        keys
+    };
+    let (all, _) = store.export_changes(&t1(), None, 1 << 20, 0).await.unwrap();
+    assert_eq!(all.entries.len() + all.removed.len(), 8, "{all:?}");
+    let (since, next) = store
+        .export_changes(&t1(), None, 1 << 20, mark.index)
+        .await
+        .unwrap();
+    assert_eq!(next, None);
+    // Order 1 (rewritten) and the two records (removed).
+    assert_eq!(
+        keys(&since),
+        vec![(b'o', true), (b'r', false), (b'r', false)],
+        "{since:?}"
+    );
+    let (none, _) = store
+        .export_changes(&t1(), None, 1 << 20, u64::MAX)
+        .await
+        .unwrap();
+    assert!(none.entries.is_empty() && none.removed.is_empty());
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -368,12 +462,13 @@ fn step() -> impl Strategy<Value = Step> {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
 
-    /// Whatever the old home does before, during and after the first pass, the
-    /// first pass plus the final pass leaves the new home equal to it.
+    /// Whatever the old home does before, during and after the first pass
+    /// and during the catch-up, the three passes leave the new home equal to it.
     #[test]
     fn any_history_copies_exactly(
         before in prop::collection::vec(step(), 0..30),
         during in prop::collection::vec(step(), 0..20),
+        catching in prop::collection::vec(step(), 0..10),
         after in prop::collection::vec(step(), 0..10),
         page_bytes in 1usize..2_000,
     ) {
@@ -387,7 +482,7 @@ proptest! {
             for s in &before {
                 apply(&old, s).await;
             }
-            move_online(&old, &new, &during, &after, page_bytes).await;
+            move_online(&old, &new, &during, &catching, &after, page_bytes).await;
             assert_eq!(content(&new).await, content(&old).await);
         });
     }

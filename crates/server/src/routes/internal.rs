@@ -244,16 +244,19 @@ pub(super) fn guard_answer(outcome: GuardOutcome) -> Result<u64, ApiError> {
 
 /// On the old home: start the tenant's change index for the move (the store
 /// keeps executing for the tenant), and report how many entries the first
-/// pass will carry.
+/// pass will carry and the `mark`: the index of the log entry that (re)started
+/// tracking, after which every change of the tenant is stamped higher. A
+/// driver tracks again before the online catch-up, so that the fenced pass
+/// carries only what changed since that mark.
 async fn track(
     State(node): State<Arc<Node>>,
     Path(tenant_id): Path<String>,
     Query(scope): Query<MoveScope>,
 ) -> Result<Response, ApiError> {
-    let tenant = at_old_home(&node, &tenant_id, scope, OldHomeStep::Track).await?;
+    let (tenant, mark) = at_old_home(&node, &tenant_id, scope, OldHomeStep::Track).await?;
     let entries = node.store().tenant_entry_count(&tenant)?;
     Ok(ok_json(
-        serde_json::json!({ "tracking": true, "entries": entries }),
+        serde_json::json!({ "tracking": true, "entries": entries, "mark": mark }),
     ))
 }
 
@@ -265,27 +268,32 @@ enum OldHomeStep {
 }
 
 /// Checks the call as `check_running` does for the old home, then applies the
-/// store command of `step` for the move's scope.
+/// store command of `step` for the move's scope; with the index of the log
+/// entry that carried a `Track` (its mark).
 async fn at_old_home(
     node: &Node,
     tenant_id: &str,
     scope: MoveScope,
     step: OldHomeStep,
-) -> Result<TenantId, ApiError> {
+) -> Result<(TenantId, Option<u64>), ApiError> {
     let tenant = tenant_param(tenant_id)?;
     check_running(node, tenant_id, &scope, End::From).await?;
     let (operation_id, epoch) = (scope.operation_id, scope.epoch);
     let store = node.store();
-    let outcome = match step {
+    let (outcome, mark) = match step {
         OldHomeStep::Track => {
-            store
+            let logged = store
                 .track_changes(tenant.clone(), operation_id, epoch)
-                .await?
+                .await?;
+            (logged.value, Some(logged.index))
         }
-        OldHomeStep::Fence => store.fence(tenant.clone(), operation_id, epoch).await?,
+        OldHomeStep::Fence => (
+            store.fence(tenant.clone(), operation_id, epoch).await?,
+            None,
+        ),
     };
     guard_answer(outcome)?;
-    Ok(tenant)
+    Ok((tenant, mark))
 }
 
 /// 409 `conflict` while this region still holds stale data of the tenant from
@@ -310,7 +318,7 @@ async fn fence(
     Path(tenant_id): Path<String>,
     Query(scope): Query<MoveScope>,
 ) -> Result<Response, ApiError> {
-    let tenant = at_old_home(&node, &tenant_id, scope, OldHomeStep::Fence).await?;
+    let (tenant, _) = at_old_home(&node, &tenant_id, scope, OldHomeStep::Fence).await?;
     if std::env::var_os(FAULT_ABORT_AFTER_FENCE).is_some() {
         tracing::error!("{FAULT_ABORT_AFTER_FENCE} is set: aborting after the fence");
         std::process::abort();
@@ -334,6 +342,10 @@ struct ExportQuery {
     #[serde(default)]
     after: Option<String>,
     bytes_max: usize,
+    /// For the change passes: only keys changed by log entries above this
+    /// index (a `track` mark); 0, every change since tracking began.
+    #[serde(default)]
+    since: u64,
 }
 
 impl ExportQuery {
@@ -370,30 +382,38 @@ pub(super) fn page_response(body: Vec<u8>, next: Option<Vec<u8>>) -> Response {
     response
 }
 
-/// One page of `pass` on the old home: for `Full` (`export`), the tenant's
-/// entries; for `Changes` (`changes`), what changed in the tenant since its
-/// move began tracking it (entries as they are now, and keys deleted). At most
-/// `bytes_max` (capped by `MOVE_PAGE_BYTES_MAX`) unless one entry alone is
-/// larger.
+/// Which of the old home's sources a page comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// `export`: the tenant's entries.
+    Entries,
+    /// `changes`: what changed in the tenant since its move began tracking
+    /// it, or since a mark (entries as they are now, and keys deleted).
+    Changes,
+}
+
+/// One page of `source` on the old home. At most `bytes_max` (capped by
+/// `MOVE_PAGE_BYTES_MAX`) unless one entry alone is larger.
 async fn source_page(
     node: Arc<Node>,
     tenant_id: String,
     q: ExportQuery,
-    pass: Pass,
+    source: Source,
 ) -> Result<Response, ApiError> {
     let tenant = tenant_param(&tenant_id)?;
+    let since = q.since;
     let (after, bytes_max) = q.parse()?;
     let store = node.store();
-    Ok(match pass {
-        Pass::Full => {
+    Ok(match source {
+        Source::Entries => {
             let (entries, next) = store
                 .export_tenant(&tenant, after.as_deref(), bytes_max)
                 .await?;
             page_response(ExportEntry::encode_page(&entries), next)
         }
-        Pass::Changes => {
+        Source::Changes => {
             let (page, next) = store
-                .export_changes(&tenant, after.as_deref(), bytes_max)
+                .export_changes(&tenant, after.as_deref(), bytes_max, since)
                 .await?;
             page_response(page.encode(), next)
         }
@@ -405,7 +425,7 @@ async fn export(
     Path(tenant_id): Path<String>,
     Query(q): Query<ExportQuery>,
 ) -> Result<Response, ApiError> {
-    source_page(node, tenant_id, q, Pass::Full).await
+    source_page(node, tenant_id, q, Source::Entries).await
 }
 
 async fn changes(
@@ -413,7 +433,7 @@ async fn changes(
     Path(tenant_id): Path<String>,
     Query(q): Query<ExportQuery>,
 ) -> Result<Response, ApiError> {
-    source_page(node, tenant_id, q, Pass::Changes).await
+    source_page(node, tenant_id, q, Source::Changes).await
 }
 
 /// Which pass of a move a page belongs to.
@@ -422,7 +442,12 @@ async fn changes(
 pub enum Pass {
     /// The tenant's entries, read while the old home still serves it.
     Full,
-    /// What changed since the first pass began, read under the fence.
+    /// What changed since the first pass began, read while the old home
+    /// still serves the tenant: so that the fenced pass carries only what
+    /// changed during this one.
+    Catchup,
+    /// What changed since the catch-up began (its `since` mark), read under
+    /// the fence.
     Changes,
 }
 
@@ -430,26 +455,36 @@ impl Pass {
     pub fn as_str(self) -> &'static str {
         match self {
             Pass::Full => "full",
+            Pass::Catchup => "catchup",
             Pass::Changes => "changes",
         }
     }
 
-    /// The old home's route that serves this pass's pages.
-    fn source(self) -> &'static str {
+    /// The old home's source of this pass's pages.
+    fn source(self) -> Source {
         match self {
-            Pass::Full => "export",
-            Pass::Changes => "changes",
+            Pass::Full => Source::Entries,
+            Pass::Catchup | Pass::Changes => Source::Changes,
         }
     }
 
-    /// The pace of this pass's imports: the first pass runs while the tenant
-    /// is served and shares the new home's apply thread with its own tenants;
-    /// the final pass runs under the fence, where every second is a second of
-    /// 503 `tenant-moving`.
+    /// The pace of this pass's imports: the online passes run while the
+    /// tenant is served and share the new home's apply thread with its own
+    /// tenants; the final pass runs under the fence, where every second is a
+    /// second of 503 `tenant-moving`.
     fn bytes_per_second(self) -> Option<u64> {
         match self {
-            Pass::Full => Some(MOVE_COPY_BYTES_PER_SECOND),
+            Pass::Full | Pass::Catchup => Some(MOVE_COPY_BYTES_PER_SECOND),
             Pass::Changes => None,
+        }
+    }
+
+    /// The bytes of one import command of this pass: small while the new
+    /// home's own tenants share each entry with it, large under the fence.
+    fn command_bytes_max(self) -> usize {
+        match self {
+            Pass::Full | Pass::Catchup => MOVE_ONLINE_IMPORT_COMMAND_BYTES_MAX,
+            Pass::Changes => MOVE_IMPORT_COMMAND_BYTES_MAX,
         }
     }
 }
@@ -492,19 +527,16 @@ enum Piece {
 }
 
 /// One page of `pass` as import commands of at most
-/// `MOVE_ONLINE_IMPORT_COMMAND_BYTES_MAX` bytes each in the first pass and
+/// `MOVE_ONLINE_IMPORT_COMMAND_BYTES_MAX` bytes each in the online passes and
 /// `MOVE_IMPORT_COMMAND_BYTES_MAX` in the fenced one, with their sizes. An
 /// empty page is one empty command: it still sets the tenant's guard for the
 /// move.
 fn import_commands(pass: Pass, bytes: &[u8]) -> Result<Vec<(Piece, usize)>, ApiError> {
     let undecodable = |e: keyhold_store::Error| ApiError::invalid("", e.to_string());
-    let max = match pass {
-        Pass::Full => MOVE_ONLINE_IMPORT_COMMAND_BYTES_MAX,
-        Pass::Changes => MOVE_IMPORT_COMMAND_BYTES_MAX,
-    };
+    let max = pass.command_bytes_max();
     let mut commands = Vec::new();
-    match pass {
-        Pass::Full => {
+    match pass.source() {
+        Source::Entries => {
             let entries = ExportEntry::decode_page(bytes).map_err(undecodable)?;
             for run in split_by_bytes(entries, max, entry_bytes) {
                 let size = run.iter().map(entry_bytes).sum();
@@ -514,7 +546,7 @@ fn import_commands(pass: Pass, bytes: &[u8]) -> Result<Vec<(Piece, usize)>, ApiE
                 commands.push((Piece::Entries(Vec::new()), 0));
             }
         }
-        Pass::Changes => {
+        Source::Changes => {
             let page = ChangePage::decode(bytes).map_err(undecodable)?;
             for entries in split_by_bytes(page.entries, max, entry_bytes) {
                 let size = entries.iter().map(entry_bytes).sum();
@@ -611,6 +643,10 @@ struct PullQuery {
     pass: Pass,
     #[serde(default)]
     after: Option<String>,
+    /// For the change passes: the old home's `track` mark to copy the changes
+    /// after (0: every change since tracking began).
+    #[serde(default)]
+    since: u64,
 }
 
 /// One page of `pass` from the tenant's old home (by this node's registry
@@ -619,15 +655,19 @@ async fn fetch_page(
     node: &Node,
     tenant_id: &str,
     pass: Pass,
+    since: u64,
     after: Option<&str>,
 ) -> Result<(axum::body::Bytes, Option<String>), ApiError> {
     let record = node
         .registry()
         .tenant(tenant_id)
         .ok_or_else(|| ApiError::new(Problem::NotFound))?;
+    let route = match pass.source() {
+        Source::Entries => "export",
+        Source::Changes => "changes",
+    };
     let mut path = format!(
-        "/internal/v1/moves/{tenant_id}/{}?bytes_max={MOVE_PAGE_BYTES_MAX}",
-        pass.source()
+        "/internal/v1/moves/{tenant_id}/{route}?bytes_max={MOVE_PAGE_BYTES_MAX}&since={since}"
     );
     if let Some(a) = after {
         path.push_str("&after=");
@@ -685,7 +725,7 @@ async fn pull(
     let (mut copied, mut pages, mut bytes) = (0u64, 0u64, 0u64);
     check_running(&node, &tenant_id, &scope, End::To).await?;
     refuse_unreconciled(&node, &tenant_id)?;
-    let mut page = fetch_page(&node, &tenant_id, q.pass, q.after.as_deref()).await?;
+    let mut page = fetch_page(&node, &tenant_id, q.pass, q.since, q.after.as_deref()).await?;
     let after = loop {
         let (body, next) = page;
         check_running(&node, &tenant_id, &scope, End::To).await?;
@@ -696,7 +736,9 @@ async fn pull(
             .filter(|_| pages < MOVE_PULL_PAGES_MAX && !spent);
         let prefetch = async {
             match more {
-                Some(cursor) => Some(fetch_page(&node, &tenant_id, q.pass, Some(cursor)).await),
+                Some(cursor) => {
+                    Some(fetch_page(&node, &tenant_id, q.pass, q.since, Some(cursor)).await)
+                }
                 None => None,
             }
         };
@@ -821,11 +863,10 @@ mod tests {
             pace_wait(512 * 1024, Duration::from_secs(2), rate),
             Duration::ZERO
         );
-        // Only the first pass is paced.
-        assert_eq!(
-            Pass::Full.bytes_per_second(),
-            Some(MOVE_COPY_BYTES_PER_SECOND)
-        );
+        // Only the online passes are paced.
+        for online in [Pass::Full, Pass::Catchup] {
+            assert_eq!(online.bytes_per_second(), Some(MOVE_COPY_BYTES_PER_SECOND));
+        }
         assert_eq!(Pass::Changes.bytes_per_second(), None);
     }
 }
