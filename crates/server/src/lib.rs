@@ -122,6 +122,18 @@ pub async fn run(
     let raft_listener = TcpListener::bind(&config.raft_listen)
         .await
         .map_err(|e| Error::Config(format!("cannot listen on {}: {e}", config.raft_listen)))?;
+    run_listening(config, listener, raft_listener, shutdown).await
+}
+
+/// [`run`] on a Raft listener the caller bound already (`config.raft_listen`
+/// is then not read): for a caller that holds its addresses itself, such as a
+/// test that restarts a node where it was.
+pub async fn run_listening(
+    config: Config,
+    listener: TcpListener,
+    raft_listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
     let own = config.members.iter().find(|m| m.id == config.node_id);
     let (api_addr, raft_addr) = match own {
         Some(m) => (advertised(&m.api_addr)?, advertised(&m.raft_addr)?),

@@ -23,9 +23,10 @@
 //! in b; a seventh brings a back after a failover and checks that it takes no
 //! downstream effect for the tenant it lost (issue 12).
 
-use std::net::SocketAddr;
+mod support;
+
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use keyhold_core::TenantId;
@@ -34,6 +35,7 @@ use keyhold_server::config::Member;
 use keyhold_server::{Config, Node};
 use keyhold_store::{Consumer, Store, TenantGuard};
 use serde_json::{json, Value};
+use support::Parked;
 use tokio::sync::oneshot;
 
 const ADMIN_TOKEN: &str = "failover-import-admin-token-0123456789";
@@ -45,9 +47,17 @@ const ORDERS: usize = 3;
 
 struct TestNode {
     node: Arc<Node>,
+    member: Member,
     api: String,
     stop: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<Result<(), keyhold_server::Error>>,
+}
+
+/// A stopped node, its addresses held for its restart.
+struct Stopped {
+    id: u64,
+    api: Parked,
+    raft: Parked,
 }
 
 impl TestNode {
@@ -58,13 +68,23 @@ impl TestNode {
             .expect("node task")
             .expect("node stopped cleanly");
     }
+
+    async fn stop_for_restart(self) -> Stopped {
+        let member = self.member.clone();
+        self.stop().await;
+        Stopped {
+            id: member.id,
+            api: Parked::at(&member.api_addr).await,
+            raft: Parked::at(&member.raft_addr).await,
+        }
+    }
 }
 
-fn free_addr() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
+/// An address where nothing listens for as long as the tests run: region a's
+/// payment provider while it is unreachable.
+fn unreachable_addr() -> std::net::SocketAddr {
+    static NOWHERE: OnceLock<Parked> = OnceLock::new();
+    NOWHERE.get_or_init(Parked::any).addr()
 }
 
 /// Starts the fake payment provider; its base URL and its stop.
@@ -87,15 +107,14 @@ async fn start_cluster(dir: &Path, psp: &str, regions: &[&str]) -> Vec<TestNode>
     let mut listeners = Vec::new();
     let mut members = Vec::new();
     for (id, region) in (1u64..).zip(regions) {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let raft = tokio::net::TcpListener::bind(free_addr()).await.unwrap();
+        let (api, raft) = (Parked::any(), Parked::any());
         members.push(Member {
             id,
             region: region.to_string(),
-            api_addr: listener.local_addr().unwrap().to_string(),
-            raft_addr: raft.local_addr().unwrap().to_string(),
+            api_addr: api.addr().to_string(),
+            raft_addr: raft.addr().to_string(),
         });
-        listeners.push((id, listener, raft));
+        listeners.push((id, api.listen(), raft.listen()));
     }
     let mut nodes = Vec::new();
     for (id, listener, raft) in listeners {
@@ -138,7 +157,7 @@ async fn start_node(
     let (ProviderOfA::Unreachable(psp) | ProviderOfA::Reachable(psp)) = provider;
     config.psp_url = match (member.region.as_str(), provider) {
         // Nothing listens there.
-        ("a", ProviderOfA::Unreachable(_)) => Some(format!("http://{}", free_addr())),
+        ("a", ProviderOfA::Unreachable(_)) => Some(format!("http://{}", unreachable_addr())),
         ("a" | "b", _) => Some(psp.to_owned()),
         _ => None,
     };
@@ -156,27 +175,22 @@ async fn start_node(
     ));
     TestNode {
         node,
+        member,
         api: format!("http://{api_addr}"),
         stop: Some(stop),
         task,
     }
 }
 
-/// Starts node `id` again on the addresses it had.
+/// Starts a stopped node again on the addresses it had.
 async fn restart_node(
     dir: &Path,
     members: &[Member],
-    id: u64,
+    stopped: Stopped,
     provider: ProviderOfA<'_>,
 ) -> TestNode {
-    let member = members.iter().find(|m| m.id == id).unwrap();
-    let listener = tokio::net::TcpListener::bind(&member.api_addr)
-        .await
-        .unwrap();
-    let raft = tokio::net::TcpListener::bind(&member.raft_addr)
-        .await
-        .unwrap();
-    start_node(dir, members, id, provider, listener, raft).await
+    let (api, raft) = (stopped.api.listen(), stopped.raft.listen());
+    start_node(dir, members, stopped.id, provider, api, raft).await
 }
 
 fn client() -> reqwest::Client {
@@ -795,13 +809,19 @@ async fn a_promoted_copy_survives_a_restart_of_its_node() {
 
     // b stops (with a leftover of an interrupted reset) and starts again.
     drop(b);
-    nodes.remove(0).stop().await;
+    let b_stopped = nodes.remove(0).stop_for_restart().await;
     let aside = dir.path().join("node-2").join("standby-a.reset");
     std::fs::create_dir_all(aside.join("db")).unwrap();
     std::fs::write(aside.join("db").join("leftover"), b"x").unwrap();
     nodes.insert(
         0,
-        restart_node(dir.path(), &members, 2, ProviderOfA::Unreachable(&psp)).await,
+        restart_node(
+            dir.path(),
+            &members,
+            b_stopped,
+            ProviderOfA::Unreachable(&psp),
+        )
+        .await,
     );
     let b = nodes[0].node.clone();
     assert!(!aside.exists(), "the set-aside copy is removed at start");
@@ -1016,7 +1036,7 @@ async fn a_returning_region_takes_no_effect_for_the_tenants_it_lost() {
 
     // b goes down: what a acknowledges now never reaches b's copy.
     drop(b);
-    nodes.remove(1).stop().await;
+    let b_stopped = nodes.remove(1).stop_for_restart().await;
     let mut lost = Vec::new();
     for n in 0..2 {
         let (status, _, body) = order_settled(&a_api, &token, &format!("lost-{n}")).await;
@@ -1026,10 +1046,16 @@ async fn a_returning_region_takes_no_effect_for_the_tenants_it_lost() {
 
     // a fails; b comes back and the failover re-homes the tenant in b.
     drop(a);
-    nodes.remove(0).stop().await;
+    let a_stopped = nodes.remove(0).stop_for_restart().await;
     nodes.insert(
         0,
-        restart_node(dir.path(), &members, 2, ProviderOfA::Unreachable(&psp)).await,
+        restart_node(
+            dir.path(),
+            &members,
+            b_stopped,
+            ProviderOfA::Unreachable(&psp),
+        )
+        .await,
     );
     let (b, b_api) = (nodes[0].node.clone(), nodes[0].api.clone());
     wait_until("b ready without a", || ready(&b_api)).await;
@@ -1076,7 +1102,15 @@ async fn a_returning_region_takes_no_effect_for_the_tenants_it_lost() {
     .await;
 
     // a comes back, able to charge now, and reconciles.
-    nodes.push(restart_node(dir.path(), &members, 1, ProviderOfA::Reachable(&psp)).await);
+    nodes.push(
+        restart_node(
+            dir.path(),
+            &members,
+            a_stopped,
+            ProviderOfA::Reachable(&psp),
+        )
+        .await,
+    );
     let a = nodes.last().unwrap().node.clone();
     wait_until("a's reconciliation is done", || async {
         a.store()

@@ -1,6 +1,6 @@
 //! A region that comes back after a failover away from it reconciles: three
 //! regions of one node each, started in this process through
-//! `keyhold_server::run`, region a with b as its standby. Region a takes orders,
+//! `keyhold_server::run_listening`, region a with b as its standby. Region a takes orders,
 //! then stops; the failover is written into the registry by hand (`BeginFailover`
 //! and `CompleteFailover` over the registry's write route, under the node
 //! credential) with a position `at` below a's last orders, so those orders are
@@ -18,14 +18,15 @@
 //! tenant, so a planned move brings the tenant back to a with b's orders and
 //! none of the stale ones.
 
-use std::net::SocketAddr;
-use std::path::PathBuf;
+mod support;
+
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use keyhold_registry::{LostEstimate, Request, NODE_CREDENTIAL_HEADER};
 use keyhold_server::config::{Member, Start};
 use keyhold_server::Config;
 use serde_json::{json, Value};
+use support::Parked;
 use tokio::sync::oneshot;
 
 const ADMIN_TOKEN: &str = "reconciliation-admin-token-0123456789";
@@ -37,38 +38,41 @@ const FAILOVER: &str = "op_failover_a_to_b";
 struct TestNode {
     api: String,
     member: Member,
-    dir: PathBuf,
     stop: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<Result<(), keyhold_server::Error>>,
 }
 
+/// A stopped node: its addresses held for its restart.
+struct Stopped {
+    member: Member,
+    api: Parked,
+    raft: Parked,
+}
+
 impl TestNode {
-    async fn stop(mut self) -> (Member, PathBuf) {
+    async fn stop(mut self) -> Stopped {
         let _ = self.stop.take().expect("running").send(());
         self.task
             .await
             .expect("node task")
             .expect("node stopped cleanly");
-        (self.member, self.dir)
+        Stopped {
+            api: Parked::at(&self.member.api_addr).await,
+            raft: Parked::at(&self.member.raft_addr).await,
+            member: self.member,
+        }
     }
-}
-
-fn free_addr() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
 }
 
 fn start_node(
     dir: &std::path::Path,
     member: &Member,
     members: &[Member],
-    listener: tokio::net::TcpListener,
+    (api, raft): (Parked, Parked),
     psp_url: &str,
 ) -> TestNode {
     let node_dir = dir.join(format!("node-{}", member.id));
-    let mut config = Config::new(&member.region, node_dir.clone(), ADMIN_TOKEN.into());
+    let mut config = Config::new(&member.region, node_dir, ADMIN_TOKEN.into());
     config.regions = vec!["a".into(), "b".into(), "c".into()];
     config.standbys = [("a".to_string(), "b".to_string())].into_iter().collect();
     config.node_id = member.id;
@@ -77,15 +81,19 @@ fn start_node(
     config.node_credential_file = Some(dir.join("node-credential"));
     config.start = Start::Create;
     config.psp_url = Some(psp_url.to_owned());
-    let api = format!("http://{}", listener.local_addr().unwrap());
+    let api_url = format!("http://{}", api.addr());
     let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(keyhold_server::run(config, listener, async move {
-        let _ = stopped.await;
-    }));
+    let task = tokio::spawn(keyhold_server::run_listening(
+        config,
+        api.listen(),
+        raft.listen(),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
     TestNode {
-        api,
+        api: api_url,
         member: member.clone(),
-        dir: node_dir,
         stop: Some(stop),
         task,
     }
@@ -250,19 +258,19 @@ async fn a_returning_region_lists_its_orphans_erases_them_and_takes_its_tenant_b
     // The payment provider every region's payments consumer charges: down
     // until region a is back and has waited a while, so a charges nothing
     // before.
-    let psp_addr = free_addr();
-    let psp = format!("http://{psp_addr}");
+    let psp_parked = Parked::any();
+    let psp = format!("http://{}", psp_parked.addr());
     let mut listeners = Vec::new();
     let mut members = Vec::new();
     for (id, region) in (1u64..).zip(["a", "b", "c"]) {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (api, raft) = (Parked::any(), Parked::any());
         members.push(Member {
             id,
             region: region.into(),
-            api_addr: listener.local_addr().unwrap().to_string(),
-            raft_addr: free_addr().to_string(),
+            api_addr: api.addr().to_string(),
+            raft_addr: raft.addr().to_string(),
         });
-        listeners.push(listener);
+        listeners.push((api, raft));
     }
     let mut nodes: Vec<TestNode> = members
         .iter()
@@ -314,7 +322,7 @@ async fn a_returning_region_lists_its_orphans_erases_them_and_takes_its_tenant_b
         let (_, body) = get_order(&a, &token, order_id).await;
         assert_eq!(body["status"], json!("CONFIRMED"), "charged early: {body}");
     }
-    let (a_member, _) = nodes.remove(0).stop().await;
+    let a_stopped = nodes.remove(0).stop().await;
     let raft_addrs: Vec<String> = members[1..].iter().map(|m| m.raft_addr.clone()).collect();
     let begin = Request::BeginFailover {
         operation_id: FAILOVER.into(),
@@ -354,12 +362,15 @@ async fn a_returning_region_lists_its_orphans_erases_them_and_takes_its_tenant_b
     assert_ne!(retried, lost[1]);
 
     // a comes back on its data dir and reconciles.
-    let listener = tokio::net::TcpListener::bind(&a_member.api_addr)
-        .await
-        .unwrap();
     nodes.insert(
         0,
-        start_node(dir.path(), &a_member, &members, listener, &psp),
+        start_node(
+            dir.path(),
+            &a_stopped.member,
+            &members,
+            (a_stopped.api, a_stopped.raft),
+            &psp,
+        ),
     );
     // Its payments consumer cannot look the lost orders' charges up yet: the
     // report waits, as `charged` is not final.
@@ -377,7 +388,7 @@ async fn a_returning_region_lists_its_orphans_erases_them_and_takes_its_tenant_b
         t["home_region"] == json!("b")
     })
     .await;
-    let psp_listener = tokio::net::TcpListener::bind(psp_addr).await.unwrap();
+    let psp_listener = psp_parked.listen();
     let (stop_psp, psp_stopped) = oneshot::channel::<()>();
     let psp_task = tokio::spawn(keyhold_fakepsp::run(
         keyhold_fakepsp::PspConfig::new(dir.path().join("psp")),

@@ -1,4 +1,4 @@
-//! Three nodes of one region, started in this process through `keyhold_server::run`
+//! Three nodes of one region, started in this process through `keyhold_server::run_listening`
 //! with one another as members: the region's store is one Raft group of three
 //! voters. Any node takes a tenant's request; followers send it on to the leader
 //! (one hop), so every node gives the same answers. A client cannot set the hop
@@ -20,13 +20,15 @@
 //! replays the order. The admin API refuses a region tenant whose home has no
 //! standby (409) and any other survival (400, pointer `/survival`).
 
-use std::net::SocketAddr;
+mod support;
+
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use keyhold_server::config::{Member, Start};
 use keyhold_server::Config;
 use serde_json::{json, Value};
+use support::Parked;
 use tokio::sync::oneshot;
 
 const ADMIN_TOKEN: &str = "replicated-region-admin-token-0123456789";
@@ -51,11 +53,13 @@ struct TestNode {
     task: tokio::task::JoinHandle<Result<(), keyhold_server::Error>>,
 }
 
-/// A stopped node, to start again on its data dir.
+/// A stopped node, to start again on its data dir and addresses.
 struct Stopped {
     id: u64,
     member: Member,
     dir: PathBuf,
+    api: Parked,
+    raft: Parked,
 }
 
 /// Starts `stopped` again where it was, beside the `running` nodes, with `standbys`.
@@ -65,9 +69,6 @@ async fn restart(
     running: &[TestNode],
     standbys: &[(&str, &str)],
 ) -> TestNode {
-    let listener = tokio::net::TcpListener::bind(&stopped.member.api_addr)
-        .await
-        .unwrap();
     let mut members: Vec<Member> = running.iter().map(|n| n.member.clone()).collect();
     members.push(stopped.member);
     let shape = Shape {
@@ -78,7 +79,7 @@ async fn restart(
         root,
         stopped.id,
         stopped.dir,
-        listener,
+        (stopped.api, stopped.raft),
         &shape,
         Start::Create,
     )
@@ -86,13 +87,15 @@ async fn restart(
 
 impl TestNode {
     async fn stop_for_restart(self) -> Stopped {
-        let stopped = Stopped {
-            id: self.id,
-            member: self.member.clone(),
-            dir: self.dir.clone(),
-        };
+        let (id, member, dir) = (self.id, self.member.clone(), self.dir.clone());
         self.stop().await;
-        stopped
+        Stopped {
+            id,
+            dir,
+            api: Parked::at(&member.api_addr).await,
+            raft: Parked::at(&member.raft_addr).await,
+            member,
+        }
     }
 
     async fn stop(mut self) {
@@ -102,13 +105,6 @@ impl TestNode {
             .expect("node task")
             .expect("node stopped cleanly");
     }
-}
-
-fn free_addr() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
 }
 
 async fn start_region(dir: &std::path::Path) -> Vec<TestNode> {
@@ -126,31 +122,23 @@ async fn start_cluster(
     let mut listeners = Vec::new();
     let mut members = Vec::new();
     for (id, region) in (1u64..).zip(regions) {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let raft = free_addr();
+        let (api, raft) = (Parked::any(), Parked::any());
         members.push(Member {
             id,
             region: region.to_string(),
-            api_addr: listener.local_addr().unwrap().to_string(),
-            raft_addr: raft.to_string(),
+            api_addr: api.addr().to_string(),
+            raft_addr: raft.addr().to_string(),
         });
-        listeners.push((id, listener));
+        listeners.push((id, (api, raft)));
     }
     let shape = Shape {
         members,
         standbys: standby_map(standbys),
     };
     let mut nodes = Vec::new();
-    for (id, listener) in listeners {
+    for (id, addrs) in listeners {
         let node_dir = dir.join(format!("node-{id}"));
-        nodes.push(start_node(
-            dir,
-            id,
-            node_dir,
-            listener,
-            &shape,
-            Start::Create,
-        ));
+        nodes.push(start_node(dir, id, node_dir, addrs, &shape, Start::Create));
     }
     nodes
 }
@@ -173,7 +161,7 @@ fn start_node(
     dir: &std::path::Path,
     id: u64,
     node_dir: PathBuf,
-    listener: tokio::net::TcpListener,
+    (api, raft): (Parked, Parked),
     shape: &Shape,
     start: Start,
 ) -> TestNode {
@@ -191,14 +179,19 @@ fn start_node(
     // Snapshots by entries alone: the test counts them in entries.
     config.region_snapshot_written_percent = 0;
     config.start = start;
-    let api = format!("http://{}", listener.local_addr().unwrap());
+    let api_url = format!("http://{}", api.addr());
     let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(keyhold_server::run(config, listener, async move {
-        let _ = stopped.await;
-    }));
+    let task = tokio::spawn(keyhold_server::run_listening(
+        config,
+        api.listen(),
+        raft.listen(),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
     TestNode {
         id,
-        api,
+        api: api_url,
         member,
         dir: node_dir,
         stop: Some(stop),
@@ -352,9 +345,9 @@ async fn every_node_of_a_region_answers_and_the_region_survives_its_leader() {
     // The leader stops; the other two elect a new one.
     let index = nodes.iter().position(|n| n.id == leader).unwrap();
     let old = nodes.remove(index);
-    let (old_id, old_member, old_dir) = (old.id, old.member.clone(), old.dir.clone());
     let stopped_at = Instant::now();
-    old.stop().await;
+    let old = old.stop_for_restart().await;
+    let (old_id, old_member, old_dir) = (old.id, old.member.clone(), old.dir.clone());
     let survivor = nodes[0].api.clone();
     let recovered = loop {
         let probe = order(&survivor, &token, "after-leader-loss", &[]).await;
@@ -400,9 +393,6 @@ async fn every_node_of_a_region_answers_and_the_region_survives_its_leader() {
         .as_u64()
         .unwrap_or(0);
     assert!(purged > 0, "the leader's log was purged behind a snapshot");
-    let listener = tokio::net::TcpListener::bind(&old_member.api_addr)
-        .await
-        .unwrap();
     let members: Vec<Member> = nodes
         .iter()
         .map(|n| n.member.clone())
@@ -412,7 +402,14 @@ async fn every_node_of_a_region_answers_and_the_region_survives_its_leader() {
         members,
         standbys: Default::default(),
     };
-    let replacement = start_node(dir.path(), old_id, old_dir, listener, &shape, Start::Join);
+    let replacement = start_node(
+        dir.path(),
+        old_id,
+        old_dir,
+        (old.api, old.raft),
+        &shape,
+        Start::Join,
+    );
     let add = json!({
         "node_id": old_id,
         "region": "a",
