@@ -9,6 +9,13 @@
 //! connection from where it comes from (its peer address): deliver it with a
 //! delay, or cut it. [`Proxy::reroute`] asks again for every open connection and
 //! closes those now cut, so a partition drops existing connections too.
+//!
+//! [`Parked`] holds the address of a server that is down: connections to it
+//! are refused, and it stays free for the server's restart.
+
+mod parked;
+
+pub use parked::Parked;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

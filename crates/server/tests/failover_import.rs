@@ -23,19 +23,17 @@
 //! in b; a seventh brings a back after a failover and checks that it takes no
 //! downstream effect for the tenant it lost (issue 12).
 
-mod support;
-
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use keyhold_core::TenantId;
+use keyhold_netem::Parked;
 use keyhold_registry::{LostEstimate, Request, NODE_CREDENTIAL_HEADER};
 use keyhold_server::config::Member;
 use keyhold_server::{Config, Node};
 use keyhold_store::{Consumer, Store, TenantGuard};
 use serde_json::{json, Value};
-use support::Parked;
 use tokio::sync::oneshot;
 
 const ADMIN_TOKEN: &str = "failover-import-admin-token-0123456789";

@@ -18,15 +18,13 @@
 //! tenant, so a planned move brings the tenant back to a with b's orders and
 //! none of the stale ones.
 
-mod support;
-
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use keyhold_netem::Parked;
 use keyhold_registry::{LostEstimate, Request, NODE_CREDENTIAL_HEADER};
 use keyhold_server::config::{Member, Start};
 use keyhold_server::Config;
 use serde_json::{json, Value};
-use support::Parked;
 use tokio::sync::oneshot;
 
 const ADMIN_TOKEN: &str = "reconciliation-admin-token-0123456789";

@@ -20,15 +20,13 @@
 //! replays the order. The admin API refuses a region tenant whose home has no
 //! standby (409) and any other survival (400, pointer `/survival`).
 
-mod support;
-
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use keyhold_netem::Parked;
 use keyhold_server::config::{Member, Start};
 use keyhold_server::Config;
 use serde_json::{json, Value};
-use support::Parked;
 use tokio::sync::oneshot;
 
 const ADMIN_TOKEN: &str = "replicated-region-admin-token-0123456789";

@@ -21,7 +21,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use common::{add_region, eventually, tenant};
-use keyhold_netem::Proxy;
+use keyhold_netem::{Parked, Proxy};
 
 const ELECTION_WAIT: Duration = Duration::from_secs(10);
 const APPLY_WAIT: Duration = Duration::from_secs(5);
@@ -31,6 +31,8 @@ const CREDENTIAL: &str = "test-node-credential-0123456789abcdef";
 /// One running replica and what the test must stop to kill it.
 struct TestNode {
     registry: Registry,
+    /// The address its Raft listener is bound to (a proxy may front it).
+    listen_addr: String,
     stop_http: Option<oneshot::Sender<()>>,
     http: JoinHandle<()>,
     _dir: TempDir,
@@ -41,32 +43,29 @@ impl TestNode {
     /// and serves its router.
     async fn start(id: NodeId, region: &str) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
-        Self::start_at(id, region, "127.0.0.1:0", dir).await
+        Self::start_full(id, region, Parked::any(), dir, CREDENTIAL).await
     }
 
     /// A fresh replica that sends the first of `credentials` and accepts them all.
     async fn start_with(id: NodeId, region: &str, credentials: &str) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
-        Self::start_full(id, region, "127.0.0.1:0", dir, credentials).await
+        Self::start_full(id, region, Parked::any(), dir, credentials).await
     }
 
-    /// Starts a replica on `raft_addr` with the data in `dir` (a restart when both are
-    /// those of a stopped replica).
-    async fn start_at(id: NodeId, region: &str, raft_addr: &str, dir: TempDir) -> Self {
-        Self::start_full(id, region, raft_addr, dir, CREDENTIAL).await
+    /// Starts a killed replica again on its address and data.
+    async fn restart(id: NodeId, region: &str, killed: Killed) -> Self {
+        Self::start_full(id, region, killed.raft, killed.dir, CREDENTIAL).await
     }
 
     async fn start_full(
         id: NodeId,
         region: &str,
-        raft_addr: &str,
+        raft: Parked,
         dir: TempDir,
         credentials: &str,
     ) -> Self {
         let credentials = NodeCredentials::parse(credentials).expect("valid credentials");
-        let listener = tokio::net::TcpListener::bind(raft_addr)
-            .await
-            .expect("bind raft listener");
+        let listener = raft.listen();
         let raft_addr = listener.local_addr().expect("local addr").to_string();
         let info = NodeInfo::new(region, format!("127.0.0.1:{}", 8000 + id), raft_addr);
         Self::serve(
@@ -105,6 +104,7 @@ impl TestNode {
         dir: TempDir,
     ) -> Self {
         let registry = Registry::start(config).await.expect("start registry");
+        let listen_addr = listener.local_addr().expect("local addr").to_string();
         let (stop_http, stopped) = oneshot::channel::<()>();
         let router = raft_router(registry.clone());
         let http = tokio::spawn(async move {
@@ -117,6 +117,7 @@ impl TestNode {
         });
         TestNode {
             registry,
+            listen_addr,
             stop_http: Some(stop_http),
             http,
             _dir: dir,
@@ -135,6 +136,22 @@ impl TestNode {
         let _ = self.http.await;
         self._dir
     }
+
+    /// [`kill`](Self::kill), holding the replica's address for its restart.
+    async fn kill_for_restart(self) -> Killed {
+        let addr = self.listen_addr.clone();
+        let dir = self.kill().await;
+        Killed {
+            dir,
+            raft: Parked::at(&addr).await,
+        }
+    }
+}
+
+/// A killed replica's data and address.
+struct Killed {
+    dir: TempDir,
+    raft: Parked,
 }
 
 /// The leader all `nodes` agree on, once they do, other than `not` (a dead leader the
@@ -297,7 +314,7 @@ async fn cluster_replicates_forwards_moves_and_survives_leader_loss() {
     let killed_at = Instant::now();
     let old_leader = nodes.remove(&leader).expect("leader node");
     let old_leader_info = old_leader.registry.node().clone();
-    let old_leader_dir = old_leader.kill().await;
+    let old_leader_killed = old_leader.kill_for_restart().await;
     let survivors: Vec<&TestNode> = nodes.values().collect();
     let new_leader = agreed_leader(&survivors, Some(leader))
         .await
@@ -334,13 +351,7 @@ async fn cluster_replicates_forwards_moves_and_survives_leader_loss() {
 
     // The old leader restarts from its directory on its old address, rejoins as a
     // follower with its persisted state, and catches up with what it missed.
-    let restarted = TestNode::start_at(
-        leader,
-        &old_leader_info.region,
-        &old_leader_info.raft_addr,
-        old_leader_dir,
-    )
-    .await;
+    let restarted = TestNode::restart(leader, &old_leader_info.region, old_leader_killed).await;
     restarted
         .registry
         .wait_applied(index, ELECTION_WAIT)

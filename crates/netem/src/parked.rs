@@ -1,11 +1,11 @@
-//! Addresses the end-to-end tests keep while nothing listens on them: a node
-//! that stops and starts again where it was, a payment provider that is down
-//! for a while and then comes up.
+//! Addresses a test keeps while nothing listens on them: a server that stops
+//! and starts again where it was (a node, a Raft replica), a payment provider
+//! that is down for a while and then comes up.
 //!
 //! A port that is merely free between a stop and a restart can be handed by
 //! the kernel to any outgoing connection in the meantime (listeners on port 0
 //! and outgoing connections share the ephemeral range), and the restart then
-//! fails with `AddrInUse`: CI saw exactly that. A socket that is bound but not
+//! fails with `AddrInUse` (CI saw exactly that). A socket that is bound but not
 //! listening keeps the port out of that range and still refuses connections,
 //! as a stopped server does.
 
@@ -59,5 +59,30 @@ impl Parked {
     /// Starts listening: connections are accepted from now on.
     pub fn listen(self) -> TcpListener {
         self.0.listen(LISTEN_BACKLOG).unwrap()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_parked_address_refuses_until_it_listens_and_parks_again_after() {
+        let parked = Parked::any();
+        let addr = parked.addr();
+        let refused = tokio::net::TcpStream::connect(addr).await.unwrap_err();
+        assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused);
+
+        let listener = parked.listen();
+        let client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        // The server stops with a connection still open: its address parks
+        // again, and refuses new connections.
+        drop(listener);
+        let parked = Parked::at(addr.to_string()).await;
+        assert_eq!(parked.addr(), addr);
+        let refused = tokio::net::TcpStream::connect(addr).await.unwrap_err();
+        assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused);
+        drop((client, server));
     }
 }
