@@ -111,10 +111,18 @@ pub async fn run(
         decline_rate = config.decline_rate,
         "fake psp listening"
     );
+    let (stop_flusher, flusher_stop) = tokio::sync::watch::channel(false);
+    let flusher = tokio::spawn(store.clone().run_flusher(flusher_stop));
     let service = routes::router(app).into_make_service_with_connect_info::<LoseAnswer>();
-    axum::serve(LossyListener::new(listener), service)
+    let served = axum::serve(LossyListener::new(listener), service)
         .with_graceful_shutdown(shutdown)
-        .await?;
+        .await;
+    // Every request has been answered (or abandoned): no ticket is left.
+    let _ = stop_flusher.send(true);
+    flusher
+        .await
+        .map_err(|join| Error::Task(format!("flusher: {join}")))?;
+    served?;
     store.flush()?;
     tracing::info!("fake psp stopped");
     Ok(())

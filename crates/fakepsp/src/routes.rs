@@ -2,8 +2,7 @@
 //! `GET /v1/charges/by-key/{key}`, `GET /healthz`.
 //!
 //! Handlers validate, decide the random parts (decline, lost answer), hand the
-//! durable part to the store on a blocking thread, and turn its outcome into
-//! the answer. An answer is lost only after the store has made the charge
+//! durable part to the store, and turn its outcome into the answer. An answer is lost only after the store has made the charge
 //! durable, which is the failure a payments client must survive.
 
 use crate::charge::{self, Charge, Invalid, Status};
@@ -78,25 +77,22 @@ async fn create_charge(
         Err(invalid) => return refuse(StatusCode::BAD_REQUEST, &invalid),
     };
     let fingerprint = charge::fingerprint(&request);
-    let store = app.store.clone();
     let decline_rate = app.decline_rate;
-    let task_key = key.clone();
-    let outcome = tokio::task::spawn_blocking(move || {
-        store.charge(&task_key, &fingerprint, |_seq| {
+    let outcome = app
+        .store
+        .charge(&key, &fingerprint, |_seq| {
             let status = if rand::thread_rng().gen_bool(decline_rate) {
                 Status::Failed
             } else {
                 Status::Succeeded
             };
-            let charge = Charge::new(request, task_key.clone(), status);
+            let charge = Charge::new(request, key.clone(), status);
             Ok((status.http_status(), serde_json::to_string(&charge)?))
         })
-    })
-    .await;
+        .await;
     let outcome = match outcome {
-        Ok(Ok(outcome)) => outcome,
-        Ok(Err(error)) => return internal(&error),
-        Err(join) => return internal(&Error::Task(join.to_string())),
+        Ok(outcome) => outcome,
+        Err(error) => return internal(&error),
     };
     let (stored, replayed) = match outcome {
         Outcome::Created(stored) => (stored, false),
@@ -144,11 +140,9 @@ async fn list_charges(State(app): State<Arc<App>>) -> Response {
 /// The charge created under one idempotency key: how a client that lost an
 /// answer learns what happened without sending the charge again.
 async fn charge_by_key(State(app): State<Arc<App>>, Path(key): Path<String>) -> Response {
-    let store = app.store.clone();
-    let found = match tokio::task::spawn_blocking(move || store.by_key(&key)).await {
-        Ok(Ok(found)) => found,
-        Ok(Err(error)) => return internal(&error),
-        Err(join) => return internal(&Error::Task(join.to_string())),
+    let found = match app.store.by_key(&key).await {
+        Ok(found) => found,
+        Err(error) => return internal(&error),
     };
     match found {
         Some(stored) => json(StatusCode::OK, stored.body),

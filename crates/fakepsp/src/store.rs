@@ -5,7 +5,15 @@
 //! Exactly one charge per key comes from sled's compare-and-swap: the first
 //! request to insert into the empty slot wins, every other one reads the
 //! winner's entry. No answer leaves before a `flush`, so whatever a client was
-//! told survives a crash. All methods block on disk; call them off the runtime.
+//! told survives a crash.
+//!
+//! Flushes are group commits run by one task ([`Store::run_flusher`]): a
+//! request takes a ticket after its write and waits for a flush that began
+//! after the ticket; one flush covers every ticket taken before it began. The
+//! reads and the compare-and-swap run on the caller's task: the provider's
+//! charges stay in sled's cache, and a blocking thread per charge (a hand-off
+//! there and back, and a thread parked on a lock per waiting charge) cost more
+//! than the work (docs/benchmarks.md, "The fake provider's group commit").
 //!
 //! **Architecture Invariant:** the store knows nothing of HTTP or randomness;
 //! the caller decides the charge, the store only decides who was first.
@@ -14,7 +22,8 @@ use crate::Error;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use tokio::sync::{watch, Notify};
 
 const CHARGES_TREE: &str = "charges";
 
@@ -46,16 +55,27 @@ pub enum Outcome {
 pub struct Store {
     db: sled::Db,
     charges: sled::Tree,
-    flushes: Arc<FlushGroup>,
+    flushes: Arc<Flushes>,
 }
 
-/// Group commit for answers: a flush that starts after a write covers it, so
+/// Group commit for answers: a flush that begins after a write covers it, so
 /// concurrent requests share flushes instead of each paying for one.
-#[derive(Debug, Default)]
-struct FlushGroup {
-    started: AtomicU64,
-    completed: AtomicU64,
-    lock: Mutex<()>,
+#[derive(Debug)]
+struct Flushes {
+    /// Tickets taken so far; ticket `n` is taken after its writer's write.
+    taken: AtomicU64,
+    /// Wakes the flusher when a ticket is taken.
+    wake: Notify,
+    /// What the flushes so far made durable.
+    done: watch::Sender<Flushed>,
+}
+
+/// The flusher's progress: every ticket up to `covered` is durable; the
+/// tickets up to `failed`'s first field waited for a flush that failed.
+#[derive(Debug, Clone, Default)]
+struct Flushed {
+    covered: u64,
+    failed: Option<(u64, String)>,
 }
 
 impl Store {
@@ -77,18 +97,70 @@ impl Store {
             }
         };
         let charges = db.open_tree(CHARGES_TREE)?;
+        let flushes = Flushes {
+            taken: AtomicU64::new(0),
+            wake: Notify::new(),
+            done: watch::channel(Flushed::default()).0,
+        };
         Ok(Store {
             db,
             charges,
-            flushes: Arc::default(),
+            flushes: Arc::new(flushes),
         })
+    }
+
+    /// Flushes for the tickets taken, once per group, until `stop` turns true
+    /// with no ticket waiting. Every [`durable`](Self::durable) call waits for
+    /// this task: run exactly one per store while it serves.
+    pub async fn run_flusher(self, mut stop: watch::Receiver<bool>) {
+        let mut covered = 0;
+        loop {
+            let target = self.flushes.taken.load(Ordering::SeqCst);
+            if target == covered {
+                if *stop.borrow() {
+                    return;
+                }
+                tokio::select! {
+                    () = self.flushes.wake.notified() => {}
+                    changed = stop.changed() => {
+                        if changed.is_err() {
+                            return;
+                        }
+                    }
+                }
+                continue;
+            }
+            // Every ticket up to `target` was taken after its write, so this
+            // flush, begun after the load, covers them all.
+            let db = self.db.clone();
+            let flushed = tokio::task::spawn_blocking(move || db.flush()).await;
+            let error = match flushed {
+                Ok(Ok(_)) => None,
+                Ok(Err(e)) => Some(e.to_string()),
+                Err(join) => Some(join.to_string()),
+            };
+            match error {
+                None => {
+                    covered = target;
+                    self.flushes.done.send_modify(|f| f.covered = target);
+                }
+                Some(error) => {
+                    tracing::error!(%error, "fake psp flush failed");
+                    // Those waiting fail; a later ticket gets a new flush.
+                    covered = target;
+                    self.flushes
+                        .done
+                        .send_modify(|f| f.failed = Some((target, error)));
+                }
+            }
+        }
     }
 
     /// Creates the charge for `key` with `make(seq)` unless one exists, and
     /// returns what the client must be told. `make` runs only if no entry was
     /// found, but a racing request may still win the insert; its entry is then
     /// the answer. Returns only after the entry is durable.
-    pub fn charge(
+    pub async fn charge(
         &self,
         key: &str,
         fingerprint: &str,
@@ -121,35 +193,35 @@ impl Store {
             }
         };
         // Also covers replays: the winner of a race may not have flushed yet.
-        self.durable()?;
+        self.durable().await?;
         Ok(outcome)
     }
 
     /// Returns once every write made before the call is on disk.
-    fn durable(&self) -> Result<(), Error> {
-        let g = &self.flushes;
-        // Flush number `need` begins after this load, hence after our write.
-        let need = g.started.load(Ordering::SeqCst) + 1;
-        let _turn = g
-            .lock
-            .lock()
-            .map_err(|_| Error::Task("flush lock poisoned".into()))?;
-        if g.completed.load(Ordering::SeqCst) >= need {
+    async fn durable(&self) -> Result<(), Error> {
+        let ticket = self.flushes.taken.fetch_add(1, Ordering::SeqCst) + 1;
+        self.flushes.wake.notify_one();
+        let mut done = self.flushes.done.subscribe();
+        let flushed = done
+            .wait_for(|f| {
+                f.covered >= ticket || f.failed.as_ref().is_some_and(|(upto, _)| *upto >= ticket)
+            })
+            .await
+            .map_err(|_| Error::Task("the flusher stopped".into()))?;
+        if flushed.covered >= ticket {
             return Ok(());
         }
-        let number = g.started.fetch_add(1, Ordering::SeqCst) + 1;
-        self.db.flush()?;
-        g.completed.store(number, Ordering::SeqCst);
-        Ok(())
+        let error = flushed.failed.as_ref().map_or("", |(_, e)| e.as_str());
+        Err(Error::Task(format!("flush failed: {error}")))
     }
 
     /// The charge stored under `key`, once it is durable (a lookup never
     /// reports a charge a crash could still take back).
-    pub fn by_key(&self, key: &str) -> Result<Option<Stored>, Error> {
+    pub async fn by_key(&self, key: &str) -> Result<Option<Stored>, Error> {
         let Some(bytes) = self.charges.get(key)? else {
             return Ok(None);
         };
-        self.durable()?;
+        self.durable().await?;
         Ok(Some(decode(&bytes)?))
     }
 
@@ -186,16 +258,26 @@ fn decode(bytes: &[u8]) -> Result<Stored, Error> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn first_insert_wins_and_survives_reopen() {
+    /// `store` with its flusher running; the flusher stops when the sender
+    /// drops, and the task ends then.
+    fn flushing(store: &Store) -> (watch::Sender<bool>, tokio::task::JoinHandle<()>) {
+        let (stop, stopped) = watch::channel(false);
+        (stop, tokio::spawn(store.clone().run_flusher(stopped)))
+    }
+
+    #[tokio::test]
+    async fn first_insert_wins_and_survives_reopen() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
+        let (stop, flusher) = flushing(&store);
         let first = store
             .charge("k", "fp", |_| Ok((201, "{\"id\":\"a\"}".into())))
+            .await
             .unwrap();
         assert!(matches!(first, Outcome::Created(_)));
         let again = store
             .charge("k", "fp", |_| panic!("must not make a second charge"))
+            .await
             .unwrap();
         let Outcome::Replayed(stored) = again else {
             panic!("expected a replay, got {again:?}");
@@ -204,9 +286,15 @@ mod tests {
         assert!(matches!(
             store
                 .charge("k", "other", |_| Ok((201, String::new())))
+                .await
                 .unwrap(),
             Outcome::KeyReused
         ));
+        assert_eq!(store.by_key("k").await.unwrap(), Some(stored.clone()));
+        assert_eq!(store.by_key("unknown").await.unwrap(), None);
+        drop(stop);
+        // The flusher holds the store too.
+        flusher.await.unwrap();
         drop(store);
         // sled releases its file lock a moment after the last handle is dropped.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
@@ -214,27 +302,32 @@ mod tests {
             match Store::open(dir.path()) {
                 Ok(s) => break s,
                 Err(e) if std::time::Instant::now() > deadline => panic!("reopen: {e}"),
-                Err(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
             }
         };
         assert_eq!(reopened.list().unwrap(), vec![stored]);
     }
 
-    #[test]
-    fn racing_inserts_make_one_charge() {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn racing_inserts_make_one_charge() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
-        let threads: Vec<_> = (0..16)
+        let (_stop, _flusher) = flushing(&store);
+        let tasks: Vec<_> = (0..16)
             .map(|i| {
                 let store = store.clone();
-                std::thread::spawn(move || {
+                tokio::spawn(async move {
                     store
                         .charge("k", "fp", |_| Ok((201, format!("{{\"n\":{i}}}"))))
+                        .await
                         .unwrap()
                 })
             })
             .collect();
-        let outcomes: Vec<Outcome> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        let mut outcomes = Vec::new();
+        for task in tasks {
+            outcomes.push(task.await.unwrap());
+        }
         let created = outcomes
             .iter()
             .filter(|o| matches!(o, Outcome::Created(_)))
@@ -248,5 +341,45 @@ mod tests {
             };
             assert_eq!(stored, listed[0]);
         }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn each_answer_waits_for_a_flush_that_began_after_its_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        // No flusher yet: a charge is written but not answered.
+        let waiting = tokio::spawn({
+            let store = store.clone();
+            async move {
+                store
+                    .charge("k", "fp", |_| Ok((201, "{}".into())))
+                    .await
+                    .unwrap()
+            }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        assert!(!waiting.is_finished(), "answered before any flush");
+        assert_eq!(store.flushes.done.borrow().covered, 0);
+        let (stop, stopped) = watch::channel(false);
+        let flusher = tokio::spawn(store.clone().run_flusher(stopped));
+        assert!(matches!(waiting.await.unwrap(), Outcome::Created(_)));
+        assert!(store.flushes.done.borrow().covered >= 1);
+        // Many charges at once share flushes and are all answered.
+        let tasks: Vec<_> = (0..64)
+            .map(|i| {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    let key = format!("k-{i}");
+                    store.charge(&key, "fp", |_| Ok((201, "{}".into()))).await
+                })
+            })
+            .collect();
+        for task in tasks {
+            assert!(matches!(task.await.unwrap(), Ok(Outcome::Created(_))));
+        }
+        assert_eq!(store.list().unwrap().len(), 65);
+        // Stopped with no ticket waiting, the flusher returns.
+        stop.send(true).unwrap();
+        flusher.await.unwrap();
     }
 }
