@@ -6,8 +6,11 @@
 //! is a Raft state machine, every applied value is committed and nobody waits on
 //! it, but it stays in the format: it says which entry last wrote a value (a
 //! value migrated from storage format 1 keeps its old batch number, which may be
-//! above the region log's indexes: nothing compares stamps for order). The
-//! version byte lets a later release read values written by this one.
+//! above the region log's indexes). Two readers compare stamps with a log
+//! index: a failover's reconciliation (`reconcile.rs`, records above the cut)
+//! and a move's change index (`Store::export_changes` since a mark), whose
+//! entries only the region state machine writes, so theirs are log indexes.
+//! The version byte lets a later release read values written by this one.
 
 use crate::Error;
 use serde::{de::DeserializeOwned, Serialize};
@@ -38,24 +41,8 @@ pub fn encode_raw(batch: u64, payload: &[u8]) -> Vec<u8> {
     out
 }
 
-/// The payload of a stored value, without its header.
-pub fn payload(bytes: &[u8]) -> Result<&[u8], Error> {
-    if bytes.len() < HEADER_BYTES || bytes[0] != FORMAT_VERSION {
-        return Err(Error::Corrupt("value without a valid header".into()));
-    }
-    Ok(&bytes[HEADER_BYTES..])
-}
-
-/// The batch (log index) that wrote a stored value, from its header alone.
-pub fn stamp(bytes: &[u8]) -> Result<u64, Error> {
-    payload(bytes)?;
-    Ok(u64::from_be_bytes(
-        bytes[1..HEADER_BYTES].try_into().expect("8 bytes"),
-    ))
-}
-
-/// Returns the value and the batch that wrote it.
-pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<(T, u64), Error> {
+/// A stored value's stamp (the batch that wrote it) and payload.
+fn split(bytes: &[u8]) -> Result<(u64, &[u8]), Error> {
     if bytes.len() < HEADER_BYTES || bytes[0] != FORMAT_VERSION {
         return Err(Error::Corrupt(format!(
             "value of {} bytes with format byte {:?}",
@@ -64,7 +51,23 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<(T, u64), Error> {
         )));
     }
     let batch = u64::from_be_bytes(bytes[1..HEADER_BYTES].try_into().expect("8 bytes"));
-    let (value, _) = bincode::serde::decode_from_slice(&bytes[HEADER_BYTES..], config())
+    Ok((batch, &bytes[HEADER_BYTES..]))
+}
+
+/// The payload of a stored value, without its header.
+pub fn payload(bytes: &[u8]) -> Result<&[u8], Error> {
+    Ok(split(bytes)?.1)
+}
+
+/// The batch (log index) that wrote a stored value, from its header alone.
+pub fn stamp(bytes: &[u8]) -> Result<u64, Error> {
+    Ok(split(bytes)?.0)
+}
+
+/// Returns the value and the batch that wrote it.
+pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<(T, u64), Error> {
+    let (batch, payload) = split(bytes)?;
+    let (value, _) = bincode::serde::decode_from_slice(payload, config())
         .map_err(|e| Error::Corrupt(e.to_string()))?;
     Ok((value, batch))
 }
