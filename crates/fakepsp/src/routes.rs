@@ -2,8 +2,9 @@
 //! `GET /v1/charges/by-key/{key}`, `GET /healthz`.
 //!
 //! Handlers validate, decide the random parts (decline, lost answer), hand the
-//! durable part to the store, and turn its outcome into the answer. An answer is lost only after the store has made the charge
-//! durable, which is the failure a payments client must survive.
+//! durable part to the store, and turn its outcome into the answer. An answer
+//! is lost only after the store has made the charge durable, which is the
+//! failure a payments client must survive.
 
 use crate::charge::{self, Charge, Invalid, Status};
 use crate::connection::LoseAnswer;

@@ -133,26 +133,22 @@ impl Store {
             // Every ticket up to `target` was taken after its write, so this
             // flush, begun after the load, covers them all.
             let db = self.db.clone();
-            let flushed = tokio::task::spawn_blocking(move || db.flush()).await;
-            let error = match flushed {
-                Ok(Ok(_)) => None,
+            let error = match tokio::task::spawn_blocking(move || db.flush()).await {
+                Ok(Ok(_)) => {
+                    self.flushes.done.send_modify(|f| f.covered = target);
+                    None
+                }
                 Ok(Err(e)) => Some(e.to_string()),
                 Err(join) => Some(join.to_string()),
             };
-            match error {
-                None => {
-                    covered = target;
-                    self.flushes.done.send_modify(|f| f.covered = target);
-                }
-                Some(error) => {
-                    tracing::error!(%error, "fake psp flush failed");
-                    // Those waiting fail; a later ticket gets a new flush.
-                    covered = target;
-                    self.flushes
-                        .done
-                        .send_modify(|f| f.failed = Some((target, error)));
-                }
+            if let Some(error) = error {
+                tracing::error!(%error, "fake psp flush failed");
+                // Those waiting fail; a later ticket gets a new flush.
+                self.flushes
+                    .done
+                    .send_modify(|f| f.failed = Some((target, error)));
             }
+            covered = target;
         }
     }
 
@@ -360,8 +356,7 @@ mod tests {
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
         assert!(!waiting.is_finished(), "answered before any flush");
         assert_eq!(store.flushes.done.borrow().covered, 0);
-        let (stop, stopped) = watch::channel(false);
-        let flusher = tokio::spawn(store.clone().run_flusher(stopped));
+        let (stop, flusher) = flushing(&store);
         assert!(matches!(waiting.await.unwrap(), Outcome::Created(_)));
         assert!(store.flushes.done.borrow().covered >= 1);
         // Many charges at once share flushes and are all answered.
