@@ -247,7 +247,7 @@ pub use self::{
     result::{Error, Result},
     subscriber::{Event, Subscriber},
     transaction::Transactional,
-    tree::{CompareAndSwapError, Tree},
+    tree::{CompareAndSwapError, LeafStats, Tree},
 };
 
 use {

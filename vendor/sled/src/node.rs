@@ -2,6 +2,14 @@ use std::{num::NonZeroU64, ops::Bound};
 
 use super::*;
 
+/// keyhold: a leaf with fewer keys than this is merged into its left sibling
+/// (sled's own threshold, named here).
+const LEAF_MERGE_BELOW_KEYS: usize = 4;
+
+/// keyhold: the fewest keys the right side of a leaf split gets: enough that
+/// it is not merged back at once (see `Node::split`).
+const LEAF_SPLIT_RIGHT_KEYS_MIN: usize = LEAF_MERGE_BELOW_KEYS;
+
 #[derive(Default, Debug, Clone, PartialEq)]
 pub struct Node {
     pub(crate) prefix_len: u8,
@@ -163,18 +171,56 @@ impl Node {
         true
     }
 
-    pub(crate) fn split(mut self) -> (Node, Node) {
+    /// keyhold: where `key` would go in this leaf: the index of the first key
+    /// not below it. `None` for an index node or a key outside the leaf's
+    /// bounds. A full leaf splits there (see `split`).
+    pub(crate) fn leaf_insert_position(&self, key: &[u8]) -> Option<usize> {
+        let leaf = self.data.leaf_ref()?;
+        if key < self.lo.as_ref()
+            || (!self.hi.is_empty() && key >= self.hi.as_ref())
+        {
+            return None;
+        }
+        let suffix = &key[self.prefix_len as usize..];
+        Some(
+            leaf.keys
+                .binary_search_by(|k| fastcmp(k, suffix))
+                .unwrap_or_else(|i| i),
+        )
+    }
+
+    /// Splits a full node in two. `insert_at` is where the key being inserted
+    /// would go in this leaf (`leaf_insert_position`), if known.
+    pub(crate) fn split(mut self, insert_at: Option<usize>) -> (Node, Node) {
         fn split_inner<T>(
             keys: &mut Vec<IVec>,
             values: &mut Vec<T>,
             old_prefix: &[u8],
             old_hi: &[u8],
             suffix_truncation: bool,
+            insert_at: Option<usize>,
         ) -> (IVec, u8, Vec<IVec>, Vec<T>)
         where
             T: Clone + Ord,
         {
-            let split_point = keys.len() / 2 + 1;
+            let middle = keys.len() / 2 + 1;
+            // keyhold: a leaf that is being filled by a run of ascending keys
+            // (time-ordered ids, sequence numbers, sled's own log of a Raft
+            // group, a move's import of a tenant) gets the next key of the
+            // run in its second half, or after its last key. sled's split in
+            // the middle left every leaf behind such a run half full, so it
+            // took twice the pages (each with its page-table entry, fragment
+            // list and cache slot, whether cached or not) and twice the
+            // splits. Splitting where the key goes keeps the run's keys
+            // together on the left, which stays up to three quarters full;
+            // the right side keeps enough keys not to be merged back at once.
+            // A key in the first half splits in the middle, as before.
+            let split_point = match insert_at {
+                Some(at) if at > middle => at
+                    .min(keys.len().saturating_sub(LEAF_SPLIT_RIGHT_KEYS_MIN))
+                    .max(middle),
+                _ => middle,
+            };
             let right_keys = keys.split_off(split_point);
             let right_values = values.split_off(split_point);
             let right_min = &right_keys[0];
@@ -252,6 +298,7 @@ impl Node {
                         prefixed_lo,
                         prefixed_hi,
                         false,
+                        None,
                     );
 
                 (
@@ -271,6 +318,7 @@ impl Node {
                         prefixed_lo,
                         prefixed_hi,
                         true,
+                        insert_at,
                     );
 
                 (
@@ -617,7 +665,7 @@ impl Node {
         } else if self.data.is_index() {
             64
         } else {
-            4
+            LEAF_MERGE_BELOW_KEYS
         };
 
         let size_checks = self.data.len() < threshold;

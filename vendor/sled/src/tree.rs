@@ -17,6 +17,15 @@ pub(crate) struct View<'g> {
     pub size: u64,
 }
 
+/// keyhold: what `Tree::leaf_stats` counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeafStats {
+    /// Leaves in the tree's leaf chain.
+    pub leaves: usize,
+    /// Keys held by those leaves.
+    pub keys: usize,
+}
+
 impl<'g> Deref for View<'g> {
     type Target = Node;
 
@@ -1409,6 +1418,27 @@ impl Tree {
         self.iter().count()
     }
 
+    /// keyhold: the number of leaves of this tree and of the keys they hold,
+    /// from a walk along the leaf chain (O(leaves); a leaf not in the cache is
+    /// read from disk). How full leaves are is what the split policy decides
+    /// (`Node::split`); keyhold's tests read it here.
+    pub fn leaf_stats(&self) -> Result<LeafStats> {
+        let guard = pin();
+        let mut view = self.view_for_key(b"", &guard)?;
+        let mut stats = LeafStats { leaves: 0, keys: 0 };
+        loop {
+            stats.leaves += 1;
+            stats.keys += view.data.len();
+            let Some(next) = view.next else {
+                return Ok(stats);
+            };
+            match self.view_for_pid(next.get(), &guard)? {
+                Some(next) => view = next,
+                None => return Ok(stats),
+            }
+        }
+    }
+
     /// Returns `true` if the `Tree` contains no elements.
     pub fn is_empty(&self) -> bool {
         self.iter().next().is_none()
@@ -1452,11 +1482,12 @@ impl Tree {
         view: &View<'g>,
         parent_view: &Option<View<'g>>,
         root_pid: PageId,
+        insert_at: Option<usize>,
         guard: &'g Guard,
     ) -> Result<()> {
         trace!("splitting node {}", view.pid);
         // split node
-        let (mut lhs, rhs) = view.deref().clone().split();
+        let (mut lhs, rhs) = view.deref().clone().split(insert_at);
         let rhs_lo = rhs.lo.clone();
 
         // install right side
@@ -1671,7 +1702,10 @@ impl Tree {
             }
 
             if view.should_split() {
-                self.split_node(&view, &parent_view, root_pid, guard)?;
+                // keyhold: a full leaf splits where this key goes in it
+                // (see `Node::split`).
+                let insert_at = view.leaf_insert_position(key.as_ref());
+                self.split_node(&view, &parent_view, root_pid, insert_at, guard)?;
                 retry!();
             }
 
