@@ -5,8 +5,9 @@
 //! tenant) leave leaves about three quarters full instead of half. Fewer leaves
 //! is less of sled's per-page memory, which it keeps for every page whether
 //! cached or not (docs/benchmarks.md, "Memory with the stored data"), and fewer
-//! splits. Also: the patched tree still holds exactly what was written,
-//! through concurrent writers, removals and a reopen.
+//! splits. Index nodes hold at most 64 children, so that the parent a leaf
+//! split rewrites is small. Also: the patched tree still holds exactly what
+//! was written, through concurrent writers, removals and a reopen.
 
 use proptest::prelude::*;
 use std::collections::BTreeMap;
@@ -103,6 +104,44 @@ fn random_inserts_keep_leaves_about_two_thirds_full() {
         }
     });
     assert!(fill >= 10.0, "{fill:.1} keys per leaf");
+}
+
+/// Every leaf split rewrites its parent whole, so the parent's size is paid
+/// again every dozen inserts of a run: the patched index nodes hold at most 64
+/// children (sled's own, up to 256), in runs and in random keys alike, and the
+/// tree still holds every key, in order, through a reopen.
+#[test]
+fn index_nodes_hold_at_most_64_children() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = open(dir.path());
+    let mut rng = Xorshift(0x2545_F491_4F6C_DD1D);
+    for entry in 0..1_000u64 {
+        let mut batch = sled::Batch::default();
+        for i in 0..40u64 {
+            let n = entry * 40 + i;
+            batch.insert(format!("o{n:012}").as_bytes(), value(n));
+            if i % 4 == 0 {
+                let r = rng.next();
+                batch.insert(format!("r{r:020}").as_bytes(), value(r));
+            }
+        }
+        db.apply_batch(batch).unwrap();
+    }
+    let expected: Vec<_> = db.iter().keys().map(Result::unwrap).collect();
+    assert_eq!(expected.len(), 50_000);
+    let check = |db: &sled::Db| {
+        let index = db.index_stats().unwrap();
+        // 50,000 keys in leaves of about a dozen: more than 60 index nodes
+        // at the patched fan-out (sled's own: 29, one of 218 children).
+        assert!(index.nodes >= 60, "{index:?}");
+        assert!(index.children_max <= 65, "{index:?}");
+        let keys: Vec<_> = db.iter().keys().map(Result::unwrap).collect();
+        assert_eq!(keys, expected);
+    };
+    check(&db);
+    db.flush().unwrap();
+    drop(db);
+    check(&open(dir.path()));
 }
 
 #[test]

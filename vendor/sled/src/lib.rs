@@ -247,7 +247,7 @@ pub use self::{
     result::{Error, Result},
     subscriber::{Event, Subscriber},
     transaction::Transactional,
-    tree::{CompareAndSwapError, LeafStats, Tree},
+    tree::{CompareAndSwapError, IndexStats, LeafStats, Tree},
 };
 
 use {

@@ -10,6 +10,24 @@ const LEAF_MERGE_BELOW_KEYS: usize = 4;
 /// it is not merged back at once (see `Node::split`).
 const LEAF_SPLIT_RIGHT_KEYS_MIN: usize = LEAF_MERGE_BELOW_KEYS;
 
+/// keyhold: an index node with more children than this splits (sled: 256).
+/// Every leaf split rewrites its parent whole (`Tree::split_node` replaces
+/// it with a copy that names the new leaf), so the parent's size is paid
+/// again every dozen inserts of a run, in CPU and in log bytes: a quarter of
+/// sled's fan-out makes those rewrites a quarter the size, for one more level
+/// of index nodes (four levels of 32 to 64 children above leaves of ~13 keys
+/// hold 13 to 200 million keys).
+const INDEX_SPLIT_ABOVE_CHILDREN: usize = 64;
+
+/// keyhold: an index node with fewer children than this is merged (sled: 64,
+/// with splits above 256), scaled with `INDEX_SPLIT_ABOVE_CHILDREN`.
+const INDEX_MERGE_BELOW_CHILDREN: usize = 16;
+
+// keyhold: both halves of an index node split in the middle hold at least
+// twice the merge threshold (sled's own margin), or a split would soon be
+// undone by a merge.
+const _: () = assert!(INDEX_MERGE_BELOW_CHILDREN * 2 <= INDEX_SPLIT_ABOVE_CHILDREN / 2);
+
 #[derive(Default, Debug, Clone, PartialEq)]
 pub struct Node {
     pub(crate) prefix_len: u8,
@@ -648,7 +666,7 @@ impl Node {
         let threshold = if cfg!(any(test, feature = "lock_free_delays")) {
             2
         } else if self.data.is_index() {
-            256
+            INDEX_SPLIT_ABOVE_CHILDREN
         } else {
             16
         };
@@ -663,7 +681,7 @@ impl Node {
         let threshold = if cfg!(any(test, feature = "lock_free_delays")) {
             1
         } else if self.data.is_index() {
-            64
+            INDEX_MERGE_BELOW_CHILDREN
         } else {
             LEAF_MERGE_BELOW_KEYS
         };

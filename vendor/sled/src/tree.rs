@@ -26,6 +26,15 @@ pub struct LeafStats {
     pub keys: usize,
 }
 
+/// keyhold: what `Tree::index_stats` counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndexStats {
+    /// Index nodes (every node above the leaves).
+    pub nodes: usize,
+    /// The most children one index node has.
+    pub children_max: usize,
+}
+
 impl<'g> Deref for View<'g> {
     type Target = Node;
 
@@ -1437,6 +1446,27 @@ impl Tree {
                 None => return Ok(stats),
             }
         }
+    }
+
+    /// keyhold: the index nodes of this tree and the most children one of
+    /// them has, from a walk of every node (O(nodes); one not in the cache is
+    /// read from disk). The split policy bounds the children
+    /// (`Node::should_split`); keyhold's tests read it here.
+    pub fn index_stats(&self) -> Result<IndexStats> {
+        let guard = pin();
+        let mut stats = IndexStats { nodes: 0, children_max: 0 };
+        let mut pending = vec![self.root.load(Acquire)];
+        while let Some(pid) = pending.pop() {
+            let Some(view) = self.view_for_pid(pid, &guard)? else {
+                continue;
+            };
+            if let Data::Index(ref index) = view.data {
+                stats.nodes += 1;
+                stats.children_max = stats.children_max.max(index.pointers.len());
+                pending.extend(index.pointers.iter().copied());
+            }
+        }
+        Ok(stats)
     }
 
     /// Returns `true` if the `Tree` contains no elements.
