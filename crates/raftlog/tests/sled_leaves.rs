@@ -38,6 +38,13 @@ fn value(n: u64) -> Vec<u8> {
     v
 }
 
+/// Inserts `keys` ascending keys under `prefix`, one insert each: a run.
+fn insert_run(db: &sled::Db, prefix: &str, keys: u64) {
+    for n in 0..keys {
+        db.insert(format!("{prefix}{n:012}"), value(n)).unwrap();
+    }
+}
+
 /// A xorshift generator, so the tests need no seed from outside.
 struct Xorshift(u64);
 
@@ -52,11 +59,7 @@ impl Xorshift {
 
 #[test]
 fn ascending_inserts_fill_leaves_three_quarters() {
-    let fill = fill_after(|db| {
-        for n in 0..20_000u64 {
-            db.insert(format!("o{n:012}"), value(n)).unwrap();
-        }
-    });
+    let fill = fill_after(|db| insert_run(db, "o", 20_000));
     assert!(fill >= RUN_KEYS_PER_LEAF_MIN, "{fill:.1} keys per leaf");
 }
 
@@ -65,12 +68,8 @@ fn a_run_below_other_keys_fills_its_leaves_too() {
     // Order ids are appended below the keys of the next prefix in the same
     // tree, so the leaf they go into is never the tree's last.
     let fill = fill_after(|db| {
-        for n in 0..200u64 {
-            db.insert(format!("p{n:06}"), value(n)).unwrap();
-        }
-        for n in 0..20_000u64 {
-            db.insert(format!("o{n:012}"), value(n)).unwrap();
-        }
+        insert_run(db, "p", 200);
+        insert_run(db, "o", 20_000);
     });
     assert!(fill >= RUN_KEYS_PER_LEAF_MIN, "{fill:.1} keys per leaf");
 }
