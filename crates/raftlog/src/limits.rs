@@ -17,12 +17,17 @@ pub const LOG_DB_CACHE_BYTES: u64 = 16 * 1024 * 1024;
 /// sled splits its LRU cache into this many shards of `cache / 256` bytes each
 /// and never evicts the page a shard saw last (sled 0.34's `lru.rs`).
 pub const SLED_CACHE_SHARDS: u64 = 256;
-/// sled splits a leaf page above this many keys (sled 0.34's `Node::should_split`).
+/// sled splits a leaf page above this many keys once its keys and values hold
+/// more than `SLED_LEAF_SPLIT_ABOVE_BYTES` (vendor/sled's `Node::should_split`).
 pub const SLED_LEAF_KEYS_MAX: u64 = 16;
+/// See `SLED_LEAF_KEYS_MAX`: so a leaf holds at most 17 values, or this much
+/// and one value more.
+pub const SLED_LEAF_SPLIT_ABOVE_BYTES: u64 = 4 * 1024;
 
 /// An entry is stored in sled values of at most this many bytes (one key per
-/// chunk), so that a log leaf holds at most `SLED_LEAF_KEYS_MAX + 1` chunks and
-/// fits one shard of the log `Db`'s cache. With whole entries as values a leaf
+/// chunk), so that a log leaf holds at most `SLED_LEAF_KEYS_MAX + 1` chunks (or
+/// `SLED_LEAF_SPLIT_ABOVE_BYTES` and one chunk) and fits one shard of the log
+/// `Db`'s cache. With whole entries as values a leaf
 /// held up to 17 entries (2 MiB of a move's 128 KiB import commands), far more
 /// than a 64 KiB shard, and every shard kept its last such leaf: the log's
 /// memory grew with the log to ~256 leaves, whatever `LOG_DB_CACHE_BYTES` said
@@ -39,5 +44,9 @@ const _: () = assert!(DB_OPEN_LOCK_RETRY_MS * 10 <= DB_OPEN_LOCK_WAIT_MS);
 const _: () = assert!(PURGE_BATCH_KEYS_MAX >= 1);
 const _: () = assert!(
     (SLED_LEAF_KEYS_MAX + 1) * LOG_VALUE_CHUNK_BYTES as u64
+        <= LOG_DB_CACHE_BYTES / SLED_CACHE_SHARDS
+);
+const _: () = assert!(
+    SLED_LEAF_SPLIT_ABOVE_BYTES + LOG_VALUE_CHUNK_BYTES as u64
         <= LOG_DB_CACHE_BYTES / SLED_CACHE_SHARDS
 );

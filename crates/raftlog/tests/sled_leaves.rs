@@ -5,8 +5,9 @@
 //! tenant) leave leaves about three quarters full instead of half. Fewer leaves
 //! is less of sled's per-page memory, which it keeps for every page whether
 //! cached or not (docs/benchmarks.md, "Memory with the stored data"), and fewer
-//! splits. Index nodes hold at most 64 children, so that the parent a leaf
-//! split rewrites is small. Also: the patched tree still holds exactly what
+//! splits. A leaf above 16 keys splits by size (4 KiB), so small values share
+//! a page by the dozens. Index nodes hold at most 64 children, so that the
+//! parent a leaf split rewrites is small. Also: the patched tree still holds exactly what
 //! was written, through concurrent writers, removals and a reopen.
 
 use proptest::prelude::*;
@@ -33,8 +34,13 @@ fn fill_after(write: impl FnOnce(&sled::Db)) -> f64 {
 }
 
 fn value(n: u64) -> Vec<u8> {
+    value_of(n, 100)
+}
+
+/// A value of `bytes` that starts with `n`.
+fn value_of(n: u64, bytes: usize) -> Vec<u8> {
     let mut v = n.to_be_bytes().to_vec();
-    v.resize(100, 7);
+    v.resize(bytes, 7);
     v
 }
 
@@ -105,6 +111,51 @@ fn random_inserts_keep_leaves_about_two_thirds_full() {
     assert!(fill >= 10.0, "{fill:.1} keys per leaf");
 }
 
+/// The leaves of a new tree after `keys` inserts of random keys, each with a
+/// value of `value_bytes`.
+fn random_fill(value_bytes: usize, keys: u64) -> sled::LeafStats {
+    let dir = tempfile::tempdir().unwrap();
+    let db = open(dir.path());
+    let mut rng = Xorshift(0x9E37_79B9_7F4A_7C15);
+    for _ in 0..keys {
+        let n = rng.next();
+        db.insert(format!("r{n:020}"), value_of(n, value_bytes))
+            .unwrap();
+    }
+    let stats = db.leaf_stats().expect("leaf stats");
+    assert_eq!(stats.keys, db.len(), "the leaf chain holds every key");
+    stats
+}
+
+/// A leaf above 16 keys splits by size (4 KiB of keys and values), up to 128
+/// keys: small values, like order index entries (~70 bytes) and markers
+/// (~160), are a page per dozens of them instead of per 11. sled's own split
+/// at 17 keys gives these leaves about 11 keys.
+#[test]
+fn leaves_of_small_values_split_by_size_not_at_17_keys() {
+    let stats = random_fill(40, 20_000);
+    let fill = stats.keys as f64 / stats.leaves as f64;
+    assert!(fill >= 30.0, "{fill:.1} keys per leaf");
+    assert!(stats.keys_max <= 129, "{} keys in one leaf", stats.keys_max);
+}
+
+/// Above 16 keys a leaf holds at most 4 KiB of keys and values and the one
+/// more it took before splitting; large values (stored responses of ~500
+/// bytes, log chunks) still split at 17 keys.
+#[test]
+fn a_leaf_above_16_keys_holds_about_4_kib_and_large_values_split_at_17() {
+    let medium = random_fill(150, 10_000);
+    let fill = medium.keys as f64 / medium.leaves as f64;
+    assert!(fill >= 14.0, "{fill:.1} keys per leaf");
+    assert!(
+        medium.bytes_max <= 4 * 1024 + 171,
+        "{} bytes in one leaf",
+        medium.bytes_max
+    );
+    let large = random_fill(500, 5_000);
+    assert!(large.keys_max <= 17, "{} keys in one leaf", large.keys_max);
+}
+
 /// Every leaf split rewrites its parent whole, so the parent's size is paid
 /// again every dozen inserts of a run: the patched index nodes hold at most 64
 /// children (sled's own, up to 256), in runs and in random keys alike, and the
@@ -118,10 +169,12 @@ fn index_nodes_hold_at_most_64_children() {
         let mut batch = sled::Batch::default();
         for i in 0..40u64 {
             let n = entry * 40 + i;
-            batch.insert(format!("o{n:012}").as_bytes(), value(n));
+            // Values large enough that leaves split at 17 keys (by size
+            // they would hold ~35 of 100 bytes, and index nodes be few).
+            batch.insert(format!("o{n:012}").as_bytes(), value_of(n, 600));
             if i % 4 == 0 {
                 let r = rng.next();
-                batch.insert(format!("r{r:020}").as_bytes(), value(r));
+                batch.insert(format!("r{r:020}").as_bytes(), value_of(r, 600));
             }
         }
         db.apply_batch(batch).unwrap();

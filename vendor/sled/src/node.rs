@@ -10,6 +10,25 @@ const LEAF_MERGE_BELOW_KEYS: usize = 4;
 /// it is not merged back at once (see `Node::split`).
 const LEAF_SPLIT_RIGHT_KEYS_MIN: usize = LEAF_MERGE_BELOW_KEYS;
 
+/// keyhold: a leaf of more keys than this splits once its keys and values
+/// hold more than `LEAF_SPLIT_ABOVE_BYTES` (sled split every leaf above 16
+/// keys, whatever their size). sled keeps per page, cached or not, a
+/// page-table slot, the list of its fragments on disk and an LRU slot, so
+/// memory grows with the number of leaves; a leaf of small values (an order
+/// index entry is ~70 bytes, a marker ~160) was a page per 10-16 of them.
+const LEAF_SPLIT_ABOVE_KEYS: usize = 16;
+
+/// keyhold: see `LEAF_SPLIT_ABOVE_KEYS`. Large values (stored responses, log
+/// chunks) still split at 17 keys; small ones fill a leaf up to about this.
+/// Every tenth write to a leaf rewrites it whole (sled's consolidation), so
+/// this is also the most a consolidation writes below 17 keys.
+const LEAF_SPLIT_ABOVE_BYTES: u64 = 4 * 1024;
+
+/// keyhold: a leaf of more keys than this splits whatever their size: each
+/// write clones the leaf in memory (`PageCache::link`), and a search in it
+/// costs one more step per doubling.
+const LEAF_SPLIT_ABOVE_KEYS_MAX: usize = 128;
+
 /// keyhold: an index node with more children than this splits (sled: 256).
 /// Every leaf split rewrites its parent whole (`Tree::split_node` replaces
 /// it with a copy that names the new leaf), so the parent's size is paid
@@ -27,6 +46,11 @@ const INDEX_MERGE_BELOW_CHILDREN: usize = 16;
 // twice the merge threshold (sled's own margin), or a split would soon be
 // undone by a merge.
 const _: () = assert!(INDEX_MERGE_BELOW_CHILDREN * 2 <= INDEX_SPLIT_ABOVE_CHILDREN / 2);
+
+// keyhold: a leaf split at its middle leaves both halves well above the merge
+// threshold, and the key-count bounds are ordered.
+const _: () = assert!(LEAF_MERGE_BELOW_KEYS * 2 <= LEAF_SPLIT_ABOVE_KEYS / 2);
+const _: () = assert!(LEAF_SPLIT_ABOVE_KEYS < LEAF_SPLIT_ABOVE_KEYS_MAX);
 
 #[derive(Default, Debug, Clone, PartialEq)]
 pub struct Node {
@@ -663,15 +687,18 @@ impl Node {
     }
 
     pub(crate) fn should_split(&self) -> bool {
-        let threshold = if cfg!(any(test, feature = "lock_free_delays")) {
-            2
+        let size_checks = if cfg!(any(test, feature = "lock_free_delays")) {
+            self.data.len() > 2
         } else if self.data.is_index() {
-            INDEX_SPLIT_ABOVE_CHILDREN
+            self.data.len() > INDEX_SPLIT_ABOVE_CHILDREN
         } else {
-            16
+            // keyhold: by size above 16 keys (see `LEAF_SPLIT_ABOVE_BYTES`);
+            // the count is checked first so a small leaf costs no sum.
+            let keys = self.data.len();
+            keys > LEAF_SPLIT_ABOVE_KEYS_MAX
+                || (keys > LEAF_SPLIT_ABOVE_KEYS
+                    && self.data.rss() > LEAF_SPLIT_ABOVE_BYTES)
         };
-
-        let size_checks = self.data.len() > threshold;
         let safety_checks = self.merging_child.is_none() && !self.merging;
 
         size_checks && safety_checks

@@ -24,6 +24,11 @@ pub struct LeafStats {
     pub leaves: usize,
     /// Keys held by those leaves.
     pub keys: usize,
+    /// The most keys one leaf holds.
+    pub keys_max: usize,
+    /// The most bytes of keys and values one leaf holds (keys without the
+    /// prefix the leaf shares).
+    pub bytes_max: u64,
 }
 
 /// keyhold: what `Tree::index_stats` counts.
@@ -1427,17 +1432,20 @@ impl Tree {
         self.iter().count()
     }
 
-    /// keyhold: the number of leaves of this tree and of the keys they hold,
-    /// from a walk along the leaf chain (O(leaves); a leaf not in the cache is
+    /// keyhold: the number of leaves of this tree, of the keys they hold and
+    /// the fullest leaf's keys and bytes, from a walk along the leaf chain (O(leaves); a leaf not in the cache is
     /// read from disk). How full leaves are is what the split policy decides
     /// (`Node::split`); keyhold's tests read it here.
     pub fn leaf_stats(&self) -> Result<LeafStats> {
         let guard = pin();
         let mut view = self.view_for_key(b"", &guard)?;
-        let mut stats = LeafStats { leaves: 0, keys: 0 };
+        let mut stats =
+            LeafStats { leaves: 0, keys: 0, keys_max: 0, bytes_max: 0 };
         loop {
             stats.leaves += 1;
             stats.keys += view.data.len();
+            stats.keys_max = stats.keys_max.max(view.data.len());
+            stats.bytes_max = stats.bytes_max.max(view.data.rss());
             let Some(next) = view.next else {
                 return Ok(stats);
             };
