@@ -27,11 +27,11 @@ pub const SLED_LEAF_SPLIT_ABOVE_BYTES: u64 = 4 * 1024;
 /// An entry is stored in sled values of at most this many bytes (one key per
 /// chunk), so that a log leaf holds at most `SLED_LEAF_KEYS_MAX + 1` chunks (or
 /// `SLED_LEAF_SPLIT_ABOVE_BYTES` and one chunk) and fits one shard of the log
-/// `Db`'s cache. With whole entries as values a leaf
-/// held up to 17 entries (2 MiB of a move's 128 KiB import commands), far more
-/// than a 64 KiB shard, and every shard kept its last such leaf: the log's
-/// memory grew with the log to ~256 leaves, whatever `LOG_DB_CACHE_BYTES` said
-/// (225 of 356 MB of heap at 300k stored orders, docs/benchmarks.md).
+/// `Db`'s cache. With whole entries as values a leaf held up to 17 entries
+/// (2 MiB of a move's 128 KiB import commands), far more than a 64 KiB shard,
+/// and every shard kept its last such leaf: the log's memory grew with the log
+/// to ~256 leaves, whatever `LOG_DB_CACHE_BYTES` said (225 of 356 MB of heap
+/// at 300k stored orders, docs/benchmarks.md).
 pub const LOG_VALUE_CHUNK_BYTES: usize = 3 * 1024;
 
 /// Keys one sled batch of a purge deletes; a purge goes on batch after batch

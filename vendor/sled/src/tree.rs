@@ -1433,9 +1433,10 @@ impl Tree {
     }
 
     /// keyhold: the number of leaves of this tree, of the keys they hold and
-    /// the fullest leaf's keys and bytes, from a walk along the leaf chain (O(leaves); a leaf not in the cache is
-    /// read from disk). How full leaves are is what the split policy decides
-    /// (`Node::split`); keyhold's tests read it here.
+    /// the fullest leaf's keys and bytes, from a walk along the leaf chain
+    /// (O(leaves); a leaf not in the cache is read from disk). How full
+    /// leaves are is what the split policy decides (`Node::should_split`,
+    /// `Node::split`); keyhold's tests read it here.
     pub fn leaf_stats(&self) -> Result<LeafStats> {
         let guard = pin();
         let mut view = self.view_for_key(b"", &guard)?;
