@@ -7,8 +7,9 @@
 //! cached or not (docs/benchmarks.md, "Memory with the stored data"), and fewer
 //! splits. A leaf above 16 keys splits by size (4 KiB), so small values share
 //! a page by the dozens. Index nodes hold at most 64 children, so that the
-//! parent a leaf split rewrites is small. Also: the patched tree still holds exactly what
-//! was written, through concurrent writers, removals and a reopen.
+//! parent a leaf split rewrites is small. Also: the patched tree still holds
+//! exactly what was written, through concurrent writers, removals and a
+//! reopen.
 
 use proptest::prelude::*;
 use std::collections::BTreeMap;
@@ -23,14 +24,24 @@ fn open(dir: &std::path::Path) -> sled::Db {
     keyhold_raftlog::open_db(&sled::Config::new().path(dir)).expect("open sled")
 }
 
-/// Keys per leaf of a new tree after `write`.
-fn fill_after(write: impl FnOnce(&sled::Db)) -> f64 {
+/// The leaves of a new tree after `write`.
+fn stats_after(write: impl FnOnce(&sled::Db)) -> sled::LeafStats {
     let dir = tempfile::tempdir().unwrap();
     let db = open(dir.path());
     write(&db);
     let stats = db.leaf_stats().expect("leaf stats");
     assert_eq!(stats.keys, db.len(), "the leaf chain holds every key");
+    stats
+}
+
+/// Keys per leaf.
+fn keys_per_leaf(stats: sled::LeafStats) -> f64 {
     stats.keys as f64 / stats.leaves as f64
+}
+
+/// Keys per leaf of a new tree after `write`.
+fn fill_after(write: impl FnOnce(&sled::Db)) -> f64 {
+    keys_per_leaf(stats_after(write))
 }
 
 fn value(n: u64) -> Vec<u8> {
@@ -42,6 +53,17 @@ fn value_of(n: u64, bytes: usize) -> Vec<u8> {
     let mut v = n.to_be_bytes().to_vec();
     v.resize(bytes, 7);
     v
+}
+
+/// Inserts `keys` random keys (the same ones each time), each with a value of
+/// `value_bytes`.
+fn insert_random(db: &sled::Db, value_bytes: usize, keys: u64) {
+    let mut rng = Xorshift(0x9E37_79B9_7F4A_7C15);
+    for _ in 0..keys {
+        let n = rng.next();
+        db.insert(format!("r{n:020}"), value_of(n, value_bytes))
+            .unwrap();
+    }
 }
 
 /// Inserts `keys` ascending keys under `prefix`, one insert each: a run.
@@ -101,30 +123,8 @@ fn batches_of_ascending_keys_fill_leaves_three_quarters() {
 fn random_inserts_keep_leaves_about_two_thirds_full() {
     // Splitting where the key goes must not cost random keys much: sled's
     // own split gives them about 12 keys per leaf, the patched one about 11.
-    let fill = fill_after(|db| {
-        let mut rng = Xorshift(0x9E37_79B9_7F4A_7C15);
-        for _ in 0..20_000u64 {
-            let n = rng.next();
-            db.insert(format!("r{n:020}"), value(n)).unwrap();
-        }
-    });
+    let fill = fill_after(|db| insert_random(db, 100, 20_000));
     assert!(fill >= 10.0, "{fill:.1} keys per leaf");
-}
-
-/// The leaves of a new tree after `keys` inserts of random keys, each with a
-/// value of `value_bytes`.
-fn random_fill(value_bytes: usize, keys: u64) -> sled::LeafStats {
-    let dir = tempfile::tempdir().unwrap();
-    let db = open(dir.path());
-    let mut rng = Xorshift(0x9E37_79B9_7F4A_7C15);
-    for _ in 0..keys {
-        let n = rng.next();
-        db.insert(format!("r{n:020}"), value_of(n, value_bytes))
-            .unwrap();
-    }
-    let stats = db.leaf_stats().expect("leaf stats");
-    assert_eq!(stats.keys, db.len(), "the leaf chain holds every key");
-    stats
 }
 
 /// A leaf above 16 keys splits by size (4 KiB of keys and values), up to 128
@@ -133,8 +133,8 @@ fn random_fill(value_bytes: usize, keys: u64) -> sled::LeafStats {
 /// at 17 keys gives these leaves about 11 keys.
 #[test]
 fn leaves_of_small_values_split_by_size_not_at_17_keys() {
-    let stats = random_fill(40, 20_000);
-    let fill = stats.keys as f64 / stats.leaves as f64;
+    let stats = stats_after(|db| insert_random(db, 40, 20_000));
+    let fill = keys_per_leaf(stats);
     assert!(fill >= 30.0, "{fill:.1} keys per leaf");
     assert!(stats.keys_max <= 129, "{} keys in one leaf", stats.keys_max);
 }
@@ -144,15 +144,15 @@ fn leaves_of_small_values_split_by_size_not_at_17_keys() {
 /// bytes, log chunks) still split at 17 keys.
 #[test]
 fn a_leaf_above_16_keys_holds_about_4_kib_and_large_values_split_at_17() {
-    let medium = random_fill(150, 10_000);
-    let fill = medium.keys as f64 / medium.leaves as f64;
+    let medium = stats_after(|db| insert_random(db, 150, 10_000));
+    let fill = keys_per_leaf(medium);
     assert!(fill >= 14.0, "{fill:.1} keys per leaf");
     assert!(
         medium.bytes_max <= 4 * 1024 + 171,
         "{} bytes in one leaf",
         medium.bytes_max
     );
-    let large = random_fill(500, 5_000);
+    let large = stats_after(|db| insert_random(db, 500, 5_000));
     assert!(large.keys_max <= 17, "{} keys in one leaf", large.keys_max);
 }
 
