@@ -15,7 +15,11 @@ pub const DB_OPEN_LOCK_RETRY_MS: u64 = 20;
 pub const LOG_DB_CACHE_BYTES: u64 = 16 * 1024 * 1024;
 
 /// sled splits its LRU cache into this many shards of `cache / 256` bytes each
-/// and never evicts the page a shard saw last (sled 0.34's `lru.rs`).
+/// and never evicts the page a shard saw last (sled 0.34's `lru.rs`). The
+/// patched sled also counts a record per page against a shard (down to 1/8
+/// of it for cached pages); a log's pages are few, since a purge frees them
+/// and sled reuses freed page ids, and a shard left less than a leaf by them
+/// still evicts all but its last page.
 pub const SLED_CACHE_SHARDS: u64 = 256;
 /// sled splits a leaf page above this many keys once its keys and values hold
 /// more than `SLED_LEAF_SPLIT_ABOVE_BYTES` (vendor/sled's `Node::should_split`).

@@ -36,9 +36,12 @@ pub const SLED_FLUSH_EVERY_MS: u64 = 5_000;
 
 /// sled's cache of the region tree when the node's config does not set
 /// `store_cache_bytes` (sled's own default is 1 GiB per `Db`). sled counts what
-/// it caches by the pages' serialized size, so the memory it takes is a few
-/// times this; large enough that the recent part of the tree (new keys, the
-/// outbox tail, records being replayed) stays in memory.
+/// it caches by the pages' serialized size, so cached pages take more than
+/// this in memory, and (vendor/sled, change 7) it counts 128 bytes of record
+/// for every page of the tree against it, so a larger store caches fewer
+/// pages for the same setting; large enough that the recent part of the tree
+/// (new keys, the outbox tail, records being replayed) stays in memory, and
+/// that the records of a store of several million orders leave room for it.
 pub const REGION_TREE_CACHE_BYTES_DEFAULT: u64 = 256 * 1024 * 1024;
 /// The smallest and largest region tree cache a config may set: below the
 /// minimum every read goes to disk; above the maximum is a typo, not a machine.

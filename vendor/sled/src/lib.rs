@@ -223,6 +223,8 @@ pub use {
     self::{
         config::RunningConfig,
         lazy::Lazy,
+        // keyhold: for keyhold's tests of the cache's capacity rule.
+        lru::{Lru, CACHED_SHARE_MIN_DIVISOR, PAGE_RECORD_BYTES},
         pagecache::{
             constants::{
                 MAX_MSG_HEADER_LEN, MAX_SPACE_AMPLIFICATION,
@@ -244,6 +246,7 @@ pub use self::{
     db::{open, Db},
     iter::Iter,
     ivec::IVec,
+    lru::CacheStats,
     result::{Error, Result},
     subscriber::{Event, Subscriber},
     transaction::Transactional,
@@ -259,7 +262,6 @@ use {
         context::Context,
         fastcmp::fastcmp,
         histogram::Histogram,
-        lru::Lru,
         meta::Meta,
         metrics::{clock, Measure, M},
         node::{Data, Node},

@@ -205,6 +205,35 @@ impl CacheAccess {
     }
 }
 
+/// keyhold: sled keeps a record of every page in memory whether its page is
+/// cached or not: a page-table slot, the page's list of fragments on disk
+/// (one to ten 48-byte entries), this cache's entry for it, its place in the
+/// segments' page sets. About this many bytes per page, counted against the
+/// cache's capacity (`Shard::cached_capacity`), so that a cache of n bytes
+/// holds the store's memory near n bytes however many pages the store has,
+/// rather than n bytes of cached pages plus records that grow with the data.
+pub const PAGE_RECORD_BYTES: u64 = 128;
+
+/// keyhold: page records never take more than this share of a shard's
+/// capacity away from its cached pages (1/n): past it, in a store of more
+/// pages than the cache can keep records of, memory grows with the records
+/// again, but reads still find recently used pages in memory.
+pub const CACHED_SHARE_MIN_DIVISOR: u64 = 8;
+
+const _: () = assert!(CACHED_SHARE_MIN_DIVISOR >= 2);
+
+/// keyhold: what `Tree::cache_stats` reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheStats {
+    /// The configured capacity (`Config::cache_capacity`).
+    pub capacity_bytes: u64,
+    /// Sizes of the pages the cache holds, as the cache counts them (a
+    /// page's size on disk rounded up to a power of two).
+    pub cached_bytes: u64,
+    /// Pages the cache keeps a record of (every page it has seen).
+    pub page_records: u64,
+}
+
 /// A simple LRU cache.
 pub struct Lru {
     shards: Vec<(AccessQueue, FastLock<Shard>)>,
@@ -213,8 +242,10 @@ pub struct Lru {
 unsafe impl Sync for Lru {}
 
 impl Lru {
-    /// Instantiates a new `Lru` cache.
-    pub(crate) fn new(cache_capacity: u64) -> Self {
+    /// Instantiates a new `Lru` cache. (keyhold: `pub`, with `accessed` and
+    /// `stats`, through a hidden re-export, for keyhold's tests of the
+    /// capacity rule.)
+    pub fn new(cache_capacity: u64) -> Self {
         assert!(
             cache_capacity >= 256,
             "Please configure the cache \
@@ -230,6 +261,26 @@ impl Lru {
         Self { shards }
     }
 
+    /// keyhold: the cache's capacity, the bytes of the pages it holds and
+    /// the pages it keeps records of, summed over its shards (each locked in
+    /// turn, so not one instant's; for tests and reports).
+    pub fn stats(&self) -> CacheStats {
+        let mut stats =
+            CacheStats { capacity_bytes: 0, cached_bytes: 0, page_records: 0 };
+        for (_, shard_mu) in &self.shards {
+            let shard = loop {
+                if let Some(shard) = shard_mu.try_lock() {
+                    break shard;
+                }
+                std::thread::yield_now();
+            };
+            stats.capacity_bytes += shard.capacity;
+            stats.cached_bytes += shard.size;
+            stats.page_records += shard.entries.len() as u64;
+        }
+        stats
+    }
+
     /// Called when an item is accessed. Returns a Vec of items to be
     /// evicted. Uses flat-combining to avoid blocking on what can
     /// be an asynchronous operation.
@@ -239,7 +290,7 @@ impl Lru {
     ///   shards:  1 0 1 0 1 0 1 0 1 0
     ///   shard 0:   2   4   6   8   10
     ///   shard 1: 1   3   5   7   9
-    pub(crate) fn accessed(
+    pub fn accessed(
         &self,
         id: PageId,
         item_size: u64,
@@ -303,6 +354,20 @@ impl Shard {
         }
     }
 
+    /// keyhold: the bytes this shard's cached pages may take: its capacity
+    /// less the records of the pages it has seen (`PAGE_RECORD_BYTES`; its
+    /// entries cover every page id of the shard up to the highest seen, and
+    /// sled reuses freed ids first), but never less than
+    /// `1/CACHED_SHARE_MIN_DIVISOR` of it. sled counted cached pages alone,
+    /// so the records of a store's pages, cached or not, came on top of the
+    /// configured capacity and grew with the data.
+    fn cached_capacity(&self) -> u64 {
+        let records = self.entries.len() as u64 * PAGE_RECORD_BYTES;
+        self.capacity
+            .saturating_sub(records)
+            .max(self.capacity / CACHED_SHARE_MIN_DIVISOR)
+    }
+
     /// `PageId`s in the shard list are indexes of the entries.
     fn accessed(&mut self, pos: usize, size: u64) -> Vec<PageId> {
         if pos >= self.entries.len() {
@@ -324,7 +389,8 @@ impl Shard {
         }
 
         let mut to_evict = vec![];
-        while self.size > self.capacity {
+        let capacity = self.cached_capacity();
+        while self.size > capacity {
             if self.list.len() == 1 {
                 // don't evict what we just added
                 break;

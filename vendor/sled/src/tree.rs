@@ -1478,6 +1478,14 @@ impl Tree {
         Ok(stats)
     }
 
+    /// keyhold: the page cache's capacity, the bytes of the pages it holds
+    /// and the pages it keeps records of (every tree of the `Db` shares one
+    /// cache). Page records count against the capacity
+    /// (`lru::PAGE_RECORD_BYTES`); keyhold's tests read it here.
+    pub fn cache_stats(&self) -> crate::lru::CacheStats {
+        self.context.pagecache.cache_stats()
+    }
+
     /// Returns `true` if the `Tree` contains no elements.
     pub fn is_empty(&self) -> bool {
         self.iter().next().is_none()

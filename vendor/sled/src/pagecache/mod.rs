@@ -1394,6 +1394,12 @@ impl PageCache {
         Ok(on_disk_bytes / logical_size)
     }
 
+    /// keyhold: the page cache's capacity, cached bytes and page records
+    /// (`Lru::stats`).
+    pub(crate) fn cache_stats(&self) -> crate::lru::CacheStats {
+        self.lru.stats()
+    }
+
     pub(crate) fn size_on_disk(&self) -> Result<u64> {
         let mut size = self.config.file.metadata()?.len();
 
