@@ -21,7 +21,9 @@ use std::time::Duration;
 /// other threads (sled's tree nodes, freed through crossbeam-epoch by whichever
 /// thread collects): with 1 MiB import commands jemalloc held a quarter to a
 /// half less RSS than glibc; with the server's 128 KiB ones the two hold about
-/// the same (docs/benchmarks.md, "Memory with the stored data").
+/// the same (docs/benchmarks.md, "Memory with the stored data"). Its options
+/// are built in from `.cargo/config.toml`: freed pages go back to the OS
+/// within about a second (tests/allocator.rs).
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

@@ -31,8 +31,9 @@
 //! row ends with jemalloc's own count of the heap in use (`stats.allocated`) and
 //! of its resident pages (`stats.resident`): RSS growing with the heap in use is
 //! memory something still holds; RSS growing above it is the allocator's.
-//! jemalloc's options come from `_RJEM_MALLOC_CONF` (its prefixed
-//! `MALLOC_CONF`), so a child can be run with other decay settings.
+//! jemalloc's options are the node's, built in from `.cargo/config.toml`;
+//! `_RJEM_MALLOC_CONF` (its prefixed `MALLOC_CONF`) overrides them, so a child
+//! can be run with other decay settings.
 //!
 //! `cargo bench -p keyhold-store --bench memory` (release build); environment:
 //! `KEYHOLD_BENCH_MEMORY_CHECKPOINTS` (stored orders, comma-separated) and
