@@ -96,8 +96,9 @@ impl DoublyLinkedList {
         ptr
     }
 
-    #[cfg(test)]
-    pub(crate) fn push_tail(&mut self, item: PageId) {
+    /// keyhold: no longer test-only, and returns the node like `push_head`
+    /// (for `lru::Admission::Scan`).
+    pub(crate) fn push_tail(&mut self, item: PageId) -> *mut Node {
         self.len += 1;
 
         let node = Node { inner: item, next: self.tail, prev: ptr::null_mut() };
@@ -115,6 +116,8 @@ impl DoublyLinkedList {
         }
 
         self.tail = ptr;
+
+        ptr
     }
 
     pub(crate) fn promote(&mut self, ptr: *mut Node) -> *mut Node {

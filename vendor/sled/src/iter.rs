@@ -1,6 +1,6 @@
 use std::ops::{Bound, Deref};
 
-use crate::{Measure, M};
+use crate::{lru::Admission, tree::View, Measure, M};
 
 use super::*;
 
@@ -83,6 +83,16 @@ impl Iter {
         }
     }
 
+    /// keyhold: the page holding `key`, read as a scan's
+    /// (`lru::Admission::Scan`: a page read from disk leaves the cache first).
+    fn scan_view<'g, K: AsRef<[u8]>>(
+        &self,
+        key: K,
+        guard: &'g Guard,
+    ) -> Result<View<'g>> {
+        self.tree.view_for_key_as(key, Admission::Scan, guard)
+    }
+
     pub(crate) fn next_inner(&mut self) -> Option<<Self as Iterator>::Item> {
         let guard = pin();
         let (mut pid, mut node) = if let (true, Some((pid, node))) =
@@ -91,7 +101,7 @@ impl Iter {
             (pid, node)
         } else {
             let view =
-                iter_try!(self.tree.view_for_key(self.low_key(), &guard));
+                iter_try!(self.scan_view(self.low_key(), &guard));
             (view.pid, view.deref().clone())
         };
 
@@ -103,7 +113,7 @@ impl Iter {
             if !node.contains_upper_bound(&self.lo) {
                 // node too low (maybe merged, maybe exhausted?)
                 let view =
-                    iter_try!(self.tree.view_for_key(self.low_key(), &guard));
+                    iter_try!(self.scan_view(self.low_key(), &guard));
 
                 pid = view.pid;
                 node = view.deref().clone();
@@ -111,7 +121,7 @@ impl Iter {
             } else if !node.contains_lower_bound(&self.lo, true) {
                 // node too high (maybe split, maybe exhausted?)
                 let seek_key = possible_predecessor(&node.lo)?;
-                let view = iter_try!(self.tree.view_for_key(seek_key, &guard));
+                let view = iter_try!(self.scan_view(seek_key, &guard));
                 pid = view.pid;
                 node = view.deref().clone();
                 continue;
@@ -173,7 +183,7 @@ impl DoubleEndedIterator for Iter {
             (pid, node)
         } else {
             let view =
-                iter_try!(self.tree.view_for_key(self.high_key(), &guard));
+                iter_try!(self.scan_view(self.high_key(), &guard));
             (view.pid, view.deref().clone())
         };
 
@@ -185,7 +195,7 @@ impl DoubleEndedIterator for Iter {
             if !node.contains_upper_bound(&self.hi) {
                 // node too low (maybe merged, maybe exhausted?)
                 let view =
-                    iter_try!(self.tree.view_for_key(self.high_key(), &guard));
+                    iter_try!(self.scan_view(self.high_key(), &guard));
 
                 pid = view.pid;
                 node = view.deref().clone();
@@ -193,7 +203,7 @@ impl DoubleEndedIterator for Iter {
             } else if !node.contains_lower_bound(&self.hi, false) {
                 // node too high (maybe split, maybe exhausted?)
                 let seek_key = possible_predecessor(&node.lo)?;
-                let view = iter_try!(self.tree.view_for_key(seek_key, &guard));
+                let view = iter_try!(self.scan_view(seek_key, &guard));
                 pid = view.pid;
                 node = view.deref().clone();
                 continue;

@@ -224,7 +224,7 @@ pub use {
         config::RunningConfig,
         lazy::Lazy,
         // keyhold: for keyhold's tests of the cache's capacity rule.
-        lru::{Lru, CACHED_SHARE_MIN_DIVISOR, PAGE_RECORD_BYTES},
+        lru::{Admission, Lru, CACHED_SHARE_MIN_DIVISOR, PAGE_RECORD_BYTES},
         pagecache::{
             constants::{
                 MAX_MSG_HEADER_LEN, MAX_SPACE_AMPLIFICATION,

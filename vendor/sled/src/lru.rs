@@ -188,21 +188,53 @@ impl<'a> Iterator for CacheAccessIter<'a> {
 #[derive(Clone, Copy)]
 struct CacheAccess(u64);
 
+/// keyhold: the top bit of a `CacheAccess` marks a scan's (`Admission::Scan`).
+/// The size's exponent below it is at most 63, so it needs six of the seven
+/// bits left.
+const SCAN_BIT: u64 = 1 << 63;
+
 impl CacheAccess {
-    fn new(pid: PageId, sz: u64) -> CacheAccess {
+    fn new(pid: PageId, sz: u64, admission: Admission) -> CacheAccess {
         let rounded_up_power_of_2 =
             u64::from(sz.next_power_of_two().trailing_zeros());
 
-        assert!(rounded_up_power_of_2 < 256);
+        assert!(rounded_up_power_of_2 < 64);
+        assert!(pid < 1 << 56);
 
-        CacheAccess(pid | (rounded_up_power_of_2 << 56))
+        let scan = match admission {
+            Admission::Recent => 0,
+            Admission::Scan => SCAN_BIT,
+        };
+        CacheAccess(pid | (rounded_up_power_of_2 << 56) | scan)
     }
 
-    const fn decompose(self) -> (PageId, u64) {
-        let sz = 1 << (self.0 >> 56);
+    const fn decompose(self) -> (PageId, u64, Admission) {
+        let admission = if self.0 & SCAN_BIT == 0 {
+            Admission::Recent
+        } else {
+            Admission::Scan
+        };
+        let sz = 1 << ((self.0 & !SCAN_BIT) >> 56);
         let pid = self.0 << 8 >> 8;
-        (pid, sz)
+        (pid, sz, admission)
     }
+}
+
+/// keyhold: how a page read from disk enters the cache. sled put every page
+/// it read at the most recently used end, so a scan of a tree larger than
+/// the cache (a snapshot's walk, a sweep) pushed out the pages in use with
+/// pages it would not read again, and those, read as thousands of small
+/// entries, took more memory than the cache counts for them: during a
+/// snapshot build of a region the node's heap grew by a third.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admission {
+    /// A read or write through a key: the page goes to the most recently
+    /// used end, as in sled.
+    Recent,
+    /// An iterator's read: a page read from disk goes to the least recently
+    /// used end, so it is the first to leave once the cache is full, and a
+    /// page already cached keeps its place.
+    Scan,
 }
 
 /// keyhold: sled keeps a record of every page in memory whether its page is
@@ -296,21 +328,37 @@ impl Lru {
         item_size: u64,
         guard: &Guard,
     ) -> Vec<PageId> {
+        self.admitted(id, item_size, Admission::Recent, guard)
+    }
+
+    /// keyhold: `accessed`, for a page read from disk the way `admission`
+    /// says.
+    pub fn admitted(
+        &self,
+        id: PageId,
+        item_size: u64,
+        admission: Admission,
+        guard: &Guard,
+    ) -> Vec<PageId> {
         let mut ret = vec![];
         let shards = self.shards.len() as u64;
         let (shard_idx, item_pos) = (id % shards, id / shards);
         let (stack, shard_mu) = &self.shards[safe_usize(shard_idx)];
 
-        let filled = stack.push(CacheAccess::new(item_pos, item_size));
+        let filled =
+            stack.push(CacheAccess::new(item_pos, item_size, admission));
 
         if filled {
             // only try to acquire this if
             if let Some(mut shard) = shard_mu.try_lock() {
                 let accesses = stack.take(guard);
                 for item in accesses {
-                    let (item_pos, item_size) = item.decompose();
-                    let to_evict =
-                        shard.accessed(safe_usize(item_pos), item_size);
+                    let (item_pos, item_size, admission) = item.decompose();
+                    let to_evict = shard.accessed(
+                        safe_usize(item_pos),
+                        item_size,
+                        admission,
+                    );
                     // map shard internal offsets to global items ids
                     for pos in to_evict {
                         let item = (pos * shards) + shard_idx;
@@ -369,7 +417,12 @@ impl Shard {
     }
 
     /// `PageId`s in the shard list are indexes of the entries.
-    fn accessed(&mut self, pos: usize, size: u64) -> Vec<PageId> {
+    fn accessed(
+        &mut self,
+        pos: usize,
+        size: u64,
+        admission: Admission,
+    ) -> Vec<PageId> {
         if pos >= self.entries.len() {
             self.entries.resize(pos + 1, Entry::default());
         }
@@ -381,11 +434,14 @@ impl Shard {
             entry.size = size;
             self.size += size;
 
-            if entry.ptr.is_null() {
-                entry.ptr = self.list.push_head(PageId::try_from(pos).unwrap());
-            } else {
-                entry.ptr = self.list.promote(entry.ptr);
-            }
+            let pid = PageId::try_from(pos).unwrap();
+            entry.ptr = match (entry.ptr.is_null(), admission) {
+                (true, Admission::Recent) => self.list.push_head(pid),
+                (false, Admission::Recent) => self.list.promote(entry.ptr),
+                // keyhold: see `Admission::Scan`.
+                (true, Admission::Scan) => self.list.push_tail(pid),
+                (false, Admission::Scan) => entry.ptr,
+            };
         }
 
         let mut to_evict = vec![];

@@ -8,7 +8,7 @@ use std::{
 
 use parking_lot::RwLock;
 
-use crate::{atomic_shim::AtomicU64, pagecache::NodeView, *};
+use crate::{atomic_shim::AtomicU64, lru::Admission, pagecache::NodeView, *};
 
 #[derive(Debug, Clone)]
 pub(crate) struct View<'g> {
@@ -1652,8 +1652,20 @@ impl Tree {
         pid: PageId,
         guard: &'g Guard,
     ) -> Result<Option<View<'g>>> {
+        self.view_for_pid_as(pid, Admission::Recent, guard)
+    }
+
+    /// keyhold: `view_for_pid`, with the cache told how the page is read
+    /// (`Admission`).
+    fn view_for_pid_as<'g>(
+        &self,
+        pid: PageId,
+        admission: Admission,
+        guard: &'g Guard,
+    ) -> Result<Option<View<'g>>> {
         loop {
-            let node_view_opt = self.context.pagecache.get(pid, guard)?;
+            let node_view_opt =
+                self.context.pagecache.get_as(pid, admission, guard)?;
             // if let Some((tree_ptr, ref leaf, size)) = &frag_opt {
             if let Some(node_view) = &node_view_opt {
                 let size = node_view.0.log_size();
@@ -1676,10 +1688,25 @@ impl Tree {
     // high because attempts to split it up have made
     // the inherent complexity of the operation more
     // challenging to understand.
-    #[allow(clippy::cognitive_complexity)]
     pub(crate) fn view_for_key<'g, K>(
         &self,
         key: K,
+        guard: &'g Guard,
+    ) -> Result<View<'g>>
+    where
+        K: AsRef<[u8]>,
+    {
+        self.view_for_key_as(key, Admission::Recent, guard)
+    }
+
+    /// keyhold: `view_for_key`, with the cache told how the pages on the
+    /// way are read (`Admission`; an iterator's are `Scan`). The pages a
+    /// split or merge met on the way reads are read as before.
+    #[allow(clippy::cognitive_complexity)]
+    pub(crate) fn view_for_key_as<'g, K>(
+        &self,
+        key: K,
+        admission: Admission,
         guard: &'g Guard,
     ) -> Result<View<'g>>
     where
@@ -1721,7 +1748,7 @@ impl Tree {
                 return Err(Error::CollectionNotFound(self.tree_id.clone()));
             }
 
-            let node_opt = self.view_for_pid(cursor, guard)?;
+            let node_opt = self.view_for_pid_as(cursor, admission, guard)?;
 
             let view = if let Some(view) = node_opt {
                 view

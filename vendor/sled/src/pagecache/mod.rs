@@ -24,6 +24,7 @@ mod snapshot;
 use std::{collections::BinaryHeap, ops::Deref};
 
 use crate::*;
+use crate::lru::Admission;
 
 #[cfg(any(all(not(unix), not(windows)), miri))]
 use parallel_io_polyfill::{pread_exact, pread_exact_or_eof, pwrite_all};
@@ -1658,6 +1659,18 @@ impl PageCache {
         pid: PageId,
         guard: &'g Guard,
     ) -> Result<Option<NodeView<'g>>> {
+        self.get_as(pid, Admission::Recent, guard)
+    }
+
+    /// keyhold: `get`, with the cache told how the page is read
+    /// (`Admission`): a scan's read of a cached page leaves its place in the
+    /// cache alone, and a page a scan reads from disk is the first to leave.
+    pub(crate) fn get_as<'g>(
+        &self,
+        pid: PageId,
+        admission: Admission,
+        guard: &'g Guard,
+    ) -> Result<Option<NodeView<'g>>> {
         trace!("getting page iterator for pid {}", pid);
         let _measure = Measure::new(&M.get_page);
 
@@ -1689,6 +1702,9 @@ impl PageCache {
             }
 
             if page_view.update.is_some() {
+                if admission == Admission::Scan {
+                    return Ok(Some(NodeView(page_view)));
+                }
                 // possibly evict an item now that our cache has grown
                 let total_page_size = page_view.log_size();
                 let to_evict = self.lru.accessed(pid, total_page_size, guard);
@@ -1766,7 +1782,8 @@ impl PageCache {
 
             // possibly evict an item now that our cache has grown
             let total_page_size = unsafe { new_shared.deref().log_size() };
-            let to_evict = self.lru.accessed(pid, total_page_size, guard);
+            let to_evict =
+                self.lru.admitted(pid, total_page_size, admission, guard);
             trace!("accessed pid {} -> paging out pids {:?}", pid, to_evict);
             if !to_evict.is_empty() {
                 self.page_out(to_evict, guard)?;
@@ -1779,7 +1796,7 @@ impl PageCache {
         } else {
             trace!("fix-up for pid {} failed", pid);
 
-            self.get(pid, guard)
+            self.get_as(pid, admission, guard)
         }
     }
 
