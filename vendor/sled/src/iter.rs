@@ -93,6 +93,33 @@ impl Iter {
         self.tree.view_for_key_as(key, Admission::Scan, guard)
     }
 
+    /// keyhold: whether a forward step from `self.lo` finds nothing in
+    /// range, judged from `node` alone: the leaf holding `self.lo` has no
+    /// key at or after it below `self.hi`, and the next leaf starts at or
+    /// after `self.hi`. `false` when `node` cannot tell (it does not hold
+    /// `self.lo`, or the next key in range may be in a later leaf).
+    fn ends_before(&self, node: &Node) -> bool {
+        if self.bounds_collapsed() {
+            return true;
+        }
+        if !node.contains_upper_bound(&self.lo)
+            || !node.contains_lower_bound(&self.lo, true)
+        {
+            return false;
+        }
+        let next = match node.successor(&self.lo) {
+            Some((key, _)) => key,
+            None if node.hi.is_empty() => return true,
+            // The next key is at `node.hi` or after it.
+            None => node.hi.clone(),
+        };
+        match self.hi {
+            Bound::Unbounded => false,
+            Bound::Included(ref h) => next > *h,
+            Bound::Excluded(ref h) => next >= *h,
+        }
+    }
+
     pub(crate) fn next_inner(&mut self) -> Option<<Self as Iterator>::Item> {
         let guard = pin();
         let (mut pid, mut node) = if let (true, Some((pid, node))) =
@@ -102,6 +129,12 @@ impl Iter {
         } else {
             let view =
                 iter_try!(self.scan_view(self.low_key(), &guard));
+            // keyhold: a range with nothing in the leaf it starts in ends
+            // there without copying that leaf, so looking for keys that are
+            // not there costs one traversal.
+            if self.ends_before(&view) {
+                return None;
+            }
             (view.pid, view.deref().clone())
         };
 
