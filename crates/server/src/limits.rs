@@ -253,6 +253,13 @@ pub const MOVE_IMPORT_COMMAND_BYTES_MAX: usize = 128 * 1024;
 /// final pass keeps the larger commands: there each second is a second of 503
 /// `tenant-moving` for the moving tenant.
 pub const MOVE_ONLINE_IMPORT_COMMAND_BYTES_MAX: usize = 32 * 1024;
+/// Import commands of one page a new home has queued or applying at once.
+/// One at a time, each waited for an entry of the new home's writer to apply
+/// (5-10 ms under load), which held the online pass below its pace: a tenant
+/// of 100,000 orders took 29-35 s to move with the pace raised or not
+/// (docs/benchmarks.md, "The online pass: bound by its one command in
+/// flight"). With two, the next command is queued while one applies.
+pub const MOVE_IMPORT_COMMANDS_IN_FLIGHT: usize = 2;
 /// The rate at which the first pass of a move (online: the tenant is still
 /// served at its old home) imports at the new home, in bytes of keys and
 /// payloads per second: the new home's own tenants keep most of its apply
@@ -300,6 +307,7 @@ const _: () = assert!(MOVE_UNLEASED_GRACE_MS * 10 <= MOVE_DRIVER_LEASE_MS_DEFAUL
 // A driver renews its lease between pull calls, and while one runs.
 const _: () = assert!(MOVE_PULL_BUDGET_MS * 3 <= MOVE_DRIVER_LEASE_MS_DEFAULT);
 const _: () = assert!(MOVE_PULL_PAGES_MAX >= 1);
+const _: () = assert!(MOVE_IMPORT_COMMANDS_IN_FLIGHT >= 1);
 // A command is a fraction of a page, and one second of pacing holds a few.
 const _: () = assert!(MOVE_IMPORT_COMMAND_BYTES_MAX * 8 <= MOVE_PAGE_BYTES_MAX);
 const _: () = assert!(MOVE_IMPORT_COMMAND_BYTES_MAX as u64 * 4 <= MOVE_COPY_BYTES_PER_SECOND);

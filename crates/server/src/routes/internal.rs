@@ -19,7 +19,7 @@
 use super::{json_response, read_body};
 use crate::limits::{
     MOVE_CALL_TIMEOUT_MS, MOVE_COPY_BYTES_PER_SECOND, MOVE_DRAIN_POLL_MS, MOVE_DRAIN_WAIT_MS,
-    MOVE_IMPORT_BODY_BYTES_MAX, MOVE_IMPORT_COMMAND_BYTES_MAX,
+    MOVE_IMPORT_BODY_BYTES_MAX, MOVE_IMPORT_COMMANDS_IN_FLIGHT, MOVE_IMPORT_COMMAND_BYTES_MAX,
     MOVE_ONLINE_IMPORT_COMMAND_BYTES_MAX, MOVE_PAGE_BYTES_MAX, MOVE_PULL_BUDGET_MS,
     MOVE_PULL_PAGES_MAX, REGISTRY_READ_WAIT_MS,
 };
@@ -31,6 +31,7 @@ use axum::http::{header, HeaderMap, HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use futures::StreamExt;
 use keyhold_core::{Problem, TenantId};
 use keyhold_registry::{TenantState, NODE_CREDENTIAL_HEADER};
 use keyhold_store::{ChangePage, ExportEntry, GuardOutcome};
@@ -588,23 +589,13 @@ impl Pacer {
             imported_bytes: 0,
         }
     }
-
-    /// Waits until the next command is due.
-    async fn wait(&self) {
-        let Some(rate) = self.bytes_per_second else {
-            return;
-        };
-        let wait = pace_wait(self.imported_bytes, self.started.elapsed(), rate);
-        if !wait.is_zero() {
-            tokio::time::sleep(wait).await;
-        }
-    }
 }
 
 /// Writes one page of `pass` for the running move `scope` into this store, in
 /// commands of at most `MOVE_IMPORT_COMMAND_BYTES_MAX` bytes, each queued
-/// among the other tenants' commands and durable before the next, paced by
-/// `pacer`.
+/// among the other tenants' commands, up to `MOVE_IMPORT_COMMANDS_IN_FLIGHT`
+/// of them at once (a page's commands hold different keys, so their order
+/// does not matter; the page is durable before the next), paced by `pacer`.
 async fn import_page(
     node: &Node,
     tenant: &TenantId,
@@ -613,22 +604,39 @@ async fn import_page(
     bytes: &[u8],
     pacer: &mut Pacer,
 ) -> Result<u64, ApiError> {
+    let mut submitted_bytes = pacer.imported_bytes;
+    let (rate, started) = (pacer.bytes_per_second, pacer.started);
+    let commands = import_commands(pass, bytes)?
+        .into_iter()
+        .map(|(piece, size)| {
+            // Due when the bytes before it are, at the pace.
+            let due = rate.map(|r| started + pace_wait(submitted_bytes, Duration::ZERO, r));
+            submitted_bytes += size as u64;
+            let (store, operation_id, epoch) =
+                (node.store(), scope.operation_id.clone(), scope.epoch);
+            async move {
+                if let Some(due) = due {
+                    tokio::time::sleep_until(due.into()).await;
+                }
+                let outcome = match piece {
+                    Piece::Entries(entries) => {
+                        store
+                            .import(tenant.clone(), operation_id, epoch, entries)
+                            .await?
+                    }
+                    Piece::Changes(page) => {
+                        store
+                            .import_changes(tenant.clone(), operation_id, epoch, page)
+                            .await?
+                    }
+                };
+                Ok::<_, ApiError>((outcome, size))
+            }
+        });
+    let mut done = futures::stream::iter(commands).buffered(MOVE_IMPORT_COMMANDS_IN_FLIGHT);
     let mut imported = 0;
-    for (piece, size) in import_commands(pass, bytes)? {
-        pacer.wait().await;
-        let (store, operation_id, epoch) = (node.store(), scope.operation_id.clone(), scope.epoch);
-        let outcome = match piece {
-            Piece::Entries(entries) => {
-                store
-                    .import(tenant.clone(), operation_id, epoch, entries)
-                    .await?
-            }
-            Piece::Changes(page) => {
-                store
-                    .import_changes(tenant.clone(), operation_id, epoch, page)
-                    .await?
-            }
-        };
+    while let Some(result) = done.next().await {
+        let (outcome, size) = result?;
         imported += guard_answer(outcome)?;
         pacer.imported_bytes += size as u64;
         metrics::counter!("keyhold_move_import_commands_total").increment(1);
