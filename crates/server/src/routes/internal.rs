@@ -578,7 +578,7 @@ fn pace_wait(imported_bytes: u64, elapsed: Duration, bytes_per_second: u64) -> D
 struct Pacer {
     bytes_per_second: Option<u64>,
     started: Instant,
-    imported_bytes: u64,
+    queued_bytes: u64,
 }
 
 impl Pacer {
@@ -586,8 +586,18 @@ impl Pacer {
         Pacer {
             bytes_per_second,
             started: Instant::now(),
-            imported_bytes: 0,
+            queued_bytes: 0,
         }
+    }
+
+    /// Queues a command of `size` bytes after those queued so far: when it
+    /// is due (when the bytes before it are, at the pace; `None`: at once).
+    fn queue(&mut self, size: usize) -> Option<Instant> {
+        let due = self
+            .bytes_per_second
+            .map(|rate| self.started + pace_wait(self.queued_bytes, Duration::ZERO, rate));
+        self.queued_bytes += size as u64;
+        due
     }
 }
 
@@ -604,14 +614,10 @@ async fn import_page(
     bytes: &[u8],
     pacer: &mut Pacer,
 ) -> Result<u64, ApiError> {
-    let mut submitted_bytes = pacer.imported_bytes;
-    let (rate, started) = (pacer.bytes_per_second, pacer.started);
     let commands = import_commands(pass, bytes)?
         .into_iter()
         .map(|(piece, size)| {
-            // Due when the bytes before it are, at the pace.
-            let due = rate.map(|r| started + pace_wait(submitted_bytes, Duration::ZERO, r));
-            submitted_bytes += size as u64;
+            let due = pacer.queue(size);
             let (store, operation_id, epoch) =
                 (node.store(), scope.operation_id.clone(), scope.epoch);
             async move {
@@ -630,15 +636,13 @@ async fn import_page(
                             .await?
                     }
                 };
-                Ok::<_, ApiError>((outcome, size))
+                Ok::<_, ApiError>(outcome)
             }
         });
     let mut done = futures::stream::iter(commands).buffered(MOVE_IMPORT_COMMANDS_IN_FLIGHT);
     let mut imported = 0;
     while let Some(result) = done.next().await {
-        let (outcome, size) = result?;
-        imported += guard_answer(outcome)?;
-        pacer.imported_bytes += size as u64;
+        imported += guard_answer(result?)?;
         metrics::counter!("keyhold_move_import_commands_total").increment(1);
     }
     metrics::counter!("keyhold_move_pages_total").increment(1);
