@@ -113,10 +113,16 @@ impl Iter {
             // The next key is at `node.hi` or after it.
             None => node.hi.clone(),
         };
+        self.beyond_hi(&next)
+    }
+
+    /// keyhold: whether `key` is past the range's upper bound (one rule for
+    /// `ends_before` and a forward step).
+    fn beyond_hi(&self, key: &[u8]) -> bool {
         match self.hi {
             Bound::Unbounded => false,
-            Bound::Included(ref h) => next > *h,
-            Bound::Excluded(ref h) => next >= *h,
+            Bound::Included(ref h) => key > h.as_ref(),
+            Bound::Excluded(ref h) => key >= h.as_ref(),
         }
     }
 
@@ -165,16 +171,10 @@ impl Iter {
                 self.cached_node = Some((pid, node));
                 self.going_forward = true;
 
-                match self.hi {
-                    Bound::Unbounded => return Some(Ok((key, value))),
-                    Bound::Included(ref h) if *h >= key => {
-                        return Some(Ok((key, value)));
-                    }
-                    Bound::Excluded(ref h) if *h > key => {
-                        return Some(Ok((key, value)));
-                    }
-                    _ => return None,
+                if self.beyond_hi(&key) {
+                    return None;
                 }
+                return Some(Ok((key, value)));
             } else {
                 if node.hi.is_empty() {
                     return None;
