@@ -93,6 +93,33 @@ pub fn order_tenant(payload: &[u8]) -> Result<&str, Error> {
     Ok(head.tenant)
 }
 
+/// What an outbox event's disposition needs (`OutboxEvent`'s id and tenant),
+/// read from the head of its payload without decoding or copying the rest:
+/// the consumers ask it of every event they take effect for.
+pub struct EventHead<'a> {
+    pub event_id: &'a str,
+    pub tenant: &'a str,
+}
+
+/// `EventHead` of a stored event's payload (`payload`): `OutboxEvent` starts
+/// with its sequence, id, kind and tenant.
+pub fn event_head(payload: &[u8]) -> Result<EventHead<'_>, Error> {
+    #[derive(serde::Deserialize)]
+    struct Head<'a> {
+        _seq: u64,
+        event_id: &'a str,
+        _kind: &'a str,
+        tenant: &'a str,
+    }
+    let config = config().with_limit::<{ crate::limits::COMMAND_BYTES_MAX }>();
+    let (head, _): (Head<'_>, usize) = bincode::serde::borrow_decode_from_slice(payload, config)
+        .map_err(|e| Error::Corrupt(e.to_string()))?;
+    Ok(EventHead {
+        event_id: head.event_id,
+        tenant: head.tenant,
+    })
+}
+
 /// Decodes a command or an imported payload. The limit makes a length prefix
 /// that claims more than `COMMAND_BYTES_MAX` an error before anything is
 /// allocated for it (found by fuzzing: 11 bytes asked for 2.2 GB).
@@ -130,5 +157,23 @@ mod tests {
         let stored = encode(9, &order);
         assert_eq!(order_tenant(payload(&stored).unwrap()).unwrap(), "tenant-7");
         assert!(order_tenant(&[0xff, 0xff]).is_err());
+    }
+
+    #[test]
+    fn an_events_id_and_tenant_are_read_from_its_head_alone() {
+        let event = crate::command::OutboxEvent {
+            seq: 41,
+            event_id: "evt_9".into(),
+            kind: "order.created".into(),
+            tenant: TenantId::parse("tenant-7").unwrap(),
+            order_id: "ord_1".into(),
+            occurred_at: UnixMillis(5),
+            expires_at: UnixMillis(6),
+            payload: br#"{"amount":5}"#.to_vec(),
+        };
+        let stored = encode(9, &event);
+        let head = event_head(payload(&stored).unwrap()).unwrap();
+        assert_eq!((head.event_id, head.tenant), ("evt_9", "tenant-7"));
+        assert!(event_head(&[0xff, 0xff]).is_err());
     }
 }

@@ -55,6 +55,7 @@ pub use reconcile::{Disposition, LostTenant, Orphan, OrphanKind, Reconciliation}
 pub use stats::CommitStats;
 
 use keyhold_core::{Marker, Order, Record, Scope, TenantId, UnixMillis};
+use machine::MarksSeen;
 use serde::de::DeserializeOwned;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -394,25 +395,13 @@ impl Store {
         after_seq: u64,
         max: usize,
     ) -> Result<Vec<(OutboxEvent, Disposition)>, Error> {
-        let machine = &self.inner.machine;
-        let any_loss = machine
-            .tree()
-            .scan_prefix(keys::LOST_PREFIX)
-            .next()
-            .is_some();
-        let mut marks_of = std::collections::HashMap::new();
+        let unchanged = overlay::Changes::default();
+        let view = self.inner.machine.view(&unchanged);
+        let mut marks = MarksSeen::default();
         let mut events = Vec::new();
         for item in self.outbox_stamped(after_seq, max) {
             let (event, written) = item?;
-            let disposition = if any_loss {
-                if !marks_of.contains_key(&event.tenant) {
-                    let marks = machine.loss_marks(&event.tenant)?;
-                    marks_of.insert(event.tenant.clone(), marks);
-                }
-                Disposition::of(written, marks_of[&event.tenant].iter().cloned())
-            } else {
-                Disposition::Ours
-            };
+            let disposition = marks.disposition(&view, event.tenant.as_str(), written)?;
             events.push((event, disposition));
         }
         Ok(events)

@@ -7,7 +7,9 @@
 //! machine writes with the rest of its entry in one atomic sled batch: an order is
 //! never visible without its record, marker and outbox event.
 
-use crate::codec::{decode, decode_plain, encode, encode_raw, order_tenant, payload};
+use crate::codec::{
+    decode, decode_plain, encode, encode_raw, event_head, order_tenant, payload, stamp,
+};
 use crate::command::{
     Applied, BatchOutcome, CarriedEvent, ClaimOutcome, Command, CompleteOutcome, ConsumeOutcome,
     Cursor, CursorOutcome, ExportEntry, GuardOutcome, HeartbeatOutcome, HeldEvent, InventoryEffect,
@@ -39,6 +41,8 @@ struct Round {
     processed: HashSet<String>,
     /// Orders this command read or wrote, as they will be.
     orders: HashMap<String, Order>,
+    /// The loss marks of the events' tenants (a consumer command writes none).
+    marks: MarksSeen,
 }
 
 impl Round {
@@ -48,7 +52,46 @@ impl Round {
             processed_ttl_ms,
             processed: HashSet::new(),
             orders: HashMap::new(),
+            marks: MarksSeen::default(),
         }
+    }
+}
+
+/// The loss marks (`Command::MarkLost`) one pass over outbox events reads,
+/// each tenant's once, and none at all while the store holds no mark (a
+/// region that never lost a tenant in a failover: one scan tells). A pass
+/// must not write marks itself: the relay's read of a round, or one consumer
+/// command.
+#[derive(Debug, Default)]
+pub(crate) struct MarksSeen {
+    any: Option<bool>,
+    of: HashMap<String, Vec<(LostTenant, u64)>>,
+}
+
+impl MarksSeen {
+    /// Whose an event of `tenant` written at log index `written` is to take
+    /// effect for, by the marks `view` holds.
+    pub(crate) fn disposition(
+        &mut self,
+        view: &View<'_>,
+        tenant: &str,
+        written: u64,
+    ) -> Result<Disposition, Error> {
+        let any = match self.any {
+            Some(any) => any,
+            None => *self
+                .any
+                .insert(view.scan_prefix(keys::LOST_PREFIX).next().is_some()),
+        };
+        if !any {
+            return Ok(Disposition::Ours);
+        }
+        if !self.of.contains_key(tenant) {
+            let id = TenantId::parse(tenant)
+                .map_err(|_| Error::Corrupt(format!("stored event of tenant {tenant:?}")))?;
+            self.of.insert(tenant.to_owned(), view.loss_marks(&id)?);
+        }
+        Ok(Disposition::of(written, self.of[tenant].iter().cloned()))
     }
 }
 
@@ -124,7 +167,7 @@ impl Machine {
     }
 
     /// The tree as it is (reads outside any entry being applied).
-    fn view<'a>(&'a self, over: &'a Changes) -> View<'a> {
+    pub(crate) fn view<'a>(&'a self, over: &'a Changes) -> View<'a> {
         View::new(&self.tree, over)
     }
 
@@ -181,11 +224,6 @@ impl Machine {
     /// event `event_id` is there).
     pub fn disposition(&self, seq: u64, event_id: &str) -> Result<Disposition, Error> {
         self.view(&Changes::default()).disposition(seq, event_id)
-    }
-
-    /// The tenant's loss marks, each with the index that wrote it.
-    pub fn loss_marks(&self, tenant: &TenantId) -> Result<Vec<(LostTenant, u64)>, Error> {
-        self.view(&Changes::default()).loss_marks(tenant)
     }
 
     pub fn reservations(&self, order_id: &str) -> Result<Vec<Reservation>, Error> {
@@ -419,7 +457,8 @@ impl View<'_> {
                     // A lost tenant's event reserves nothing here: the new
                     // home reserves what its copy carried, and an orphan's
                     // order no longer exists anywhere.
-                    let (disposition, guards) = m.kept_event(effect.seq, &effect.event_id)?;
+                    let (disposition, guards) =
+                        m.kept_event(&mut round.marks, effect.seq, &effect.event_id)?;
                     Ok(Ok(match disposition {
                         Disposition::Ours => m.reserve(w, round, effect, guards)?,
                         Disposition::Carried | Disposition::Orphan => ConsumeOutcome::NotOurs,
@@ -440,7 +479,8 @@ impl View<'_> {
                     // An orphan's payment is recorded: the relay only looked
                     // it up at the provider (an attempt before the loss may
                     // have charged). A carried one is the new home's.
-                    let (disposition, guards) = m.kept_event(effect.seq, &effect.event_id)?;
+                    let (disposition, guards) =
+                        m.kept_event(&mut round.marks, effect.seq, &effect.event_id)?;
                     match disposition {
                         Disposition::Carried => Ok(Ok(ConsumeOutcome::NotOurs)),
                         Disposition::Ours | Disposition::Orphan => {
@@ -785,20 +825,26 @@ impl View<'_> {
     /// `Ours` when no event `event_id` is there (a single-event command's
     /// `seq` is 0).
     fn disposition(&self, seq: u64, event_id: &str) -> Result<Disposition, Error> {
-        Ok(self.kept_event(seq, event_id)?.0)
+        Ok(self.kept_event(&mut MarksSeen::default(), seq, event_id)?.0)
     }
 
     /// `disposition`, and how long a processed entry of the event is kept:
-    /// with the event when it is in the outbox at `seq`.
-    fn kept_event(&self, seq: u64, event_id: &str) -> Result<(Disposition, Guards), Error> {
+    /// with the event when it is in the outbox at `seq`. Reads the event's
+    /// head alone, and the marks through `marks`.
+    fn kept_event(
+        &self,
+        marks: &mut MarksSeen,
+        seq: u64,
+        event_id: &str,
+    ) -> Result<(Disposition, Guards), Error> {
         let Some(raw) = self.get_raw(&keys::outbox(seq))? else {
             return Ok((Disposition::Ours, Guards::OwnExpiry));
         };
-        let (event, written) = decode::<OutboxEvent>(&raw)?;
-        if event.event_id != event_id {
+        let head = event_head(payload(&raw)?)?;
+        if head.event_id != event_id {
             return Ok((Disposition::Ours, Guards::OwnExpiry));
         }
-        let disposition = Disposition::of(written, self.loss_marks(&event.tenant)?);
+        let disposition = marks.disposition(self, head.tenant, stamp(&raw)?)?;
         Ok((disposition, Guards::KeptEvent))
     }
 
