@@ -1,7 +1,7 @@
 //! Ranges of sled as keyhold patches it (vendor/sled/KEYHOLD.md, change 9): a
 //! forward range with nothing in the leaf it starts in ends there without
 //! copying that leaf. The store looks for keys that are usually absent on
-//! every write (a tenant's loss marks, one prefix scan per consumer effect),
+//! every write (loss marks: a prefix scan per consumer command, per effect then),
 //! and sled used to clone the whole leaf before finding nothing. Also: ranges
 //! and prefix scans still return exactly what a sorted map of the same writes
 //! holds, empty or not.
