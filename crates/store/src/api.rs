@@ -891,4 +891,35 @@ mod tests {
         );
         store.shutdown().await.unwrap();
     }
+
+    /// A store written before guards existed keeps a fence as a bare
+    /// `sfence:` key. It reads as a fence of epoch 0: the tenant's orders are
+    /// refused, and any ownership lifts it, removing the key.
+    #[tokio::test]
+    async fn a_fence_written_before_guards_holds_until_an_ownership() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path()).await;
+        let legacy = crate::keys::legacy_fence(&t("t1"));
+        store.inner.machine.tree().insert(&legacy, &[][..]).unwrap();
+        let fence = TenantGuard::Fenced {
+            operation_id: String::new(),
+            epoch: 0,
+        };
+        assert_eq!(store.guard(&t("t1")).unwrap(), Some(fence));
+        let (s, fp, order) = order_of(1);
+        let create = store.create_order(s, fp, order, T0, &POLICY).await.unwrap();
+        assert_eq!(create.value, OrderOutcome::Fenced);
+
+        let owned = store.own(t("t1"), 1).await.unwrap();
+        let guard = TenantGuard::Owned { epoch: 1 };
+        assert_eq!(owned, GuardOutcome::Accepted { guard, imported: 0 });
+        assert!(!store.inner.machine.tree().contains_key(&legacy).unwrap());
+        let (s, fp, order) = order_of(2);
+        let create = store.create_order(s, fp, order, T0, &POLICY).await.unwrap();
+        assert!(
+            matches!(create.value, OrderOutcome::Created { .. }),
+            "{create:?}"
+        );
+        store.shutdown().await.unwrap();
+    }
 }
