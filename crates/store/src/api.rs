@@ -893,27 +893,53 @@ mod tests {
     }
 
     /// A store written before guards existed keeps a fence as a bare
-    /// `sfence:` key. It reads as a fence of epoch 0: the tenant's orders are
-    /// refused, and any ownership lifts it, removing the key.
+    /// `sfence:` key. Opened by this build it is the guard it stands for, a
+    /// fence of epoch 0 (listed by `guards`, so the node can lift it): the
+    /// tenant's orders are refused and any ownership lifts it. A guard
+    /// written beside such a key is kept.
     #[tokio::test]
-    async fn a_fence_written_before_guards_holds_until_an_ownership() {
+    async fn a_fence_written_before_guards_is_a_guard_once_opened() {
         let dir = tempfile::tempdir().unwrap();
+        {
+            let store = open(dir.path()).await;
+            store.own(t("t2"), 3).await.unwrap();
+            let tree = store.inner.machine.tree();
+            for tenant in ["t1", "t2"] {
+                let mut legacy = crate::keys::LEGACY_FENCE_PREFIX.to_vec();
+                legacy.extend_from_slice(tenant.as_bytes());
+                tree.insert(legacy, crate::codec::encode(7, &true)).unwrap();
+            }
+            tree.flush().unwrap();
+            store.shutdown().await.unwrap();
+        }
         let store = open(dir.path()).await;
-        let legacy = crate::keys::legacy_fence(&t("t1"));
-        store.inner.machine.tree().insert(&legacy, &[][..]).unwrap();
         let fence = TenantGuard::Fenced {
             operation_id: String::new(),
             epoch: 0,
         };
-        assert_eq!(store.guard(&t("t1")).unwrap(), Some(fence));
+        let owned = TenantGuard::Owned { epoch: 3 };
+        assert_eq!(
+            store.guards().unwrap(),
+            [(t("t1"), fence.clone()), (t("t2"), owned)]
+        );
+        let tree = store.inner.machine.tree();
+        assert!(tree
+            .scan_prefix(crate::keys::LEGACY_FENCE_PREFIX)
+            .next()
+            .is_none());
+        let stored = tree.get(crate::keys::guard(&t("t1"))).unwrap().unwrap();
+        assert_eq!(
+            crate::codec::stamp(&stored).unwrap(),
+            7,
+            "the fence's own index"
+        );
         let (s, fp, order) = order_of(1);
         let create = store.create_order(s, fp, order, T0, &POLICY).await.unwrap();
         assert_eq!(create.value, OrderOutcome::Fenced);
 
-        let owned = store.own(t("t1"), 1).await.unwrap();
+        let lifted = store.own(t("t1"), 1).await.unwrap();
         let guard = TenantGuard::Owned { epoch: 1 };
-        assert_eq!(owned, GuardOutcome::Accepted { guard, imported: 0 });
-        assert!(!store.inner.machine.tree().contains_key(&legacy).unwrap());
+        assert_eq!(lifted, GuardOutcome::Accepted { guard, imported: 0 });
         let (s, fp, order) = order_of(2);
         let create = store.create_order(s, fp, order, T0, &POLICY).await.unwrap();
         assert!(

@@ -169,8 +169,11 @@ fn read_record(bytes: &[u8], at: usize) -> Option<(Result<Logged, Error>, usize)
 fn open_tree(dir: &Path) -> Result<(sled::Db, Machine), Error> {
     let db =
         keyhold_raftlog::open_db(&sled::Config::new().path(dir.join(DB)).flush_every_ms(None))?;
-    let tree = db.open_tree(crate::raft::REGION_TREE)?;
-    Ok((db, Machine::new(tree)))
+    let machine = Machine::new(db.open_tree(crate::raft::REGION_TREE)?);
+    // Its log's commands are decided again on the tree: its fences must read
+    // as the guards they stand for first.
+    machine.migrate_legacy_fences()?;
+    Ok((db, machine))
 }
 
 /// Applies the logged batches newer than the tree's last whole batch, as format

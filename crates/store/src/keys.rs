@@ -183,12 +183,18 @@ pub fn change(tenant: &[u8], changed: &[u8]) -> Vec<u8> {
     key
 }
 
-/// Present while a tenant is fenced, in stores written before guards existed;
-/// read as a fence of epoch 0, which any ownership lifts.
-pub fn legacy_fence(tenant: &TenantId) -> Vec<u8> {
-    let mut key = b"sfence:".to_vec();
-    key.extend_from_slice(tenant.as_str().as_bytes());
-    key
+/// Prefix of the fences of stores written before guards existed (`sfence:`
+/// and the tenant), each rewritten as the guard it stands for when the store
+/// opens or installs a snapshot (`Machine::migrate_legacy_fences`).
+pub const LEGACY_FENCE_PREFIX: &[u8] = b"sfence:";
+
+/// The guard key of the same tenant as a pre-guard fence key (`None` for
+/// any other key).
+pub fn guard_of_legacy_fence(key: &[u8]) -> Option<Vec<u8>> {
+    let tenant = key.strip_prefix(LEGACY_FENCE_PREFIX)?;
+    let mut guard = GUARD_PREFIX.to_vec();
+    guard.extend_from_slice(tenant);
+    Some(guard)
 }
 
 /// The tenant part of a record, marker or order-index key (`None` for others).

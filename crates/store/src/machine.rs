@@ -166,6 +166,41 @@ impl Machine {
         &self.tree
     }
 
+    /// Rewrites the fences of a store written before guards existed (a bare
+    /// `keys::LEGACY_FENCE_PREFIX` key per fenced tenant) as the guard they
+    /// stand for: `Fenced` at epoch 0, which any ownership lifts, stamped with
+    /// the fence's own log index; a guard already there is kept. Called when
+    /// the state machine opens and when it installs a snapshot, before
+    /// anything reads a guard, so that reads need one lookup and
+    /// `Store::guards` lists them (the node lifts the fences it lists). Not
+    /// flushed: a crash before sled's next flush finds the old keys and
+    /// rewrites them again. Returns how many it rewrote.
+    pub(crate) fn migrate_legacy_fences(&self) -> Result<usize, Error> {
+        let fence = TenantGuard::Fenced {
+            operation_id: String::new(),
+            epoch: 0,
+        };
+        let mut batch = sled::Batch::default();
+        let mut rewritten = 0usize;
+        for item in self.tree.scan_prefix(keys::LEGACY_FENCE_PREFIX) {
+            let (key, value) = item?;
+            let guard = keys::guard_of_legacy_fence(&key).expect("a key of the prefix");
+            if !self.tree.contains_key(&guard)? {
+                batch.insert(guard, encode(stamp(&value).unwrap_or(0), &fence));
+            }
+            batch.remove(key);
+            rewritten += 1;
+        }
+        if rewritten > 0 {
+            self.tree.apply_batch(batch)?;
+            tracing::info!(
+                fences = rewritten,
+                "fences of a store before guards rewritten as guards"
+            );
+        }
+        Ok(rewritten)
+    }
+
     /// The tree as it is (reads outside any entry being applied).
     pub(crate) fn view<'a>(&'a self, over: &'a Changes) -> View<'a> {
         View::new(&self.tree, over)
@@ -1097,18 +1132,11 @@ impl View<'_> {
         Ok(Some(order_tenant(payload(&value)?)? == tenant.as_str()))
     }
 
-    /// The tenant's guard (`None`: never moved, executes).
+    /// The tenant's guard (`None`: never moved, executes). Fences of stores
+    /// written before guards are guards too by the time anything reads
+    /// (`Machine::migrate_legacy_fences`).
     fn guard(&self, tenant: &TenantId) -> Result<Option<TenantGuard>, Error> {
-        if let Some(guard) = self.get::<TenantGuard>(&keys::guard(tenant))? {
-            return Ok(Some(guard));
-        }
-        if self.contains_key(keys::legacy_fence(tenant))? {
-            return Ok(Some(TenantGuard::Fenced {
-                operation_id: String::new(),
-                epoch: 0,
-            }));
-        }
-        Ok(None)
+        self.get::<TenantGuard>(&keys::guard(tenant))
     }
 
     /// Moves the tenant's guard to `wanted` when there is none, when it already
@@ -1141,7 +1169,6 @@ impl View<'_> {
                 self.drop_held(w, tenant)?;
             }
         }
-        w.changes.remove(keys::legacy_fence(tenant));
         w.put(keys::guard(tenant), &wanted);
         Ok(GuardOutcome::Accepted {
             guard: wanted,

@@ -302,6 +302,7 @@ impl RegionStateMachine {
             shared.refill_from_current()?;
         }
         shared.remove_temporary_files()?;
+        shared.machine.migrate_legacy_fences()?;
         shared.load_last_leader()?;
         let (applied, _) = shared.applied_state()?;
         let applied_index = applied.map_or(0, |id| id.index);
@@ -864,6 +865,8 @@ impl Shared {
         batch.insert(KEY_APPLIED, encode(&meta.last_log_id)?);
         batch.insert(KEY_MEMBERSHIP, encode(&meta.last_membership)?);
         tree.apply_batch(batch)?;
+        // A snapshot from a replica of an older build may hold pre-guard fences.
+        self.machine.migrate_legacy_fences()?;
         self.load_last_leader()?;
         self.db.flush()?;
         std::fs::remove_file(self.snapshots.join(INSTALL_PENDING))
@@ -955,5 +958,75 @@ impl RaftStateMachine<RegionConfig> for RegionStateMachine {
             meta,
             snapshot: Box::new(tokio::fs::File::from_std(file)),
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::command::TenantGuard;
+    use crate::test_common::new_order;
+    use keyhold_core::TenantId;
+    use openraft::{CommittedLeaderId, EntryPayload, Membership, RaftSnapshotBuilder};
+    use std::collections::BTreeSet;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    fn log_id(index: u64) -> LogId {
+        LogId::new(CommittedLeaderId::new(1, 1), index)
+    }
+
+    /// A snapshot built by a replica whose tree still holds a fence from
+    /// before guards (an older build's replica) installs it as the guard it
+    /// stands for, so that a guard read needs one lookup on every replica.
+    #[tokio::test]
+    async fn a_snapshot_holding_a_fence_from_before_guards_installs_a_guard() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (_, mut leader) = crate::raft::open(a.path(), "region-eu").unwrap();
+        let entries = [
+            Entry {
+                log_id: log_id(1),
+                payload: EntryPayload::Membership(Membership::new(
+                    vec![BTreeSet::from([1u64])],
+                    None,
+                )),
+            },
+            Entry {
+                log_id: log_id(2),
+                payload: EntryPayload::Normal(CommandBatch {
+                    commands: vec![new_order(2)],
+                }),
+            },
+        ];
+        leader.apply(entries).await.unwrap();
+        let mut legacy = crate::keys::LEGACY_FENCE_PREFIX.to_vec();
+        legacy.extend_from_slice(b"t9");
+        leader
+            .tree()
+            .insert(&legacy, crate::codec::encode(2, &true))
+            .unwrap();
+        let mut snapshot = leader
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+        let mut bytes = Vec::new();
+        snapshot.snapshot.read_to_end(&mut bytes).await.unwrap();
+
+        let (_, mut replica) = crate::raft::open(b.path(), "region-eu").unwrap();
+        let mut receiving = replica.begin_receiving_snapshot().await.unwrap();
+        receiving.write_all(&bytes).await.unwrap();
+        receiving.flush().await.unwrap();
+        replica
+            .install_snapshot(&snapshot.meta, receiving)
+            .await
+            .unwrap();
+        let tenant = TenantId::parse("t9").unwrap();
+        let fence = TenantGuard::Fenced {
+            operation_id: String::new(),
+            epoch: 0,
+        };
+        assert_eq!(replica.shared.machine.guard(&tenant).unwrap(), Some(fence));
+        assert!(!replica.tree().contains_key(&legacy).unwrap());
     }
 }
