@@ -77,12 +77,9 @@ impl MarksSeen {
         tenant: &str,
         written: u64,
     ) -> Result<Disposition, Error> {
-        let any = match self.any {
-            Some(any) => any,
-            None => *self
-                .any
-                .insert(view.scan_prefix(keys::LOST_PREFIX).next().is_some()),
-        };
+        let any = *self
+            .any
+            .get_or_insert_with(|| view.scan_prefix(keys::LOST_PREFIX).next().is_some());
         if !any {
             return Ok(Disposition::Ours);
         }
