@@ -144,6 +144,17 @@ pub const FORWARD_ATTEMPTS_MAX: u32 = 2;
 /// few election timeouts, within which a region that lost its leader elects
 /// another.
 pub const REGION_LEADER_WAIT_MS: u64 = 5_000;
+/// How long a node that leads its region group by its own account but has no
+/// recent confirmation from a majority (`Leadership::Unconfirmed`) holds a
+/// request before it answers 503 `store-unavailable`: a healthy leader is
+/// confirmed again within a few heartbeats, while a leader cut off from its
+/// peers stays unconfirmed until it can reach them, and its clients do better
+/// retrying through another node than waiting the whole `REGION_LEADER_WAIT_MS`.
+pub const REGION_UNCONFIRMED_WAIT_MS: u64 = 1_500;
+const _: () = assert!(
+    keyhold_store::limits::REGION_READ_LEASE_MS < REGION_UNCONFIRMED_WAIT_MS
+        && REGION_UNCONFIRMED_WAIT_MS < REGION_LEADER_WAIT_MS
+);
 /// The region lease: a node executes tenant requests only while its last contact
 /// with a registry majority is younger than this. Longer than a registry
 /// election (so healthy regions keep serving while the registry elects a new

@@ -101,6 +101,14 @@ pub const REGION_HEARTBEAT_INTERVAL_MS: u64 = 100;
 /// that a region answers again within a few seconds of losing its leader.
 pub const REGION_ELECTION_TIMEOUT_MIN_MS: u64 = 500;
 pub const REGION_ELECTION_TIMEOUT_MAX_MS: u64 = 1_000;
+/// A region leader reads its own state as the region's current state (and so
+/// executes, answers reads and serves move pages) only while a majority of its
+/// voters acknowledged a message it sent within this long (`raft/confirmed.rs`).
+/// openraft's voters refuse every campaign for `REGION_ELECTION_TIMEOUT_MAX_MS`
+/// after hearing from their leader, so no successor can commit before then; the
+/// rest of that time is the margin for clock rate drift and for the delay of
+/// openraft's report. Several heartbeats long, so a busy leader keeps it.
+pub const REGION_READ_LEASE_MS: u64 = 600;
 /// A member that knows a leader campaigns once no leader reached it for this
 /// long plus a draw below `REGION_CAMPAIGN_JITTER_MS` (`raft/election.rs`).
 /// Past openraft's leader lease (`REGION_ELECTION_TIMEOUT_MAX_MS`), within
@@ -195,3 +203,7 @@ const _: () = assert!(REGION_ELECTION_TIMEOUT_MIN_MS < REGION_ELECTION_TIMEOUT_M
 const _: () = assert!(REGION_ELECTION_TIMEOUT_MAX_MS * 10 <= REGION_LEADER_WAIT_MS);
 const _: () = assert!(UPKEEP_RIDE_GRACE_MS < UPKEEP_RIDE_WAIT_MS);
 const _: () = assert!(UPKEEP_RIDE_WAIT_MS < REGION_RPC_TIMEOUT_MS);
+// The read lease ends well inside openraft's leader lease (a third of it left for
+// drift and report delay) and spans several heartbeats.
+const _: () = assert!(REGION_READ_LEASE_MS * 3 <= REGION_ELECTION_TIMEOUT_MAX_MS * 2);
+const _: () = assert!(REGION_HEARTBEAT_INTERVAL_MS * 4 <= REGION_READ_LEASE_MS);

@@ -13,7 +13,9 @@
 //! retry with its key replays it.
 
 use super::read_body;
-use crate::limits::{FORWARD_TIMEOUT_MS, REGION_LEADER_POLL_MS, REGION_LEADER_WAIT_MS};
+use crate::limits::{
+    FORWARD_TIMEOUT_MS, REGION_LEADER_POLL_MS, REGION_LEADER_WAIT_MS, REGION_UNCONFIRMED_WAIT_MS,
+};
 use crate::node::Node;
 use crate::problem::ApiError;
 use axum::body::{Body, Bytes};
@@ -103,10 +105,27 @@ pub async fn send_to_leader(
         .path_and_query()
         .map_or("/", |p| p.as_str())
         .to_owned();
+    let mut unconfirmed_since = None;
     loop {
         let leader = match node.store().leadership() {
             Leadership::Ready => return AtLeader::Here,
             Leadership::Follower(Some((_, info))) => Some(info),
+            Leadership::Unconfirmed => {
+                let since = *unconfirmed_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= Duration::from_millis(REGION_UNCONFIRMED_WAIT_MS) {
+                    metrics::counter!("keyhold_region_unconfirmed_refusals_total").increment(1);
+                    return AtLeader::Failed(
+                        ApiError::new(Problem::StoreUnavailable)
+                            .detail(
+                                "this node leads its region's store by its own account but \
+                                 cannot confirm it with its peers, so its data may not be \
+                                 current; try again or through another node",
+                            )
+                            .into_response(),
+                    );
+                }
+                None
+            }
             Leadership::Follower(None) | Leadership::Elected => None,
         };
         if let Some(info) = leader {

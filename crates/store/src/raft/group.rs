@@ -36,6 +36,7 @@ use openraft::raft::{
 use openraft::{AnyError, ChangeMembers, ServerState};
 use tokio::sync::{mpsc, watch};
 
+use super::confirmed::Confirmations;
 use super::election::{ElectionTimer, Role, Seen};
 use super::{
     CommandBatch, EntryOutcome, Member, RegionConfig, RegionLogStore, RegionRaft,
@@ -75,6 +76,10 @@ pub enum Leadership {
     /// It leads but has not yet applied an entry of its own term: reads could miss
     /// a command its predecessor acknowledged.
     Elected,
+    /// It leads by its own account, but no majority confirmed it within
+    /// `REGION_READ_LEASE_MS` (`confirmed.rs`): it may have been cut off and
+    /// succeeded without knowing, so its tree may miss acknowledged commands.
+    Unconfirmed,
     /// Another member leads (`Some`), or no leader is known yet (`None`).
     Follower(Option<(NodeId, NodeInfo)>),
 }
@@ -135,6 +140,8 @@ struct Inner {
     /// The entries this member's writer appended lately, for replication lag in
     /// commands and seconds.
     written: Arc<Mutex<VecDeque<Written>>>,
+    /// When a majority last confirmed this member as leader.
+    confirmed: Arc<Confirmations>,
 }
 
 /// One entry this member's writer appended.
@@ -357,6 +364,8 @@ impl RegionGroup {
         let stats = Arc::new(CommitStats::default());
         let written = Arc::new(Mutex::new(VecDeque::new()));
         tokio::spawn(write_loop(raft.clone(), rx, stats.clone(), written.clone()));
+        let confirmed = Arc::new(Confirmations::default());
+        tokio::spawn(note_confirmations(raft.metrics(), confirmed.clone()));
         Ok(RegionGroup {
             inner: Arc::new(Inner {
                 raft,
@@ -365,6 +374,7 @@ impl RegionGroup {
                 jobs,
                 stats,
                 written,
+                confirmed,
             }),
         })
     }
@@ -386,10 +396,17 @@ impl RegionGroup {
             return Leadership::Follower(None);
         }
         let applied_term = m.last_applied.map(|id| id.leader_id.get_term());
-        if applied_term == Some(m.current_term) {
+        if applied_term != Some(m.current_term) {
+            return Leadership::Elected;
+        }
+        if self
+            .inner
+            .confirmed
+            .is_current(m.current_term, Instant::now())
+        {
             Leadership::Ready
         } else {
-            Leadership::Elected
+            Leadership::Unconfirmed
         }
     }
 
@@ -808,6 +825,27 @@ async fn ride_along(raft: &RegionRaft, jobs: &mut mpsc::Receiver<Job>, pending: 
 /// followers), a campaign when the election timer says one is due
 /// (`election.rs`), and the snapshot the state machine's policy called for
 /// since the last one.
+/// Turns each of openraft's metrics reports into a record of when a majority
+/// last confirmed this member as leader (`confirmed.rs`), until the Raft instance
+/// stops reporting.
+async fn note_confirmations(
+    mut metrics: watch::Receiver<openraft::RaftMetrics<NodeId, NodeInfo>>,
+    confirmed: Arc<Confirmations>,
+) {
+    loop {
+        {
+            let m = metrics.borrow_and_update();
+            if m.state == ServerState::Leader {
+                let since_ack = m.millis_since_quorum_ack.map(Duration::from_millis);
+                confirmed.note(m.current_term, Instant::now(), since_ack);
+            }
+        }
+        if metrics.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
 async fn ticks(
     raft: RegionRaft,
     state_machine: RegionStateMachine,

@@ -23,6 +23,7 @@
 //! it (how far its entry got) reach the region tree in one atomic sled batch, so a
 //! crash at any point re-applies exactly the commands whose effects are missing.
 
+mod confirmed;
 mod cut;
 mod election;
 mod group;
