@@ -16,11 +16,9 @@
 
 mod common;
 
-use common::load::{judge, send_order, Endpoint, LoadClient};
-use common::{order_body, random_u64, unique, Api, Cluster, NodeInfo};
+use common::load::{judge, until_writes_answer, ClusterLoad};
+use common::{order_body, random_u64, region_leader, unique, wait_ready, Api, Cluster, NodeInfo};
 use keyhold_checker::Outcome;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const REGIONS: [&str; 3] = ["a", "b", "c"];
@@ -30,13 +28,6 @@ const HOME: &str = "a";
 const KILL_ROUNDS_DEFAULT: usize = 3;
 /// The contract's bound: a region answers again within 5 s of losing a node.
 const RECOVERY_MAX: Duration = Duration::from_secs(5);
-/// A probe stops waiting here, well past the bound, so a slow recovery is
-/// measured (and reported) rather than cut off at the bound.
-const RECOVERY_GIVE_UP: Duration = Duration::from_secs(30);
-/// One probe request's own timeout: a probe to a node that lost its leader
-/// must not hide the next attempt for long.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
-const PROBE_PAUSE: Duration = Duration::from_millis(50);
 /// How long a killed node stays down before it is started again.
 const DOWN_FOR: Duration = Duration::from_secs(2);
 /// The history client id of the recovery probes (load clients are 0..LOAD_CLIENTS).
@@ -65,70 +56,11 @@ fn kill_victim() -> Victim {
     }
 }
 
-/// The leader of the home region as its first reachable node reports it.
-fn region_leader(cluster: &Cluster, nodes: &[NodeInfo]) -> Option<u64> {
-    let http = reqwest::blocking::Client::new();
-    nodes.iter().find_map(|node| {
-        let view: serde_json::Value = http
-            .get(format!("{}/admin/v1/cluster", node.api_url))
-            .bearer_auth(&cluster.info.admin_token)
-            .timeout(Duration::from_secs(2))
-            .send()
-            .ok()?
-            .json()
-            .ok()?;
-        view["store"]["leader"].as_u64()
-    })
-}
-
 fn kill_rounds() -> usize {
     std::env::var("KEYHOLD_KILL_ROUNDS").map_or(KILL_ROUNDS_DEFAULT, |v| {
         v.parse()
             .unwrap_or_else(|_| panic!("KEYHOLD_KILL_ROUNDS={v:?} is not a number"))
     })
-}
-
-/// Sends new orders of the home tenant through the surviving nodes of the
-/// home region in turn until one is created; the time since `killed_at`.
-async fn until_the_region_answers(
-    recorder: &keyhold_checker::Recorder,
-    survivors: &[NodeInfo],
-    (tenant, token): &(String, String),
-    killed_at: Instant,
-) -> Duration {
-    let http = reqwest::Client::new();
-    for turn in 0.. {
-        let node = &survivors[turn % survivors.len()];
-        let to = Endpoint {
-            client: PROBE_CLIENT,
-            tenant,
-            token,
-            region: HOME,
-            url: &node.api_url,
-        };
-        let (key, coid) = (unique("probe"), unique("co"));
-        let body = order_body(&coid, 1);
-        let outcome = send_order(&http, recorder, &to, (&key, &coid, &body), PROBE_TIMEOUT).await;
-        if outcome.answer().is_some_and(|(s, _)| s == 201) || killed_at.elapsed() > RECOVERY_GIVE_UP
-        {
-            break;
-        }
-        tokio::time::sleep(PROBE_PAUSE).await;
-    }
-    killed_at.elapsed()
-}
-
-/// Waits (bounded) until the node answers `/readyz` with 200.
-fn wait_ready(node: &NodeInfo, timeout: Duration) {
-    let http = reqwest::blocking::Client::new();
-    common::poll(timeout, &format!("node {} ready", node.node_id), || {
-        http.get(format!("{}/readyz", node.api_url))
-            .timeout(Duration::from_secs(2))
-            .send()
-            .ok()
-            .filter(|r| r.status().as_u16() == 200)
-            .map(|_| ())
-    });
 }
 
 /// Every node of every region creates an order of every region's tenant, and
@@ -220,43 +152,15 @@ fn any_node_of_a_three_node_region_can_die_under_load_and_nothing_is_lost() {
     isolating_a_region_cuts_all_its_nodes(&cluster);
 
     // Steady load through every node, for every region's tenant.
-    let apis: Vec<(String, String)> = cluster
-        .info
-        .nodes
-        .iter()
-        .map(|n| (n.region.clone(), n.api_url.clone()))
-        .collect();
-    let tenants: Vec<(String, String)> = REGIONS
-        .iter()
-        .map(|r| {
-            let t = cluster.tenant(r);
-            (t.tenant_id, t.token)
-        })
-        .collect();
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
-    let recorder = keyhold_checker::Recorder::new(1_000_000);
-    let stop = Arc::new(AtomicBool::new(false));
-    let clients: Vec<_> = (0..LOAD_CLIENTS)
-        .map(|client| {
-            let load = LoadClient {
-                client,
-                apis: apis.clone(),
-                tenants: tenants.clone(),
-                twice_every: Some(TWICE_EVERY),
-                recorder: recorder.clone(),
-                stop: stop.clone(),
-            };
-            runtime.spawn(load.run())
-        })
-        .collect();
-    let created = || {
-        recorder
-            .history()
-            .ops
-            .iter()
-            .filter(|op| op.outcome.answer().is_some_and(|(s, _)| s == 201))
-            .count()
-    };
+    let load = ClusterLoad::start(
+        &cluster,
+        &REGIONS,
+        &runtime,
+        LOAD_CLIENTS,
+        Some(TWICE_EVERY),
+    );
+    let created = || load.created();
     common::poll(Duration::from_secs(20), "load before the kills", || {
         (created() >= 200).then_some(())
     });
@@ -292,8 +196,12 @@ fn any_node_of_a_three_node_region_can_die_under_load_and_nothing_is_lost() {
         let killed_at = Instant::now();
         let answer = cluster.control(&format!("/v1/nodes/{}/kill", victim.node_id));
         assert_eq!(answer["state"], "stopped", "{answer}");
-        let recovery = runtime.block_on(until_the_region_answers(
-            &recorder, &survivors, &home, killed_at,
+        let recovery = runtime.block_on(until_writes_answer(
+            &load.recorder,
+            PROBE_CLIENT,
+            (HOME, &survivors),
+            &home,
+            killed_at,
         ));
         println!(
             "round {round}: node {} ({role}) of region {HOME} SIGKILLed; the region answered \
@@ -311,22 +219,7 @@ fn any_node_of_a_three_node_region_can_die_under_load_and_nothing_is_lost() {
     common::poll(Duration::from_secs(20), "load after the kills", || {
         (created() >= before + 100).then_some(())
     });
-    stop.store(true, Ordering::Relaxed);
-    for client in clients {
-        runtime.block_on(client).expect("a load client");
-    }
-
-    let target = keyhold_checker::Target {
-        regions: apis,
-        tokens: tenants.into_iter().collect(),
-        admin_token: Some(cluster.info.admin_token.clone()),
-        psp_url: Some(
-            cluster.info.raw["psp_url"]
-                .as_str()
-                .expect("psp_url")
-                .to_owned(),
-        ),
-    };
+    let (recorder, target) = load.stop(&cluster, &runtime);
     let (history, verdict) = judge(&runtime, &target, &recorder, 300);
     assert!(verdict.stats.downstream_checked, "{}", verdict.summary());
     // Concurrent duplicates really met: some were answered as replays.

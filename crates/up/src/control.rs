@@ -1,10 +1,11 @@
 //! The control API of a local cluster (contract section 10, "Processes"), on
-//! `control_url`: kill and start nodes, isolate and heal regions. For drills
+//! `control_url`: kill, start, isolate and heal nodes, isolate and heal
+//! regions (section 11 adds the nodes' isolation). For drills
 //! and tests only; every call needs the admin token as a bearer token, and
 //! answers 200 once done (killed: reaped; started: listening; isolated or
 //! healed: proxies switched and connections across the cut closed). Killing a
-//! node that is down, starting one that runs, isolating an isolated region and
-//! healing a healed one are no-ops that answer 200 too, so a drill can repeat
+//! node that is down, starting one that runs, isolating an isolated region or
+//! node and healing a healed one are no-ops that answer 200 too, so a drill can repeat
 //! a step. Every error is problem+json.
 
 use crate::layout::write_json;
@@ -89,6 +90,8 @@ pub fn router(cluster: Arc<Cluster>) -> Router {
     Router::new()
         .route("/v1/nodes/{node_id}/kill", post(kill))
         .route("/v1/nodes/{node_id}/start", post(start))
+        .route("/v1/nodes/{node_id}/isolate", post(isolate_node))
+        .route("/v1/nodes/{node_id}/heal", post(heal_node))
         .route("/v1/regions/{region}/isolate", post(isolate))
         .route("/v1/regions/{region}/heal", post(heal))
         .fallback(|| async {
@@ -188,11 +191,42 @@ async fn set_isolated(
     isolated: bool,
 ) -> Result<Json<Value>, ApiError> {
     let r = cluster.region(&region)?;
-    cluster.links.set_isolated(r, isolated);
+    cluster.links.set_region_isolated(r, isolated);
     tokio::time::sleep(Duration::from_millis(REROUTE_SETTLE_MS)).await;
     tracing::info!(region, isolated, "region links switched");
     Ok(Json(json!({
         "region": region,
-        "isolated": cluster.links.is_isolated(r),
+        "isolated": cluster.links.is_region_isolated(r),
+    })))
+}
+
+async fn isolate_node(
+    State(cluster): State<Arc<Cluster>>,
+    Path(node_id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    set_node_isolated(cluster, node_id, true).await
+}
+
+async fn heal_node(
+    State(cluster): State<Arc<Cluster>>,
+    Path(node_id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    set_node_isolated(cluster, node_id, false).await
+}
+
+async fn set_node_isolated(
+    cluster: Arc<Cluster>,
+    node_id: String,
+    isolated: bool,
+) -> Result<Json<Value>, ApiError> {
+    let k = cluster.node(&node_id)?;
+    cluster.links.set_node_isolated(k, isolated);
+    tokio::time::sleep(Duration::from_millis(REROUTE_SETTLE_MS)).await;
+    let plan = &cluster.nodes.plans()[k];
+    tracing::info!(node_id = plan.id, isolated, "node links switched");
+    Ok(Json(json!({
+        "node_id": plan.id,
+        "region": plan.region,
+        "isolated": cluster.links.is_node_isolated(k),
     })))
 }

@@ -74,15 +74,16 @@ impl NodePlan {
     }
 }
 
-/// The source address of every outgoing connection of a region's nodes: one
-/// loopback address per region, so that a proxy knows which region calls.
-pub fn region_ip(region_index: usize) -> IpAddr {
-    IpAddr::V4(Ipv4Addr::new(127, 0, 1, region_index as u8 + 1))
+/// The source address of every outgoing connection of node `k` (its index in
+/// the plan, id - 1): one loopback address per node, so that a proxy knows which
+/// node (and so which region) calls, and can cut one node off from the others.
+pub fn node_ip(k: usize) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(127, 0, 2, k as u8 + 1))
 }
 
-/// The region whose nodes connect from `ip`, if any.
-pub fn region_of(ip: IpAddr, regions: usize) -> Option<usize> {
-    (0..regions).find(|&i| region_ip(i) == ip)
+/// The node (index in the plan) that connects from `ip`, if any, of `nodes`.
+pub fn node_of(ip: IpAddr, nodes: usize) -> Option<usize> {
+    (0..nodes).find(|&k| node_ip(k) == ip)
 }
 
 fn loopback(port: u16) -> SocketAddr {
@@ -308,14 +309,18 @@ mod tests {
     }
 
     #[test]
-    fn every_region_has_its_own_source_address_and_ports_stay_in_range() {
+    fn every_node_has_its_own_source_address_and_ports_stay_in_range() {
         let regions = names(REGIONS_MAX);
-        let nodes = plan(Path::new("/d"), 7400, &regions, 1);
-        for (i, n) in nodes.iter().enumerate() {
-            assert_eq!(region_of(region_ip(n.region_index), regions.len()), Some(i));
+        for per_region in [1, NODES_PER_REGION_MAX] {
+            let count = (NODES_MAX / per_region).min(REGIONS_MAX);
+            let nodes = plan(Path::new("/d"), 7400, &regions[..count], per_region);
+            for (k, n) in nodes.iter().enumerate() {
+                assert_eq!(node_of(node_ip(k), nodes.len()), Some(k), "{n:?}");
+                assert_eq!(n.id, k as u64 + 1);
+            }
+            assert_ports_distinct_and_in_range(&nodes, 7400);
+            assert_eq!(node_of("127.0.0.1".parse().unwrap(), nodes.len()), None);
         }
-        assert_ports_distinct_and_in_range(&nodes, 7400);
-        assert_eq!(region_of("127.0.0.1".parse().unwrap(), regions.len()), None);
     }
 
     #[test]

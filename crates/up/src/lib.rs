@@ -148,7 +148,7 @@ pub async fn run(
         config.members = members.clone();
         config.listen = plan.api.to_string();
         config.raft_listen = plan.raft.to_string();
-        config.outbound_ip = Some(layout::region_ip(plan.region_index));
+        config.outbound_ip = Some(layout::node_ip((plan.id - 1) as usize));
         config.psp_url = Some(psp_url.clone());
         config.downstream = up.downstream;
         config.node_credential_file = Some(credential.clone());

@@ -36,9 +36,9 @@ const _: () =
 const _: () = assert!(RAFT_PROXY_PORT_OFFSET as usize + NODES_MAX <= PSP_PORT_OFFSET as usize);
 const _: () = assert!(PSP_PORT_OFFSET < CONTROL_PORT_OFFSET);
 const _: () = assert!(CONTROL_PORT_OFFSET < PORTS_PER_CLUSTER);
-/// Each region's nodes connect out from their own loopback address
-/// `127.0.1.(index + 1)`, so the last octet must fit.
-const _: () = assert!(REGIONS_MAX < 255);
+/// Each node connects out from its own loopback address `127.0.2.(index + 1)`,
+/// so the last octet must fit.
+const _: () = assert!(NODES_MAX < 255);
 
 /// From the start of `up` until every node is ready and every demo tenant known.
 pub const CLUSTER_READY_WAIT_MS: u64 = 60_000;

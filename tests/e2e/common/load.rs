@@ -6,11 +6,12 @@
 //! for probes a test sends beside the load; `judge` has the checker read the
 //! final state and asserts a clean verdict.
 
-use super::{order_body, unique};
+use super::{order_body, unique, NodeInfo};
 use keyhold_checker::{History, Outcome, Recorder, Request, Sender, Verdict};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use std::time::Instant;
 
 /// How long one load request may take before it counts as `unknown`.
 pub const LOAD_REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
@@ -188,4 +189,141 @@ pub fn judge(
     );
     assert_eq!(recorder.dropped(), 0);
     (history, verdict)
+}
+
+/// A write probe stops waiting here, well past any bound a test checks, so a
+/// slow recovery is measured (and reported) rather than cut off at the bound.
+const RECOVERY_GIVE_UP: Duration = Duration::from_secs(30);
+/// One probe request's own timeout: a probe to a node that lost its leader
+/// must not hide the next attempt for long.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+const PROBE_PAUSE: Duration = Duration::from_millis(50);
+
+/// Sends new orders of `tenant` (name in the history, token), recorded as
+/// `client`, through `nodes` of `region` in turn until one is created; the time
+/// since `fault_at`.
+pub async fn until_writes_answer(
+    recorder: &Recorder,
+    client: u32,
+    (region, nodes): (&str, &[NodeInfo]),
+    (tenant, token): &(String, String),
+    fault_at: Instant,
+) -> Duration {
+    let http = reqwest::Client::new();
+    for turn in 0.. {
+        let node = &nodes[turn % nodes.len()];
+        let to = Endpoint {
+            client,
+            tenant,
+            token,
+            region,
+            url: &node.api_url,
+        };
+        let (key, coid) = (unique("probe"), unique("co"));
+        let body = order_body(&coid, 1);
+        let outcome = send_order(&http, recorder, &to, (&key, &coid, &body), PROBE_TIMEOUT).await;
+        if outcome.answer().is_some_and(|(s, _)| s == 201) || fault_at.elapsed() > RECOVERY_GIVE_UP
+        {
+            break;
+        }
+        tokio::time::sleep(PROBE_PAUSE).await;
+    }
+    fault_at.elapsed()
+}
+
+/// Steady load through every node of a cluster, for every region's demo
+/// tenant: `clients` load clients recorded in one history.
+pub struct ClusterLoad {
+    /// `(region, API origin)` of every node.
+    pub apis: Vec<(String, String)>,
+    /// `(name in the history, token)` of every region's demo tenant.
+    pub tenants: Vec<(String, String)>,
+    pub recorder: Recorder,
+    stop: Arc<AtomicBool>,
+    clients: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl ClusterLoad {
+    pub fn start(
+        cluster: &super::Cluster,
+        regions: &[&str],
+        runtime: &tokio::runtime::Runtime,
+        clients: u32,
+        twice_every: Option<usize>,
+    ) -> ClusterLoad {
+        let apis: Vec<(String, String)> = cluster
+            .info
+            .nodes
+            .iter()
+            .map(|n| (n.region.clone(), n.api_url.clone()))
+            .collect();
+        let tenants: Vec<(String, String)> = regions
+            .iter()
+            .map(|r| {
+                let t = cluster.tenant(r);
+                (t.tenant_id, t.token)
+            })
+            .collect();
+        let recorder = Recorder::new(1_000_000);
+        let stop = Arc::new(AtomicBool::new(false));
+        let clients = (0..clients)
+            .map(|client| {
+                let load = LoadClient {
+                    client,
+                    apis: apis.clone(),
+                    tenants: tenants.clone(),
+                    twice_every,
+                    recorder: recorder.clone(),
+                    stop: stop.clone(),
+                };
+                runtime.spawn(load.run())
+            })
+            .collect();
+        ClusterLoad {
+            apis,
+            tenants,
+            recorder,
+            stop,
+            clients,
+        }
+    }
+
+    /// Orders created so far (answered 201).
+    pub fn created(&self) -> usize {
+        self.recorder
+            .history()
+            .ops
+            .iter()
+            .filter(|op| op.outcome.answer().is_some_and(|(s, _)| s == 201))
+            .count()
+    }
+
+    /// The flag that stops the load, for other tasks that run beside it.
+    pub fn stop_flag(&self) -> Arc<AtomicBool> {
+        self.stop.clone()
+    }
+
+    /// Stops every client and waits for them; what the checker reads from.
+    pub fn stop(
+        self,
+        cluster: &super::Cluster,
+        runtime: &tokio::runtime::Runtime,
+    ) -> (Recorder, keyhold_checker::Target) {
+        self.stop.store(true, Ordering::Relaxed);
+        for client in self.clients {
+            runtime.block_on(client).expect("a load client");
+        }
+        let target = keyhold_checker::Target {
+            regions: self.apis,
+            tokens: self.tenants.into_iter().collect(),
+            admin_token: Some(cluster.info.admin_token.clone()),
+            psp_url: Some(
+                cluster.info.raw["psp_url"]
+                    .as_str()
+                    .expect("psp_url")
+                    .to_owned(),
+            ),
+        };
+        (self.recorder, target)
+    }
 }

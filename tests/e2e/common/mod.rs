@@ -887,6 +887,36 @@ pub fn is_sha256_fingerprint(s: &str) -> bool {
 }
 
 /// Polls `f` until it returns `Some`, or panics with `what` after `timeout`.
+/// The leader of a region's store as the first of `nodes` that answers reports
+/// it (`GET /admin/v1/cluster`, `store.leader`).
+pub fn region_leader(cluster: &Cluster, nodes: &[NodeInfo]) -> Option<u64> {
+    let http = Client::new();
+    nodes.iter().find_map(|node| {
+        let view: Value = http
+            .get(format!("{}/admin/v1/cluster", node.api_url))
+            .bearer_auth(&cluster.info.admin_token)
+            .timeout(Duration::from_secs(2))
+            .send()
+            .ok()?
+            .json()
+            .ok()?;
+        view["store"]["leader"].as_u64()
+    })
+}
+
+/// Waits (bounded) until the node answers `/readyz` with 200.
+pub fn wait_ready(node: &NodeInfo, timeout: Duration) {
+    let http = Client::new();
+    poll(timeout, &format!("node {} ready", node.node_id), || {
+        http.get(format!("{}/readyz", node.api_url))
+            .timeout(Duration::from_secs(2))
+            .send()
+            .ok()
+            .filter(|r| r.status().as_u16() == 200)
+            .map(|_| ())
+    });
+}
+
 pub fn poll<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + timeout;
     loop {
