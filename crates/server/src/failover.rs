@@ -9,7 +9,9 @@
 //! from then on no copy can grow, and the region that lost its tenants cannot
 //! acknowledge anything new for them. Then it asks every node of this region
 //! where its copy of the failed region's store stands, has the best one
-//! promoted and imported into this region's store (`routes::failover`), and
+//! (`choose_copy`: the latest last log id, term first, among the answers of a
+//! majority of this region's nodes) promoted and imported into this region's
+//! store (`routes::failover`), and
 //! commits `CompleteFailoverFrom` with the copy's tail (its position `at` and
 //! the leaders of the entries it held without knowing them committed) and the
 //! last lag that copy knew (`estimated_lost`).
@@ -50,6 +52,10 @@ pub const FAILOVER_FENCE_WAIT_MS: u64 = REGION_LEASE_MS + FAILOVER_LEASE_MARGIN_
 #[derive(Debug, Clone, Deserialize)]
 pub struct CopyPosition {
     pub node_id: NodeId,
+    /// The term of the last entry the copy holds (0 from a node of an earlier
+    /// release, which did not say).
+    #[serde(default)]
+    pub last_log_term: u64,
     /// The last log index the copy holds (durably received, applied or not).
     pub last_log_index: u64,
     /// The last lag of this copy its region's leader reported, if any.
@@ -157,12 +163,11 @@ async fn drive(node: &Node, op: &Operation) -> Result<(), String> {
     }
 }
 
-/// The copy of `region` with the most of its log among this region's nodes
-/// that answer.
+/// The copy of `region` to promote, from the answers of this region's nodes
+/// (asked at once; see `choose_copy`).
 async fn best_copy(node: &Node, region: &str) -> Result<CopyPosition, String> {
-    let mut best: Option<CopyPosition> = None;
-    let mut errors = Vec::new();
-    for (id, info) in node.region_nodes(node.region()) {
+    let members = node.region_nodes(node.region());
+    let asks = members.iter().map(|(id, info)| async move {
         let url = format!(
             "http://{}/internal/v1/failover/{region}/copy",
             info.api_addr
@@ -174,36 +179,53 @@ async fn best_copy(node: &Node, region: &str) -> Result<CopyPosition, String> {
             .timeout(Duration::from_millis(FAILOVER_COPY_TIMEOUT_MS))
             .send()
             .await;
-        let position = match answer {
-            Ok(r) if r.status().is_success() => r.json::<CopyPosition>().await,
-            Ok(r) => {
-                errors.push(format!("node {id}: {}", r.status()));
-                continue;
-            }
-            Err(e) => {
-                errors.push(format!("node {id}: {e}"));
-                continue;
-            }
-        };
-        match position {
-            Ok(p)
-                if best
-                    .as_ref()
-                    .is_none_or(|b| p.last_log_index > b.last_log_index) =>
-            {
-                best = Some(p)
-            }
-            Ok(_) => {}
-            Err(e) => errors.push(format!("node {id}: {e}")),
+        match answer {
+            Ok(r) if r.status().is_success() => r
+                .json::<CopyPosition>()
+                .await
+                .map_err(|e| format!("node {id}: {e}")),
+            Ok(r) => Err(format!("node {id}: {}", r.status())),
+            Err(e) => Err(format!("node {id}: {e}")),
         }
+    });
+    let (positions, errors): (Vec<_>, Vec<_>) = futures::future::join_all(asks)
+        .await
+        .into_iter()
+        .partition(Result::is_ok);
+    let positions: Vec<CopyPosition> = positions.into_iter().filter_map(Result::ok).collect();
+    let errors: Vec<String> = errors.into_iter().filter_map(Result::err).collect();
+    choose_copy(&positions, members.len())
+        .cloned()
+        .map_err(|why| format!("{why} ({}: {})", node.region(), errors.join("; ")))
+}
+
+/// The copy to promote among `positions`, the answers of this region's
+/// `members` nodes: the one with the latest last log id, term first.
+///
+/// A region-survival write was acknowledged once a majority of the standby's
+/// copies held it (`survival.rs`), so only the answers of a majority are sure to
+/// include a copy that holds it; with fewer, the failover waits (its driver
+/// tries again) rather than silently promote a copy that may lack it (review
+/// d44e5cf, N1). Among those answers, the latest last log id holds every entry
+/// a majority held: that entry was committed in its region, so every later
+/// leader's log holds it, and by log matching so does every copy whose last
+/// entry such a leader wrote at or after its index; a copy whose last entry is
+/// of the same term and index or later holds it for the same reason. The
+/// largest index alone is not enough: a copy may hold a deposed leader's
+/// entries that were never committed, at indexes past the committed ones.
+pub fn choose_copy(positions: &[CopyPosition], members: usize) -> Result<&CopyPosition, String> {
+    let majority = members / 2 + 1;
+    if positions.len() < majority {
+        return Err(format!(
+            "{} of {members} nodes answered where their copy stands; a majority ({majority}) \
+             must, so that the copy chosen holds every region-survival write",
+            positions.len()
+        ));
     }
-    best.ok_or_else(|| {
-        format!(
-            "no node of {} holds a copy of {region}: {}",
-            node.region(),
-            errors.join("; ")
-        )
-    })
+    Ok(positions
+        .iter()
+        .max_by_key(|p| (p.last_log_term, p.last_log_index))
+        .expect("a majority is at least one answer"))
 }
 
 /// Has this region's leader (this node, normally) promote the copy on
@@ -337,5 +359,43 @@ async fn begin_automatic(node: &Node, region: &str, down_for: Duration) {
             tracing::warn!(%region, answer = ?written.response, "automatic failover refused")
         }
         Err(e) => tracing::warn!(%region, error = %e, "automatic failover not begun"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{choose_copy, CopyPosition};
+
+    fn at(node_id: u64, last_log_term: u64, last_log_index: u64) -> CopyPosition {
+        CopyPosition {
+            node_id,
+            last_log_term,
+            last_log_index,
+            lag: None,
+        }
+    }
+
+    #[test]
+    fn a_copy_is_chosen_only_from_the_answers_of_a_majority() {
+        // Review d44e5cf, N1, scenario A: a region-survival write acknowledged
+        // at index 10 once nodes 5 and 8 held it; node 2 is at 7. With only
+        // node 2 answering, promoting it would lose the write without a trace.
+        assert!(choose_copy(&[at(2, 3, 7)], 3).is_err());
+        assert!(choose_copy(&[], 1).is_err());
+        let answers = [at(2, 3, 7), at(5, 3, 10)];
+        assert_eq!(choose_copy(&answers, 3).map(|p| p.node_id), Ok(5));
+        assert_eq!(choose_copy(&[at(2, 3, 7)], 1).map(|p| p.node_id), Ok(2));
+    }
+
+    #[test]
+    fn the_latest_last_log_id_wins_term_first_not_the_largest_index() {
+        // Scenario B: node 2 holds entries 101..=105 of the deposed leader of
+        // term 4, never committed; nodes 5 and 8 hold 101..=102 of term 5's
+        // leader, whose region-survival write at 101 they acknowledged.
+        let answers = [at(2, 4, 105), at(5, 5, 102), at(8, 5, 101)];
+        assert_eq!(choose_copy(&answers, 3).map(|p| p.node_id), Ok(5));
+        // Within one term, the longer copy.
+        let answers = [at(2, 5, 99), at(5, 5, 102)];
+        assert_eq!(choose_copy(&answers, 3).map(|p| p.node_id), Ok(5));
     }
 }

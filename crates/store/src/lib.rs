@@ -310,6 +310,13 @@ impl Store {
         self.inner.group.last_log_index()
     }
 
+    /// The term and index of the last entry this replica holds (applied or not);
+    /// `(0, 0)` for an empty log.
+    pub async fn last_log_position(&self) -> Result<(u64, u64), Error> {
+        let last = self.inner.group.last_log_id().await?;
+        Ok(last.map_or((0, 0), |id| (id.leader_id.get_term(), id.index)))
+    }
+
     /// The directory this store lives in.
     pub fn dir(&self) -> &Path {
         &self.inner.dir

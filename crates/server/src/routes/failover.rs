@@ -88,9 +88,11 @@ async fn copy_position(
 ) -> Result<Response, ApiError> {
     let copy = copy_of(&node, &region)?;
     let lag = copy.lag.lock().expect("not poisoned").clone();
+    let (last_log_term, last_log_index) = copy.store.last_log_position().await?;
     Ok(ok_json(serde_json::json!({
         "node_id": node.config().node_id,
-        "last_log_index": copy.store.last_log_index()?,
+        "last_log_term": last_log_term,
+        "last_log_index": last_log_index,
         "applied_index": copy.store.applied_index()?,
         "promoted": copy.store.promoted()?.is_some(),
         "lag": lag.map(|l| serde_json::json!({ "commands": l.commands, "seconds": l.seconds })),

@@ -635,6 +635,18 @@ impl RegionGroup {
             .unwrap_or(0))
     }
 
+    /// The log id (term and index) of the last entry this replica holds, applied
+    /// or not (for a promoted one, the entry it was promoted at); `None` for an
+    /// empty log. An index alone does not name an entry (`keyhold_raftlog`'s
+    /// `tail.rs`): copies are compared by this.
+    pub async fn last_log_id(&self) -> Result<Option<openraft::LogId<NodeId>>, Error> {
+        let mut log = self.inner.log.clone();
+        let state = openraft::storage::RaftLogStorage::get_log_state(&mut log)
+            .await
+            .map_err(|e| Error::Raft(format!("reading the log's state: {e}")))?;
+        Ok(state.last_log_id)
+    }
+
     /// Stops the Raft instance (the writer then answers `Unavailable`) and flushes the
     /// region tree.
     pub async fn shutdown(&self) -> Result<(), Error> {
