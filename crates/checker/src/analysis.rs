@@ -632,8 +632,8 @@ fn check_claims(
         let parse = |text: &str| serde_json::from_str::<Value>(text).ok();
         // What a replay may show: the acknowledged final completion if there is
         // one, else any final completion that was attempted and not refused
-        // (no answer, or an `owner-unreachable` that may have executed).
-        let unsettled = |o: &Outcome| o.answer().is_none() || o.is_owner_unreachable();
+        // (no answer, or a 503 that may have executed).
+        let unsettled = |o: &Outcome| o.answer().is_none() || o.may_have_executed();
         let allowed: Vec<(Option<Value>, u64)> = if finals.is_empty() {
             comps
                 .iter()

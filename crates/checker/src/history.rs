@@ -86,20 +86,22 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    /// A 503 `owner-unreachable`: the node that received the request could not
-    /// get the home region's answer. The request may have executed at the home
-    /// all the same (its connection was cut after sending, say); docs/api.md
-    /// tells clients to retry with the same key. So it settles nothing.
-    pub fn is_owner_unreachable(&self) -> bool {
+    /// A 503 that may have executed all the same, so it settles nothing:
+    /// `owner-unreachable` (the node that received the request could not get the
+    /// home region's answer; its connection may have been cut after sending) and
+    /// `standby-unreachable` (executed at the home, but its standby did not
+    /// confirm it in time). docs/api.md tells clients to retry both with the
+    /// same key.
+    pub fn may_have_executed(&self) -> bool {
         let Some((503, body)) = self.answer() else {
             return false;
         };
         serde_json::from_str::<serde_json::Value>(body)
             .ok()
             .and_then(|j| {
-                j["type"]
-                    .as_str()
-                    .map(|t| t.ends_with("/owner-unreachable"))
+                j["type"].as_str().map(|t| {
+                    t.ends_with("/owner-unreachable") || t.ends_with("/standby-unreachable")
+                })
             })
             .unwrap_or(false)
     }

@@ -158,6 +158,12 @@ struct UpArgs {
     /// has been ready this long (at least 15s; unset: by hand only).
     #[arg(long, value_parser = duration)]
     auto_failover_after: Option<Duration>,
+    /// A region acknowledges a write only while its standby has confirmed
+    /// every command older than this (what a failover can lose), e.g. 1s (the
+    /// default) to 60s; a standby silent that long plus 3 s is recorded lost
+    /// and the region runs unprotected until it is back.
+    #[arg(long, value_parser = duration)]
+    max_standby_lag: Option<Duration>,
     /// Probability (0 to 1) that the fake payment provider loses an answer.
     #[arg(long, default_value_t = 0.0)]
     psp_drop_response_rate: f64,
@@ -216,6 +222,7 @@ impl UpArgs {
             processed_ttl: a.processed_ttl,
             psp_key_retention: a.psp_key_retention,
             auto_failover_after: a.auto_failover_after,
+            max_standby_lag: a.max_standby_lag,
             psp_drop_response_rate: a.psp_drop_response_rate,
             psp_decline_rate: a.psp_decline_rate,
             demo_dir: a.demo_dir,

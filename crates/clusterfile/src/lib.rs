@@ -40,6 +40,15 @@ pub struct ClusterFile {
     pub control_url: String,
     pub tenants: Vec<TenantEntry>,
     pub nodes: Vec<NodeEntry>,
+    /// Every region's `max_standby_lag` in milliseconds (absent from a file of
+    /// an earlier release: the default, 1 s).
+    #[serde(default = "default_max_standby_lag_ms")]
+    pub max_standby_lag_ms: u64,
+}
+
+/// `max_standby_lag`'s default (the node's `MAX_STANDBY_LAG_MS_DEFAULT`).
+pub fn default_max_standby_lag_ms() -> u64 {
+    1_000
 }
 
 /// A region and the API origin clients of that region use.
@@ -128,6 +137,7 @@ mod tests {
                 role: "store".into(),
                 pid: None,
             }],
+            max_standby_lag_ms: 1_000,
         }
     }
 

@@ -35,10 +35,14 @@ pub enum Problem {
     RequestTimeout,
     /// More header lines, or more header bytes, than the node accepts.
     HeadersTooLarge,
+    /// The home region's standby does not confirm its writes: a zone tenant's
+    /// write past `max_standby_lag`, or any write of a region-survival tenant,
+    /// while the standby is cut off or recorded lost.
+    StandbyUnreachable,
 }
 
 impl Problem {
-    pub const ALL: [Problem; 22] = [
+    pub const ALL: [Problem; 23] = [
         Problem::Unauthenticated,
         Problem::IdempotencyKeyMissing,
         Problem::IdempotencyKeyInvalid,
@@ -61,6 +65,7 @@ impl Problem {
         Problem::Misdirected,
         Problem::RequestTimeout,
         Problem::HeadersTooLarge,
+        Problem::StandbyUnreachable,
     ];
 
     pub fn status(self) -> u16 {
@@ -80,7 +85,10 @@ impl Problem {
             Problem::UnsupportedMediaType => 415,
             Problem::IdempotencyKeyReused => 422,
             Problem::RateLimited => 429,
-            Problem::StoreUnavailable | Problem::OwnerUnreachable | Problem::TenantMoving => 503,
+            Problem::StoreUnavailable
+            | Problem::OwnerUnreachable
+            | Problem::TenantMoving
+            | Problem::StandbyUnreachable => 503,
             Problem::Internal => 500,
             Problem::Misdirected => 421,
             Problem::RequestTimeout => 408,
@@ -112,6 +120,7 @@ impl Problem {
             Problem::Misdirected => "misdirected-request",
             Problem::RequestTimeout => "request-timeout",
             Problem::HeadersTooLarge => "headers-too-large",
+            Problem::StandbyUnreachable => "standby-unreachable",
         }
     }
 
@@ -145,6 +154,7 @@ impl Problem {
             Problem::Misdirected => "This node is not the tenant's owner at that epoch",
             Problem::RequestTimeout => "The request body did not arrive in time",
             Problem::HeadersTooLarge => "The request headers are too large",
+            Problem::StandbyUnreachable => "The home region's standby does not confirm its writes",
         }
     }
 
@@ -157,6 +167,7 @@ impl Problem {
                 | Problem::StoreUnavailable
                 | Problem::OwnerUnreachable
                 | Problem::TenantMoving
+                | Problem::StandbyUnreachable
         )
     }
 

@@ -14,6 +14,7 @@
 //! after the sled `Db` holding it was flushed; nothing here knows what an entry means.
 
 pub mod codec;
+mod contacts;
 pub mod limits;
 mod log;
 mod node;
@@ -23,6 +24,7 @@ mod votes;
 
 use std::time::{Duration, Instant};
 
+pub use self::contacts::Contacts;
 pub use self::log::{LogStore, LogTrees};
 pub use self::node::{NodeId, NodeInfo};
 pub use self::tail::{LeaderRun, LogTail};

@@ -26,11 +26,15 @@ impl LongerLogs {
     }
 }
 
-/// A group's network, as far as its election timer cares: where it notes the
-/// vote answers with longer logs (`None`: it notes nothing, and elections
-/// never hold back for a longer log).
+/// A group's network, as far as its election timer and its leader care: where
+/// it notes the vote answers with longer logs (`None`: it notes nothing, and
+/// elections never hold back for a longer log), and the members' answers to
+/// AppendEntries (`None`: it notes nothing; see `Contacts`).
 pub trait NotesVotes {
     fn longer_logs(&self) -> Option<LongerLogs> {
+        None
+    }
+    fn contacts(&self) -> Option<crate::Contacts> {
         None
     }
 }

@@ -55,6 +55,8 @@ pub(crate) struct Courier {
     pub client: reqwest::Client,
     pub credentials: NodeCredentials,
     pub url: String,
+    /// Where the member's answers are noted, and its id (`HttpNetwork::with_contacts_noted`).
+    pub contacts: Option<(keyhold_raftlog::Contacts, NodeId)>,
 }
 
 /// What a member acknowledged: everything up to `matched`, under `vote`.
@@ -127,6 +129,7 @@ async fn deliver<C: NodeGroup>(shared: Arc<Mutex<Shared<C>>>, courier: Courier, 
                 }
             }
         };
+        let sent = std::time::Instant::now();
         let answer = exchange::<_, Result<AppendEntriesResponse<NodeId>, RaftError>>(
             &courier.client,
             &courier.credentials,
@@ -135,6 +138,9 @@ async fn deliver<C: NodeGroup>(shared: Arc<Mutex<Shared<C>>>, courier: Courier, 
             timeout,
         )
         .await;
+        if let (Ok(Ok(_)), Some((contacts, member))) = (&answer, &courier.contacts) {
+            contacts.answered(*member, sent);
+        }
         if !matches!(answer, Ok(Ok(AppendEntriesResponse::Success))) {
             tracing::debug!(url = %courier.url, "a detached heartbeat was not a success: the next one goes the ordinary way");
             lock(&shared).acked = None;

@@ -33,6 +33,7 @@ mod error;
 mod failover;
 pub mod limits;
 pub mod network;
+pub mod standbys;
 pub mod state;
 pub mod store;
 pub mod types;
@@ -58,7 +59,7 @@ pub use crate::state::{
     TenantRecord, TenantState,
 };
 pub use crate::types::{NodeId, NodeInfo, RaftMetrics};
-pub use keyhold_raftlog::LongerLogs;
+pub use keyhold_raftlog::{Contacts, LongerLogs};
 
 use crate::limits::{WRITE_ATTEMPTS_MAX, WRITE_NO_LEADER_WAIT_MS};
 use crate::network::{exchange, rpc_url, Exchange};

@@ -78,7 +78,7 @@ use crate::limits::{APPEND_CAP_GROWTH_ENTRIES, RPC_BODY_BYTES_MAX};
 use crate::state::Request;
 use crate::types::{NodeId, NodeInfo, RaftError, RpcError, TypeConfig};
 use crate::Registry;
-use keyhold_raftlog::{LongerLogs, NotesVotes};
+use keyhold_raftlog::{Contacts, LongerLogs, NotesVotes};
 
 const CONTENT_TYPE_BINCODE: &str = "application/octet-stream";
 
@@ -121,6 +121,7 @@ pub struct HttpNetwork<C = TypeConfig> {
     /// to members of other regions (its learners) are detached.
     detach_beyond: Option<Arc<str>>,
     longer_logs: Option<LongerLogs>,
+    contacts: Option<Contacts>,
     config: PhantomData<fn() -> C>,
 }
 
@@ -134,6 +135,7 @@ impl<C> Clone for HttpNetwork<C> {
             append_bytes_max: self.append_bytes_max,
             detach_beyond: self.detach_beyond.clone(),
             longer_logs: self.longer_logs.clone(),
+            contacts: self.contacts.clone(),
             config: PhantomData,
         }
     }
@@ -156,6 +158,7 @@ impl<C> HttpNetwork<C> {
             append_bytes_max: None,
             detach_beyond: None,
             longer_logs: None,
+            contacts: None,
             config: PhantomData,
         }
     }
@@ -182,11 +185,21 @@ impl<C> HttpNetwork<C> {
         self.longer_logs = Some(notes);
         self
     }
+
+    /// Notes in `contacts` when each member last answered an AppendEntries
+    /// (detached ones included: their real answers); see `Contacts`.
+    pub fn with_contacts_noted(mut self, contacts: Contacts) -> Self {
+        self.contacts = Some(contacts);
+        self
+    }
 }
 
 impl<C> NotesVotes for HttpNetwork<C> {
     fn longer_logs(&self) -> Option<LongerLogs> {
         self.longer_logs.clone()
+    }
+    fn contacts(&self) -> Option<Contacts> {
+        self.contacts.clone()
     }
 }
 
@@ -203,6 +216,7 @@ impl<C: NodeGroup> RaftNetworkFactory<C> for HttpNetwork<C> {
                 client: self.client.clone(),
                 credentials: self.credentials.clone(),
                 url: rpc_url(&node.raft_addr, &self.group, "append"),
+                contacts: self.contacts.clone().map(|c| (c, target)),
             })
         });
         HttpConnection {
@@ -216,6 +230,7 @@ impl<C: NodeGroup> RaftNetworkFactory<C> for HttpNetwork<C> {
             append_cap: AppendCap::default(),
             detached,
             longer_logs: self.longer_logs.clone(),
+            contacts: self.contacts.clone(),
             config: PhantomData,
         }
     }
@@ -236,6 +251,7 @@ pub struct HttpConnection<C: RaftTypeConfig = TypeConfig> {
     /// background.
     detached: Option<Detached<C>>,
     longer_logs: Option<LongerLogs>,
+    contacts: Option<Contacts>,
     config: PhantomData<fn() -> C>,
 }
 
@@ -412,9 +428,13 @@ impl<C: NodeGroup> RaftNetwork<C> for HttpConnection<C> {
             rpc.entries.truncate(cut);
             *rpc.entries[cut - 1].get_log_id()
         });
+        let sent = std::time::Instant::now();
         let result = self
             .call(RPCTypes::AppendEntries, "append", &rpc, &option)
             .await;
+        if let (Ok(_), Some(contacts)) = (&result, &self.contacts) {
+            contacts.answered(self.target, sent);
+        }
         match &result {
             Ok(_) => self.append_cap.answered(entries),
             Err(RPCError::Timeout(_)) => self.append_cap.timed_out(entries),

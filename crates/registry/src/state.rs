@@ -177,6 +177,9 @@ pub struct RegistryState {
     /// `FailoverResult`, which entries and values of earlier releases encode
     /// without it); absent for a failover completed by `CompleteFailover`.
     pub failover_tails: BTreeMap<String, LogTail>,
+    /// The regions whose standby is recorded lost, with the time it was first
+    /// reported (`standbys.rs`); every other region's standby streams.
+    pub standby_lost: BTreeMap<String, u64>,
 }
 
 /// A change to the registry, replicated through the Raft log. Times are inputs, never
@@ -312,6 +315,12 @@ pub enum Request {
         estimated_lost: LostEstimate,
         now_ms: u64,
     },
+    /// Records `region`'s standby as lost since `now_ms` (its leader saw the
+    /// standby confirm nothing for too long): the region acknowledges its zone
+    /// tenants' writes without it. A region recorded lost keeps its first time.
+    MarkStandbyLost { region: String, now_ms: u64 },
+    /// Records `region`'s standby as streaming again (it caught up).
+    MarkStandbyStreaming { region: String },
 }
 
 /// The result of applying one `Request` (or of a blank/membership entry: `Ok`).
@@ -413,6 +422,7 @@ pub(crate) enum StateKey {
     Survival(String),
     Failover(String),
     FailoverTail(String),
+    StandbyLost(String),
 }
 
 impl Request {
@@ -474,6 +484,9 @@ impl Request {
             Request::CompleteFailover { operation_id, .. }
             | Request::CompleteFailoverFrom { operation_id, .. } => {
                 state.failover_touched_keys(operation_id)
+            }
+            Request::MarkStandbyLost { region, .. } | Request::MarkStandbyStreaming { region } => {
+                vec![StateKey::StandbyLost(region.clone())]
             }
         }
     }
@@ -584,6 +597,10 @@ impl fmt::Display for Request {
             ),
             Request::FailFailover { operation_id, .. } => {
                 write!(f, "FailFailover({operation_id})")
+            }
+            Request::MarkStandbyLost { region, .. } => write!(f, "MarkStandbyLost({region})"),
+            Request::MarkStandbyStreaming { region } => {
+                write!(f, "MarkStandbyStreaming({region})")
             }
         }
     }
@@ -715,6 +732,8 @@ impl RegistryState {
                 error,
                 now_ms,
             } => self.fail_failover(operation_id, error, *now_ms),
+            Request::MarkStandbyLost { region, now_ms } => self.mark_standby_lost(region, *now_ms),
+            Request::MarkStandbyStreaming { region } => self.mark_standby_streaming(region),
         };
         result.unwrap_or_else(Response::rejected)
     }

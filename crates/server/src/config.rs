@@ -132,6 +132,13 @@ pub struct Config {
     /// a registry leader change never looks like a lost region.
     #[serde(default, with = "humantime_serde_option")]
     pub auto_failover_after: Option<Duration>,
+    /// The region acknowledges a write only while its standby has confirmed
+    /// every command of the region older than this (contract section 11,
+    /// "Bounded loss"); past it writes wait, then answer 503
+    /// `standby-unreachable`, until the standby confirms again or the registry
+    /// records it lost. What a failover can lose is bounded by it.
+    #[serde(default = "d_max_standby_lag", with = "humantime_serde_compat")]
+    pub max_standby_lag: Duration,
 }
 
 /// How a node with an empty data dir enters its groups.
@@ -179,6 +186,9 @@ fn d_region_snapshot_written_percent() -> u64 {
 }
 fn d_store_cache_bytes() -> u64 {
     keyhold_store::raft::GroupOptions::default().tree_cache_bytes
+}
+fn d_max_standby_lag() -> Duration {
+    Duration::from_millis(limits::MAX_STANDBY_LAG_MS_DEFAULT)
 }
 fn d_node_id() -> u64 {
     1
@@ -283,6 +293,7 @@ impl Config {
             processed_ttl: d_processed_ttl(),
             psp_key_retention: None,
             auto_failover_after: None,
+            max_standby_lag: d_max_standby_lag(),
             inflight_wait: d_inflight_wait(),
             sweep_interval: d_sweep_interval(),
             move_driver_lease: d_move_driver_lease(),
@@ -383,6 +394,17 @@ impl Config {
                     limits::AUTO_FAILOVER_AFTER_MS_MIN / 1000
                 )));
             }
+        }
+        let lag_ms = self.max_standby_lag.as_millis();
+        if !(u128::from(limits::MAX_STANDBY_LAG_MS_MIN)
+            ..=u128::from(limits::MAX_STANDBY_LAG_MS_MAX))
+            .contains(&lag_ms)
+        {
+            return Err(Error::Config(format!(
+                "max_standby_lag must be from {} ms to {} s",
+                limits::MAX_STANDBY_LAG_MS_MIN,
+                limits::MAX_STANDBY_LAG_MS_MAX / 1000
+            )));
         }
         for (region, standby) in &self.standbys {
             if !self.regions.contains(region) || !self.regions.contains(standby) {

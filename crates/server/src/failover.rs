@@ -13,8 +13,10 @@
 //! majority of this region's nodes) promoted and imported into this region's
 //! store (`routes::failover`), and
 //! commits `CompleteFailoverFrom` with the copy's tail (its position `at` and
-//! the leaders of the entries it held without knowing them committed) and the
-//! last lag that copy knew (`estimated_lost`).
+//! the leaders of the entries it held without knowing them committed) and
+//! `estimated_lost`: the last lag that copy knew, in commands (an estimate),
+//! and an upper bound in seconds on how long after the copy's newest command
+//! the region acknowledged what the failover lost (`lost_bound`).
 //!
 //! Every step is idempotent: a new leader of this region runs the failover
 //! again from its first step, and the registry answers a second
@@ -29,7 +31,7 @@
 use crate::limits::{
     FAILOVER_CHECK_MS, FAILOVER_COPY_TIMEOUT_MS, FAILOVER_DRIVE_ATTEMPTS_MAX,
     FAILOVER_HEALTH_PROBE_MS, FAILOVER_IMPORT_TIMEOUT_MS, FAILOVER_LEASE_MARGIN_MS,
-    REGION_LEASE_MS,
+    LOST_BOUND_MARGIN_MS, REGION_LEASE_MS,
 };
 use crate::node::{now, Node};
 use keyhold_registry::{
@@ -61,6 +63,13 @@ pub struct CopyPosition {
     /// The last lag of this copy its region's leader reported, if any.
     #[serde(default)]
     pub lag: Option<LostEstimate>,
+    /// How long before its answer the copy last heard from the failed region
+    /// (`None`: not since it opened, or a node of an earlier release).
+    #[serde(default)]
+    pub heard_ms_ago: Option<u64>,
+    /// How long before its answer the copy's log last grew.
+    #[serde(default)]
+    pub grew_ms_ago: Option<u64>,
 }
 
 /// What the import answered (`POST /internal/v1/failover/{region}/import`).
@@ -131,7 +140,20 @@ fn failovers_to(node: &Node) -> Vec<Operation> {
 /// One attempt at the whole failover, from the copies to the registry.
 async fn drive(node: &Node, op: &Operation) -> Result<(), String> {
     let started = Instant::now();
-    let best = best_copy(node, &op.from).await?;
+    let standby_lost = node
+        .registry()
+        .read(|s| s.standby_state(&op.from).is_lost());
+    let (best, positions) = best_copy(node, &op.from).await?;
+    let bound = lost_bound(
+        &positions,
+        &best,
+        node.config().max_standby_lag,
+        if standby_lost {
+            Protection::Unprotected
+        } else {
+            Protection::MaxStandbyLag
+        },
+    );
     let imported = import(node, op, best.node_id).await?;
     tracing::info!(
         operation = %op.operation_id, from = %op.from, to = %op.to,
@@ -143,7 +165,10 @@ async fn drive(node: &Node, op: &Operation) -> Result<(), String> {
         tail: imported
             .tail
             .unwrap_or_else(|| LogTail::confirmed(imported.at)),
-        estimated_lost: best.lag.unwrap_or_default(),
+        estimated_lost: LostEstimate {
+            commands: best.lag.map_or(0, |l| l.commands),
+            seconds: bound.as_secs_f64(),
+        },
         now_ms: now().0,
     };
     let written = node
@@ -165,7 +190,7 @@ async fn drive(node: &Node, op: &Operation) -> Result<(), String> {
 
 /// The copy of `region` to promote, from the answers of this region's nodes
 /// (asked at once; see `choose_copy`).
-async fn best_copy(node: &Node, region: &str) -> Result<CopyPosition, String> {
+async fn best_copy(node: &Node, region: &str) -> Result<(CopyPosition, Vec<CopyPosition>), String> {
     let members = node.region_nodes(node.region());
     let asks = members.iter().map(|(id, info)| async move {
         let url = format!(
@@ -194,9 +219,58 @@ async fn best_copy(node: &Node, region: &str) -> Result<CopyPosition, String> {
         .partition(Result::is_ok);
     let positions: Vec<CopyPosition> = positions.into_iter().filter_map(Result::ok).collect();
     let errors: Vec<String> = errors.into_iter().filter_map(Result::err).collect();
-    choose_copy(&positions, members.len())
+    let best = choose_copy(&positions, members.len())
         .cloned()
-        .map_err(|why| format!("{why} ({}: {})", node.region(), errors.join("; ")))
+        .map_err(|why| format!("{why} ({}: {})", node.region(), errors.join("; ")))?;
+    Ok((best, positions))
+}
+
+/// Whether the failed region acknowledged zone writes only within its
+/// standby's `max_standby_lag` when it failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protection {
+    MaxStandbyLag,
+    /// Its standby was recorded lost: it acknowledged without one (a forced
+    /// failover to that standby).
+    Unprotected,
+}
+
+/// An upper bound on how long after the newest command the promoted copy
+/// (`best`) holds the failed region acknowledged a write the failover loses
+/// (contract section 11: `estimated_lost.seconds`). All ages were read at about
+/// the same moment, after the fence wait, when the region acknowledges nothing
+/// more (`FAILOVER_FENCE_WAIT_MS`).
+///
+/// A region's leader acknowledges a zone write at `t` only while a majority of
+/// its standby's copies answered an AppendEntries it sent at `t - max_lag` or
+/// later (`survival.rs`); `positions` are a majority's answers, so one of them
+/// heard from the region at or after `t - max_lag`: `t` is at most the latest
+/// `heard` plus `max_lag` (or now, unprotected). A lost write's entry came
+/// after the best copy's newest, which that copy received when its log last
+/// grew (`grew`), after the region appended it: `LOST_BOUND_MARGIN_MS` covers
+/// that delivery and the answers' own transit. A copy that has not grown since
+/// it opened bounds from when it last heard instead (its newest command is
+/// older, unknown: the figure is then a bound on what was acknowledged after
+/// the copy last heard).
+pub fn lost_bound(
+    positions: &[CopyPosition],
+    best: &CopyPosition,
+    max_lag: Duration,
+    protection: Protection,
+) -> Duration {
+    let max_lag_ms = max_lag.as_millis() as u64;
+    let heard_ago = positions.iter().filter_map(|p| p.heard_ms_ago).min();
+    // How long before now the last acknowledgement may have been.
+    let acked_ago = match (protection, heard_ago) {
+        (Protection::MaxStandbyLag, Some(heard)) => heard.saturating_sub(max_lag_ms),
+        _ => 0,
+    };
+    let newest_ago = best
+        .grew_ms_ago
+        .or(best.heard_ms_ago)
+        .or(heard_ago)
+        .unwrap_or(FAILOVER_FENCE_WAIT_MS + max_lag_ms);
+    Duration::from_millis(newest_ago.saturating_sub(acked_ago) + LOST_BOUND_MARGIN_MS)
 }
 
 /// The copy to promote among `positions`, the answers of this region's
@@ -325,11 +399,13 @@ pub async fn watch(node: Arc<Node>, stop: watch::Receiver<bool>) {
     }
 }
 
-/// A region is worth failing over while it homes a live tenant and no
-/// failover of it runs.
+/// A region is worth failing over while it homes a live tenant, no failover
+/// of it runs, and its standby is not recorded lost (its copy may then lack
+/// more than `max_standby_lag`: an operator's call, with `force`).
 fn worth_failing_over(node: &Node, region: &str) -> bool {
     node.registry().read(|state| {
         state.failover_running_from(region).is_none()
+            && state.standby_state(region) == keyhold_registry::standbys::StandbyState::Streaming
             && state
                 .tenants
                 .values()
@@ -364,7 +440,9 @@ async fn begin_automatic(node: &Node, region: &str, down_for: Duration) {
 
 #[cfg(test)]
 mod tests {
-    use super::{choose_copy, CopyPosition};
+    use super::{choose_copy, lost_bound, CopyPosition, Protection};
+    use crate::limits::LOST_BOUND_MARGIN_MS;
+    use std::time::Duration;
 
     fn at(node_id: u64, last_log_term: u64, last_log_index: u64) -> CopyPosition {
         CopyPosition {
@@ -372,7 +450,60 @@ mod tests {
             last_log_term,
             last_log_index,
             lag: None,
+            heard_ms_ago: None,
+            grew_ms_ago: None,
         }
+    }
+
+    fn clocked(node_id: u64, heard: Option<u64>, grew: Option<u64>) -> CopyPosition {
+        CopyPosition {
+            heard_ms_ago: heard,
+            grew_ms_ago: grew,
+            ..at(node_id, 1, 10)
+        }
+    }
+
+    /// The region was idle for 5 s after the copy's newest command, and then
+    /// cut off from its standby 3 s ago (its copies last heard from it then):
+    /// with a 1 s lag it acknowledged nothing after 2 s ago, so what it lost
+    /// was acknowledged within 8 s - 2 s of the newest command (plus the
+    /// margin). Unprotected, it may have acknowledged until now.
+    #[test]
+    fn the_bound_runs_from_the_newest_command_to_the_last_answer_plus_the_lag() {
+        let lag = Duration::from_millis(1_000);
+        let margin = Duration::from_millis(LOST_BOUND_MARGIN_MS);
+        let best = clocked(5, Some(3_000), Some(8_000));
+        let positions = [clocked(2, Some(3_500), Some(8_100)), best.clone()];
+        assert_eq!(
+            lost_bound(&positions, &best, lag, Protection::MaxStandbyLag),
+            Duration::from_millis(6_000) + margin
+        );
+        assert_eq!(
+            lost_bound(&positions, &best, lag, Protection::Unprotected),
+            Duration::from_millis(8_000) + margin
+        );
+        // Heard within the lag: it may have acknowledged until now.
+        let fresh = clocked(5, Some(400), Some(1_000));
+        assert_eq!(
+            lost_bound(
+                std::slice::from_ref(&fresh),
+                &fresh,
+                lag,
+                Protection::MaxStandbyLag
+            ),
+            Duration::from_millis(1_000) + margin
+        );
+        // A copy that never grew since it opened bounds from when it heard.
+        let quiet = clocked(5, Some(3_000), None);
+        assert_eq!(
+            lost_bound(
+                std::slice::from_ref(&quiet),
+                &quiet,
+                lag,
+                Protection::MaxStandbyLag
+            ),
+            Duration::from_millis(1_000) + margin
+        );
     }
 
     #[test]

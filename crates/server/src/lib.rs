@@ -175,6 +175,8 @@ pub async fn serve(
         let source: keyhold_registry::RaftSource<keyhold_store::raft::RegionConfig> =
             Arc::new(move || {
                 let copy = holder.standby_copy(&region)?;
+                // What a failover may have lost is bounded from here (`failover::lost_bound`).
+                copy.clock.heard(std::time::Instant::now());
                 Some(copy.store.group().raft().clone())
             });
         raft_app = raft_app.merge(keyhold_registry::replaceable_group_router(
@@ -197,6 +199,7 @@ pub async fn serve(
     let lease = tokio::spawn(lease::run(node.clone(), stop_rx.clone()));
     let standby = tokio::spawn(standby::run(node.clone(), stop_rx.clone()));
     let purge = tokio::spawn(standby::purge_behind_standby(node.clone(), stop_rx.clone()));
+    let standby_watch = tokio::spawn(survival::standby_watch(node.clone(), stop_rx.clone()));
     let copies = tokio::spawn(copies::run(node.clone(), stop_rx.clone()));
     let move_watch = tokio::spawn(mover::resume_stalled(node.clone(), stop_rx.clone()));
     let failovers = tokio::spawn(failover::run(node.clone(), stop_rx.clone()));
@@ -238,6 +241,7 @@ pub async fn serve(
     let _ = lease.await;
     let _ = standby.await;
     let _ = purge.await;
+    let _ = standby_watch.await;
     let _ = copies.await;
     let _ = move_watch.await;
     let _ = failovers.await;

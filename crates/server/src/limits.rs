@@ -180,6 +180,10 @@ pub const FAILOVER_CHECK_MS: u64 = 500;
 /// covers the moment between the registry leader's commit of the fence and its
 /// apply, and clocks that run at slightly different rates.
 pub const FAILOVER_LEASE_MARGIN_MS: u64 = 1_000;
+/// Added to a failover's bound on the span of what it lost
+/// (`failover::lost_bound`): the delivery of the copy's newest entry after the
+/// region appended it, and the copies' answers' transit.
+pub const LOST_BOUND_MARGIN_MS: u64 = 250;
 /// How long one node may take to say where its copy stands.
 pub const FAILOVER_COPY_TIMEOUT_MS: u64 = 2_000;
 /// How long the promotion and import of a copy may take (it is proportional
@@ -209,7 +213,7 @@ pub const STANDBY_CHECK_MS: u64 = 1_000;
 pub const STANDBY_MATCHED_RECORD_ENTRIES: u64 = 64;
 /// How long the answer to a `"survival": "region"` tenant's command waits, on
 /// its home region's leader, for a majority of the standby region's nodes to
-/// hold the command's log entry; past it the answer is 503 `store-unavailable`
+/// hold the command's log entry; past it the answer is 503 `standby-unreachable`
 /// (the command stays executed; a retry replays it once the standby has it).
 /// Far above an inter-region round trip (50 ms in the benchmark), so a healthy
 /// standby that is briefly slow does not turn writes into errors; short enough
@@ -217,6 +221,43 @@ pub const STANDBY_MATCHED_RECORD_ENTRIES: u64 = 64;
 pub const SURVIVAL_WAIT_MS: u64 = 3_000;
 // The home answers a forwarded request before the forwarding node gives up on it.
 const _: () = assert!(SURVIVAL_WAIT_MS + REGION_LEASE_RENEWAL_WAIT_MS < FORWARD_TIMEOUT_MS);
+/// `max_standby_lag` (config), default and bounds. The default is the
+/// contract's 1 s. Below the minimum a healthy standby a round trip away
+/// (`INTER_REGION_RTT_MS_MAX`) could not keep up; above the maximum the bound
+/// on loss would mean little.
+pub const MAX_STANDBY_LAG_MS_DEFAULT: u64 = 1_000;
+pub const MAX_STANDBY_LAG_MS_MIN: u64 = 2 * keyhold_registry::limits::INTER_REGION_RTT_MS_MAX;
+pub const MAX_STANDBY_LAG_MS_MAX: u64 = 60_000;
+const _: () = assert!(MAX_STANDBY_LAG_MS_MIN <= MAX_STANDBY_LAG_MS_DEFAULT);
+// What a cluster file of an earlier release means by its absence.
+const _: () = assert!(MAX_STANDBY_LAG_MS_DEFAULT == 1_000);
+// A healthy standby answers a heartbeat at least every heartbeat interval plus
+// one inter-region round trip: within the smallest lag, or a region would
+// refuse writes with its standby streaming (`RegionGroup::standby_confirms_within`).
+const _: () = assert!(
+    keyhold_store::limits::REGION_HEARTBEAT_INTERVAL_MS
+        + keyhold_registry::limits::INTER_REGION_RTT_MS_MAX
+        < MAX_STANDBY_LAG_MS_MIN
+);
+const _: () = assert!(MAX_STANDBY_LAG_MS_DEFAULT <= MAX_STANDBY_LAG_MS_MAX);
+/// How long a zone tenant's answer waits for the standby to confirm what is
+/// older than `max_standby_lag` before it is 503 `standby-unreachable` (the
+/// command stays executed; a retry replays it once allowed).
+pub const STANDBY_LAG_WAIT_MS: u64 = 2_000;
+const _: () = assert!(STANDBY_LAG_WAIT_MS + REGION_LEASE_RENEWAL_WAIT_MS < FORWARD_TIMEOUT_MS);
+/// The region's leader asks the registry to record its standby lost once the
+/// standby has confirmed nothing older than `max_standby_lag` for this long:
+/// with the default lag, a lost standby stops zone writes for about the lag
+/// plus this, within the contract's 10 s.
+pub const STANDBY_LOST_AFTER_MS: u64 = 3_000;
+/// How often the region's leader checks its standby's confirmations (for
+/// recording it lost, or streaming again).
+pub const STANDBY_WATCH_MS: u64 = 250;
+const _: () = assert!(STANDBY_WATCH_MS * 4 <= STANDBY_LOST_AFTER_MS);
+const _: () = assert!(
+    MAX_STANDBY_LAG_MS_DEFAULT + STANDBY_LOST_AFTER_MS + STANDBY_WATCH_MS + STANDBY_LAG_WAIT_MS
+        < 10_000
+);
 /// How long the cluster view waits for a region's leader to report its
 /// standby's lag; past it the lag is shown as unknown (`null`).
 pub const STANDBY_LAG_CALL_TIMEOUT_MS: u64 = 1_000;

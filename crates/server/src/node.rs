@@ -593,7 +593,10 @@ async fn open_store(
     .with_learner_heartbeats_detached(&config.region)
     // The group's election timer holds a member back once it learns its log
     // is behind (`keyhold_store::raft`'s elections).
-    .with_longer_logs_noted(keyhold_registry::LongerLogs::default());
+    .with_longer_logs_noted(keyhold_registry::LongerLogs::default())
+    // The leader acknowledges only while its standby's copies answer
+    // (`survival.rs`, contract section 11 "Bounded loss").
+    .with_contacts_noted(keyhold_registry::Contacts::default());
     // With a standby, no replica purges what the standby has not matched
     // (`standby.rs` purges as far as it may).
     let purge = if config.standbys.contains_key(&config.region) {
@@ -636,6 +639,50 @@ pub struct StandbyCopy {
     /// (`copies::run`): how much a failover from this copy would lose, as far
     /// as the copy knew. `None` until a report came.
     pub lag: std::sync::Arc<std::sync::Mutex<Option<crate::standby::LagFigures>>>,
+    /// When the copy last heard from the region and last grew, for the
+    /// failover's bound on what it lost (`failover::lost_bound`).
+    pub clock: std::sync::Arc<CopyClock>,
+}
+
+/// When a standby copy last heard from its region's leader (any Raft request
+/// of its group reached this node) and when its log last grew, by this
+/// node's monotonic clock; `None` since this copy opened.
+#[derive(Debug, Default)]
+pub struct CopyClock {
+    heard: std::sync::Mutex<Option<std::time::Instant>>,
+    grew: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+impl CopyClock {
+    /// A Raft request of the copy's group arrived at `at`.
+    pub fn heard(&self, at: std::time::Instant) {
+        *self.heard.lock().unwrap_or_else(|e| e.into_inner()) = Some(at);
+    }
+
+    /// How long ago the copy last heard from its region, and last grew.
+    pub fn ages(&self, now: std::time::Instant) -> (Option<Duration>, Option<Duration>) {
+        let age = |t: &std::sync::Mutex<Option<std::time::Instant>>| {
+            t.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .map(|t| now.saturating_duration_since(t))
+        };
+        (age(&self.heard), age(&self.grew))
+    }
+}
+
+/// Notes in `clock` each time the copy's log grows, until its Raft stops.
+async fn watch_growth(
+    mut metrics: tokio::sync::watch::Receiver<openraft::RaftMetrics<NodeId, NodeInfo>>,
+    clock: std::sync::Arc<CopyClock>,
+) {
+    let mut last = metrics.borrow_and_update().last_log_index;
+    while metrics.changed().await.is_ok() {
+        let now_last = metrics.borrow_and_update().last_log_index;
+        if now_last > last {
+            *clock.grew.lock().unwrap_or_else(|e| e.into_inner()) = Some(std::time::Instant::now());
+        }
+        last = now_last;
+    }
 }
 
 /// The directory of this node's copy of `region`'s store.
@@ -694,9 +741,12 @@ async fn open_standby_copy(
     };
     let dir = standby_copy_dir(config, region);
     let store = Store::open_replica(&dir, member, network, Bootstrap::Joiner, options).await?;
+    let clock = std::sync::Arc::new(CopyClock::default());
+    tokio::spawn(watch_growth(store.group().raft().metrics(), clock.clone()));
     Ok(StandbyCopy {
         region: region.to_owned(),
         store,
         lag: Default::default(),
+        clock,
     })
 }

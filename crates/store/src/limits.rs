@@ -192,6 +192,13 @@ const _: () =
 const _: () = assert!(REGION_HEARTBEAT_INTERVAL_MS < REGION_RPC_TIMEOUT_MS);
 const _: () = assert!(REGION_RPC_TIMEOUT_MS < REGION_ELECTION_TIMEOUT_MIN_MS);
 const _: () = assert!(REGION_ELECTION_TIMEOUT_MAX_MS < REGION_WRITE_WAIT_MS);
+/// How often a write held for its standby's answers looks at them again
+/// (`RegionGroup::wait_standby_confirms_within`): the network notes an answer
+/// without waking anyone. Well under a heartbeat interval, so an answer is
+/// seen about when openraft would have reported it.
+pub const STANDBY_ANSWER_POLL_MS: u64 = 25;
+
+const _: () = assert!(STANDBY_ANSWER_POLL_MS * 2 <= REGION_HEARTBEAT_INTERVAL_MS);
 const _: () = assert!(SWEEP_ENTRIES_MAX <= BATCH_COMMANDS_MAX);
 const _: () = assert!(SWEEP_ENTRIES_MAX <= SWEEP_SCAN_ENTRIES_MAX);
 const _: () = assert!(ERASE_ENTRIES_MAX <= BATCH_COMMANDS_MAX);

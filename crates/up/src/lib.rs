@@ -71,6 +71,8 @@ pub struct UpConfig {
     pub psp_decline_rate: f64,
     /// `Config::auto_failover_after` of every node (unset: failover by hand).
     pub auto_failover_after: Option<Duration>,
+    /// `Config::max_standby_lag` of every node (unset: the node's default, 1 s).
+    pub max_standby_lag: Option<Duration>,
     /// Served at `/demo` by every node (see `Config::demo_dir`).
     pub demo_dir: Option<PathBuf>,
     /// Simulated round trip between regions (added by the proxies); none: zero.
@@ -163,6 +165,9 @@ pub async fn run(
         }
         config.psp_key_retention = up.psp_key_retention;
         config.auto_failover_after = up.auto_failover_after;
+        if let Some(lag) = up.max_standby_lag {
+            config.max_standby_lag = lag;
+        }
         config.demo_dir.clone_from(&up.demo_dir);
         config.validate()?;
         layout::write_atomically(&plan.config_file, config.to_toml()?.as_bytes())?;
@@ -212,6 +217,11 @@ pub async fn run(
                 pid: None,
             })
             .collect(),
+        max_standby_lag_ms: up
+            .max_standby_lag
+            .map_or(keyhold_server::limits::MAX_STANDBY_LAG_MS_DEFAULT, |lag| {
+                lag.as_millis() as u64
+            }),
     };
     let mut cluster = control::Cluster::new(
         nodes,

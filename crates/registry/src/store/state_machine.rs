@@ -37,6 +37,7 @@ const PREFIX_DRIVER: &str = "driver/";
 const PREFIX_SURVIVAL: &str = "survival/";
 const PREFIX_FAILOVER: &str = "failover/";
 const PREFIX_FAILOVER_TAIL: &str = "failover-tail/";
+const PREFIX_STANDBY_LOST: &str = "standby-lost/";
 const PREFIX_NODE: &[u8] = b"node/";
 const KEY_SNAPSHOT: &[u8] = b"current";
 
@@ -137,6 +138,14 @@ fn stage_key(
                 .map(codec::encode)
                 .transpose()?,
         ),
+        StateKey::StandbyLost(region) => (
+            text_key(PREFIX_STANDBY_LOST, region),
+            state
+                .standby_lost
+                .get(region)
+                .map(codec::encode)
+                .transpose()?,
+        ),
     };
     match value {
         Some(value) => batch.insert(db_key, value),
@@ -172,6 +181,12 @@ fn stage_all(batch: &mut sled::Batch, applied: &Applied) -> Result<(), EncodeErr
                 .failover_tails
                 .keys()
                 .map(|k| StateKey::FailoverTail(k.clone())),
+        )
+        .chain(
+            state
+                .standby_lost
+                .keys()
+                .map(|k| StateKey::StandbyLost(k.clone())),
         );
     for key in keys {
         stage_key(batch, state, &key)?;
@@ -235,6 +250,10 @@ fn load(tree: &sled::Tree) -> Result<Applied, crate::Error> {
             let id = String::from_utf8_lossy(id).into_owned();
             let tail = decode_value(&value).map_err(corrupt)?;
             applied.state.failover_tails.insert(id, tail);
+        } else if let Some(region) = key.strip_prefix(PREFIX_STANDBY_LOST.as_bytes()) {
+            let region = String::from_utf8_lossy(region).into_owned();
+            let since_ms = decode_value(&value).map_err(corrupt)?;
+            applied.state.standby_lost.insert(region, since_ms);
         } else {
             return Err(crate::Error::Storage(format!(
                 "unknown state key {}",
@@ -271,6 +290,37 @@ struct RegistryStateV2 {
     failovers: std::collections::BTreeMap<String, crate::failover::FailoverResult>,
 }
 
+/// `RegistryState` as snapshots before standby states encoded it (its first
+/// eight fields, positionally).
+#[derive(Deserialize)]
+#[cfg_attr(test, derive(Serialize))]
+struct RegistryStateV3 {
+    regions: std::collections::BTreeMap<String, crate::state::RegionRecord>,
+    nodes: std::collections::BTreeMap<crate::types::NodeId, crate::types::NodeInfo>,
+    tenants: std::collections::BTreeMap<String, crate::state::TenantRecord>,
+    operations: std::collections::BTreeMap<String, crate::state::Operation>,
+    drivers: std::collections::BTreeMap<String, crate::state::DriverLease>,
+    survival: std::collections::BTreeMap<String, crate::failover::Survival>,
+    failovers: std::collections::BTreeMap<String, crate::failover::FailoverResult>,
+    failover_tails: std::collections::BTreeMap<String, keyhold_raftlog::LogTail>,
+}
+
+impl From<RegistryStateV3> for RegistryState {
+    fn from(v3: RegistryStateV3) -> Self {
+        RegistryState {
+            regions: v3.regions,
+            nodes: v3.nodes,
+            tenants: v3.tenants,
+            operations: v3.operations,
+            drivers: v3.drivers,
+            survival: v3.survival,
+            failovers: v3.failovers,
+            failover_tails: v3.failover_tails,
+            ..RegistryState::default()
+        }
+    }
+}
+
 impl From<RegistryStateV1> for RegistryStateV2 {
     fn from(v1: RegistryStateV1) -> Self {
         RegistryStateV2 {
@@ -301,7 +351,8 @@ impl From<RegistryStateV2> for RegistryState {
 }
 
 /// A snapshot's state, in today's encoding or in an earlier one (a node that
-/// upgraded sends or keeps such a snapshot): before failover tails (V2), or
+/// upgraded sends or keeps such a snapshot): before standby states (V3),
+/// before failover tails (V2), or
 /// before survival and failover (V1), each read as the next one with its new
 /// fields empty.
 fn decode_snapshot_state(data: &[u8]) -> Result<RegistryState, bincode::error::DecodeError> {
@@ -309,6 +360,9 @@ fn decode_snapshot_state(data: &[u8]) -> Result<RegistryState, bincode::error::D
         Ok(state) => return Ok(state),
         Err(e) => e,
     };
+    if let Ok(v3) = codec::decode::<RegistryStateV3>(data) {
+        return Ok(v3.into());
+    }
     if let Ok(v2) = codec::decode::<RegistryStateV2>(data) {
         return Ok(v2.into());
     }
@@ -621,5 +675,40 @@ mod tests {
             .insert("f1".into(), keyhold_raftlog::LogTail::confirmed(41));
         let current = codec::encode(&state).expect("encodes");
         assert_eq!(decode_snapshot_state(&current).expect("decodes"), state);
+    }
+
+    #[test]
+    fn a_snapshot_from_before_standby_states_still_installs() {
+        let mut state = RegistryState::default();
+        state.apply(&crate::state::Request::AddRegion {
+            name: "a".into(),
+            now_ms: 1,
+        });
+        state
+            .failover_tails
+            .insert("f1".into(), keyhold_raftlog::LogTail::confirmed(41));
+        let v3 = RegistryStateV3 {
+            regions: state.regions.clone(),
+            nodes: Default::default(),
+            tenants: Default::default(),
+            operations: Default::default(),
+            drivers: Default::default(),
+            survival: Default::default(),
+            failovers: Default::default(),
+            failover_tails: state.failover_tails.clone(),
+        };
+        let old = codec::encode(&v3).expect("encodes");
+        assert_eq!(decode_snapshot_state(&old).expect("decodes"), state);
+        state.apply(&crate::state::Request::MarkStandbyLost {
+            region: "a".into(),
+            now_ms: 5,
+        });
+        let current = codec::encode(&state).expect("encodes");
+        let decoded = decode_snapshot_state(&current).expect("decodes");
+        assert_eq!(decoded, state);
+        assert_eq!(
+            decoded.standby_state("a"),
+            crate::standbys::StandbyState::Lost { since_ms: 5 }
+        );
     }
 }

@@ -414,10 +414,12 @@ pub async fn cluster(State(node): State<Arc<Node>>) -> Result<Response, ApiError
                     serde_json::json!({"commands": lag["commands"], "seconds": lag["seconds"]})
                 }),
         };
+        let standby_state = registry.read(|s| s.standby_state(&r.name));
         regions.push(serde_json::json!({
             "name": r.name,
             "tenants": tenants,
             "standby": standby,
+            "standby_state": standby.as_ref().map(|_| standby_state.as_str()),
             "replication_lag": lag,
         }));
     }

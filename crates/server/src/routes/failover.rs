@@ -5,8 +5,10 @@
 //!
 //! On any node holding a copy of r (the *source*):
 //! - `GET /internal/v1/failover/{r}/copy`: where the copy stands
-//!   (`last_log_index`, `applied_index`) and the last lag it knew, for the
-//!   driver to pick the most complete copy;
+//!   (`last_log_term`, `last_log_index`, `applied_index`), the last lag it
+//!   knew, and how long ago it last heard from r and last grew
+//!   (`heard_ms_ago`, `grew_ms_ago`), for the driver to pick the most complete
+//!   copy and bound what the failover loses;
 //! - `POST /internal/v1/failover/{r}/promote`: makes the copy final
 //!   (`Store::promote`) and answers `at`, the last index it applied, and
 //!   `tail`, the leaders of the entries it applied without knowing them
@@ -89,12 +91,16 @@ async fn copy_position(
     let copy = copy_of(&node, &region)?;
     let lag = copy.lag.lock().expect("not poisoned").clone();
     let (last_log_term, last_log_index) = copy.store.last_log_position().await?;
+    let (heard, grew) = copy.clock.ages(std::time::Instant::now());
+    let ms = |age: Option<Duration>| age.map(|a| a.as_millis() as u64);
     Ok(ok_json(serde_json::json!({
         "node_id": node.config().node_id,
         "last_log_term": last_log_term,
         "last_log_index": last_log_index,
         "applied_index": copy.store.applied_index()?,
         "promoted": copy.store.promoted()?.is_some(),
+        "heard_ms_ago": ms(heard),
+        "grew_ms_ago": ms(grew),
         "lag": lag.map(|l| serde_json::json!({ "commands": l.commands, "seconds": l.seconds })),
     })))
 }

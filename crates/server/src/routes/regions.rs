@@ -10,6 +10,7 @@ use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
 use keyhold_core::Problem;
+use keyhold_registry::standbys::StandbyState;
 use keyhold_registry::{Rejection, Request, Response as RegistryResponse};
 use serde::Deserialize;
 use std::sync::Arc;
@@ -21,15 +22,17 @@ struct FailoverRequest {
     /// only region that holds a copy of it.
     #[serde(default)]
     to: Option<String>,
-    /// Fail over even though a node of the region says it is ready.
+    /// Fail over even though a node of the region says it is ready, or its
+    /// standby is recorded lost.
     #[serde(default)]
     force: bool,
 }
 
 /// `POST /admin/v1/regions/{region}/failover {"to"?, "force"?}` → 202 with the
 /// operation to poll. 404 for an unknown region; 409 when `to` holds no copy
-/// of the region, when the region is healthy (a node of it is ready) unless
-/// `force`, or when a failover of either region is already running.
+/// of the region, when the region is healthy (a node of it is ready) or its
+/// standby is recorded lost unless `force`, or when a failover of either
+/// region is already running.
 pub async fn start_failover(
     State(node): State<Arc<Node>>,
     headers: HeaderMap,
@@ -55,6 +58,14 @@ pub async fn start_failover(
                 .detail(format!("region {region} has no standby region")))
         }
     };
+    let standby_state = node.registry().read(|s| s.standby_state(&region));
+    if let (false, StandbyState::Lost { since_ms }) = (req.force, standby_state) {
+        return Err(ApiError::new(Problem::Conflict).detail(format!(
+            "region {to}, the standby of {region}, is recorded lost since {since_ms} ms after \
+             the epoch: its copy may lack more than max_standby_lag of what {region} \
+             acknowledged; send \"force\": true to fail over to it anyway"
+        )));
+    }
     if !req.force && crate::failover::region_is_ready(&node, &region).await {
         return Err(ApiError::new(Problem::Conflict).detail(format!(
             "region {region} is healthy (a node of it is ready); send \"force\": true to fail it over anyway"

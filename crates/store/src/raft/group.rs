@@ -26,7 +26,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use keyhold_raftlog::{LogTail, LongerLogs, NodeId, NodeInfo, NotesVotes};
+use keyhold_raftlog::{Contacts, LogTail, LongerLogs, NodeId, NodeInfo, NotesVotes};
 use openraft::error::{ClientWriteError, InstallSnapshotError, RPCError, RaftError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
@@ -48,7 +48,7 @@ use crate::limits::{
     REGION_ELECTION_TIMEOUT_MAX_MS, REGION_ELECTION_TIMEOUT_MIN_MS, REGION_HEARTBEAT_INTERVAL_MS,
     REGION_LEADER_WAIT_MS, REGION_RPC_TIMEOUT_MS, REGION_SNAPSHOT_LOGS_SINCE_LAST,
     REGION_SNAPSHOT_WRITTEN_PERCENT, REGION_TREE_CACHE_BYTES_DEFAULT, REGION_WRITE_WAIT_MS,
-    UPKEEP_RIDE_GRACE_MS, UPKEEP_RIDE_LAG_ENTRIES_MAX, UPKEEP_RIDE_WAIT_MS,
+    STANDBY_ANSWER_POLL_MS, UPKEEP_RIDE_GRACE_MS, UPKEEP_RIDE_LAG_ENTRIES_MAX, UPKEEP_RIDE_WAIT_MS,
     WRITTEN_ENTRIES_KEPT_MAX,
 };
 use crate::stats::CommitStats;
@@ -142,6 +142,9 @@ struct Inner {
     written: Arc<Mutex<VecDeque<Written>>>,
     /// When a majority last confirmed this member as leader.
     confirmed: Arc<Confirmations>,
+    /// When each member last answered an AppendEntries (`None`: the network
+    /// notes no answers, as in-process test networks).
+    contacts: Option<Contacts>,
 }
 
 /// One entry this member's writer appended.
@@ -330,6 +333,7 @@ impl RegionGroup {
         let config = Arc::new(raft_config(&member.group, options)?);
         let log_reader = log.clone();
         let longer_logs = network.longer_logs().unwrap_or_default();
+        let contacts = network.contacts();
         let raft = RegionRaft::new(member.node, config, network, log, state_machine.clone())
             .await
             .map_err(|e| Error::Raft(e.to_string()))?;
@@ -375,6 +379,7 @@ impl RegionGroup {
                 stats,
                 written,
                 confirmed,
+                contacts,
             }),
         })
     }
@@ -489,6 +494,96 @@ impl RegionGroup {
                 }
                 if metrics.changed().await.is_err() {
                     return false;
+                }
+            }
+        };
+        tokio::time::timeout(wait, reached).await.unwrap_or(false)
+    }
+
+    /// On the leader: true when a majority of `replicas` (the standby region's
+    /// copies) hold every entry this member appended more than `max_lag` ago,
+    /// and a majority of them answered an AppendEntries this member sent within
+    /// `max_lag` (contract section 11, "Bounded loss"). The second half is what
+    /// bounds a cut that found the log idle: every entry held, nothing old
+    /// unconfirmed, yet the standby gone; without it a write arriving a minute
+    /// after the cut would be acknowledged and lost. An entry this member did
+    /// not append itself (a predecessor's, openraft's own) has no known age and
+    /// counts as older: after a change of leader, writes wait until the standby
+    /// holds the log up to this leader's first entries. False on any other
+    /// member.
+    pub fn standby_confirms_within(&self, replicas: &[NodeId], max_lag: Duration) -> bool {
+        let metrics = self.inner.raft.metrics();
+        let m = metrics.borrow();
+        self.confirms_within(&m, replicas, max_lag, Instant::now())
+    }
+
+    /// On the leader: true when a majority of `replicas` hold its whole log and
+    /// a majority answered an AppendEntries it sent within `max_lag` (the
+    /// standby is back and caught up). False on any other member.
+    pub fn standby_caught_up(&self, replicas: &[NodeId], max_lag: Duration) -> bool {
+        let metrics = self.inner.raft.metrics();
+        let m = metrics.borrow();
+        let matched = majority_matched(&m, replicas);
+        let last = m.last_log_index.unwrap_or(0);
+        matched.is_some_and(|matched| matched >= last)
+            && self.answered_within(replicas, max_lag, Instant::now())
+    }
+
+    fn answered_within(&self, replicas: &[NodeId], max_lag: Duration, now: Instant) -> bool {
+        match &self.inner.contacts {
+            Some(contacts) => {
+                let sent: Vec<_> = replicas
+                    .iter()
+                    .map(|id| contacts.last_answered(*id))
+                    .collect();
+                answered_within(&sent, max_lag, now)
+            }
+            None => true,
+        }
+    }
+
+    fn confirms_within(
+        &self,
+        m: &openraft::RaftMetrics<NodeId, NodeInfo>,
+        replicas: &[NodeId],
+        max_lag: Duration,
+        now: Instant,
+    ) -> bool {
+        let matched = majority_matched(m, replicas);
+        let last = m.last_log_index.unwrap_or(0);
+        let answered = self.answered_within(replicas, max_lag, now);
+        let written = self.inner.written.lock().expect("not poisoned");
+        answered && confirmed_within(matched, last, &written, max_lag, now)
+    }
+
+    /// Waits, up to `wait`, until `standby_confirms_within` holds. More of the
+    /// log matched (openraft's reports) or a fresh answer (noted by the network,
+    /// which wakes nobody: looked at every `STANDBY_ANSWER_POLL_MS`) can make
+    /// it hold.
+    pub async fn wait_standby_confirms_within(
+        &self,
+        replicas: &[NodeId],
+        max_lag: Duration,
+        wait: Duration,
+    ) -> bool {
+        let mut metrics = self.inner.raft.metrics();
+        let poll = Duration::from_millis(STANDBY_ANSWER_POLL_MS);
+        let reached = async {
+            loop {
+                let held = {
+                    let m = metrics.borrow_and_update();
+                    self.confirms_within(&m, replicas, max_lag, Instant::now())
+                };
+                if held {
+                    return true;
+                }
+                tokio::select! {
+                    changed = metrics.changed() => {
+                        if changed.is_err() {
+                            return false;
+                        }
+                    }
+                    () = tokio::time::sleep(poll) => {}
                 }
             }
         };
@@ -949,6 +1044,42 @@ fn held_by_majority(mut held: Vec<u64>) -> Option<u64> {
     Some(held[held.len() / 2])
 }
 
+/// True when a majority of the standby's copies answered an AppendEntries sent
+/// within `max_lag` of `now` (`sent`: when each copy's latest answered one was
+/// sent, `None` when none was).
+fn answered_within(sent: &[Option<Instant>], max_lag: Duration, now: Instant) -> bool {
+    let fresh = sent
+        .iter()
+        .filter(|s| s.is_some_and(|s| now.saturating_duration_since(s) <= max_lag))
+        .count();
+    !sent.is_empty() && fresh > sent.len() / 2
+}
+
+/// True when everything of a log ending at `last` that is not `matched` (by a
+/// majority of the standby's copies; `None`: unknown) was appended within
+/// `max_lag` of `now`, by what `written` remembers (ascending by index). The
+/// first entry past `matched` decides, being the oldest; one `written` does
+/// not hold has no known age and counts as too old.
+fn confirmed_within(
+    matched: Option<u64>,
+    last: u64,
+    written: &VecDeque<Written>,
+    max_lag: Duration,
+    now: Instant,
+) -> bool {
+    let Some(matched) = matched else {
+        return false;
+    };
+    if matched >= last {
+        return true;
+    }
+    let first = written.partition_point(|w| w.index <= matched);
+    match written.get(first) {
+        Some(w) if w.index == matched + 1 => now.saturating_duration_since(w.at) <= max_lag,
+        _ => false,
+    }
+}
+
 /// Keeps the last `WRITTEN_ENTRIES_KEPT_MAX` entries this writer appended.
 fn remember(written: &Mutex<VecDeque<Written>>, index: u64, commands: usize, at: Instant) {
     let mut log = written.lock().expect("not poisoned");
@@ -981,8 +1112,59 @@ fn fail(stats: &CommitStats, pending: &mut Vec<Job>) {
 
 #[cfg(test)]
 mod tests {
-    use super::{held_by_majority, learner_stream, LearnerStream};
+    use super::{
+        answered_within, confirmed_within, held_by_majority, learner_stream, LearnerStream, Written,
+    };
     use crate::limits::UPKEEP_RIDE_LAG_ENTRIES_MAX;
+    use std::collections::VecDeque;
+    use std::time::{Duration, Instant};
+
+    /// A majority of the standby's copies must have answered lately: a cut
+    /// that found the log idle stops acknowledgements within the lag too.
+    #[test]
+    fn writes_are_allowed_only_while_a_majority_of_copies_answered_within_the_lag() {
+        let start = Instant::now();
+        let lag = Duration::from_millis(1_000);
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        let three = [Some(at(0)), Some(at(500)), None];
+        assert!(answered_within(&three, lag, at(1_000)));
+        // Only the copy answered at 500 ms is fresh at 1,001 ms: one of three.
+        assert!(!answered_within(&three, lag, at(1_001)));
+        assert!(answered_within(&[Some(at(0))], lag, at(1_000)));
+        assert!(!answered_within(&[Some(at(0))], lag, at(1_001)));
+        assert!(!answered_within(&[None, None, None], lag, at(0)));
+        // No copies: nothing confirms anything.
+        assert!(!answered_within(&[], lag, at(0)));
+    }
+
+    #[test]
+    fn writes_are_allowed_while_the_oldest_unconfirmed_entry_is_within_the_lag() {
+        let start = Instant::now();
+        let lag = Duration::from_millis(1_000);
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        // Entries 5..=7 appended at 0, 400 and 900 ms; 4 and before were
+        // appended by a predecessor (no age known).
+        let written: VecDeque<Written> = [(5, 0), (6, 400), (7, 900)]
+            .into_iter()
+            .map(|(index, ms)| Written {
+                index,
+                commands: 1,
+                at: at(ms),
+            })
+            .collect();
+        let allowed = |matched, now| confirmed_within(matched, 7, &written, lag, at(now));
+        // Everything confirmed: always allowed, however late.
+        assert!(allowed(Some(7), 60_000));
+        // 6 and 7 unconfirmed: 6, appended at 400 ms, decides.
+        assert!(allowed(Some(5), 1_400));
+        assert!(!allowed(Some(5), 1_401));
+        assert!(allowed(Some(6), 1_900));
+        assert!(!allowed(Some(6), 1_901));
+        // The first unconfirmed entry is a predecessor's: unknown age.
+        assert!(!allowed(Some(3), 1));
+        // Not the leader, or no copy replicated to.
+        assert!(!allowed(None, 1));
+    }
 
     /// Upkeep waits only for learners one round trip away: every learner
     /// replicated to and within one append of the leader's last entry.
