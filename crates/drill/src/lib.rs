@@ -127,6 +127,9 @@ pub async fn run(drill: Drill) -> Result<Report, Error> {
     progress.phase(&format!("fault: {:?}", drill.fault), &traffic);
     let fault_at = Instant::now();
     inject(&calls, &region, drill.fault).await?;
+    // The fault is in effect by now: what the region acknowledges is judged
+    // against `max_standby_lag` from here.
+    let fault_in_effect_at = Instant::now();
 
     progress.phase("failover", &traffic);
     let operation_id = request_failover(&calls, &other, &region).await?;
@@ -160,6 +163,7 @@ pub async fn run(drill: Drill) -> Result<Report, Error> {
         .cloned()
         .unwrap_or_default();
     let verdicts = verify(&calls, &other, &acked, &orphans).await?;
+    let lost_acks_after_fault_s = lost_ack_times(&acked, &verdicts, fault_in_effect_at);
     let charges = settle_charges(&calls, &verdicts.present).await?;
     progress.finish();
     Ok(Report::new(report::Inputs {
@@ -180,6 +184,8 @@ pub async fn run(drill: Drill) -> Result<Report, Error> {
         verdicts,
         orphans,
         charges,
+        max_standby_lag_s: Duration::from_millis(calls.file.max_standby_lag_ms).as_secs_f64(),
+        lost_acks_after_fault_s,
     }))
 }
 
@@ -366,6 +372,25 @@ async fn verify(
         }
     }
     Ok(v)
+}
+
+/// When each lost acknowledged order (listed or not) was acknowledged,
+/// in seconds after `fault` (negative: before it).
+fn lost_ack_times(acked: &[traffic::Acked], v: &Verdicts, fault: Instant) -> Vec<f64> {
+    let lost: std::collections::HashSet<&str> = v
+        .lost_listed
+        .iter()
+        .chain(&v.lost_unlisted)
+        .map(String::as_str)
+        .collect();
+    acked
+        .iter()
+        .filter(|a| lost.contains(a.order_id.as_str()))
+        .map(|a| match a.at.checked_duration_since(fault) {
+            Some(after) => after.as_secs_f64(),
+            None => -(fault - a.at).as_secs_f64(),
+        })
+        .collect()
 }
 
 /// Waits until every surviving order was charged (or the settle wait ends),

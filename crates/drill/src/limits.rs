@@ -24,6 +24,9 @@ pub const RECONCILIATION_WAIT_MS: u64 = 180_000;
 pub const DRAIN_WAIT_MS: u64 = 30_000;
 /// How long the payments consumer may take to charge every surviving order.
 pub const CHARGES_SETTLE_WAIT_MS: u64 = 30_000;
+/// Slack in judging when a lost order was acknowledged: the drill's client
+/// times an answer when it arrives, a little after the node gave it.
+pub const ACK_TIME_TOLERANCE_MS: u64 = 200;
 /// Polling period of every wait above.
 pub const POLL_MS: u64 = 250;
 

@@ -1,6 +1,7 @@
 //! A drill's report: the figures, how they were measured, the verdict, and the
 //! table printed at the end (the same report is written as JSON).
 
+use crate::limits::ACK_TIME_TOLERANCE_MS;
 use crate::traffic::Record;
 use crate::{Fault, Verdicts};
 use serde::Serialize;
@@ -101,6 +102,11 @@ pub struct Inputs {
     pub verdicts: Verdicts,
     pub orphans: Vec<Value>,
     pub charges: Charges,
+    /// The cluster's `max_standby_lag`, in seconds.
+    pub max_standby_lag_s: f64,
+    /// When each lost acknowledged order was acknowledged, in seconds after
+    /// the fault took effect.
+    pub lost_acks_after_fault_s: Vec<f64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -129,6 +135,12 @@ pub struct Report {
     pub acknowledged_after_done_in_region: u64,
     pub orphans: Orphans,
     pub charges: Charges,
+    pub max_standby_lag_s: f64,
+    /// The latest acknowledgement of a lost order, in seconds after the fault.
+    pub lost_acked_after_fault_max_s: Option<f64>,
+    /// From the first to the last acknowledgement of a lost order, in seconds:
+    /// at most the failover's `estimated_lost.seconds`.
+    pub lost_acked_span_s: Option<f64>,
     pub passed: bool,
     /// Why it did not pass.
     pub failures: Vec<String>,
@@ -162,6 +174,28 @@ impl Report {
                 i.charges.more_than_once
             ));
         }
+        let lost_max = i.lost_acks_after_fault_s.iter().copied().reduce(f64::max);
+        let lost_min = i.lost_acks_after_fault_s.iter().copied().reduce(f64::min);
+        let tolerance = ACK_TIME_TOLERANCE_MS as f64 / 1_000.0;
+        if let Some(latest) = lost_max {
+            if latest > i.max_standby_lag_s + tolerance {
+                failures.push(format!(
+                    "a lost order was acknowledged {latest:.2} s after the fault, more than \
+                     max_standby_lag ({:.2} s)",
+                    i.max_standby_lag_s
+                ));
+            }
+        }
+        let span = lost_max.zip(lost_min).map(|(max, min)| max - min);
+        let bound = i.failover["result"]["estimated_lost"]["seconds"].as_f64();
+        if let (Some(span), Some(bound)) = (span, bound) {
+            if span > bound + tolerance {
+                failures.push(format!(
+                    "the lost orders were acknowledged over {span:.2} s, more than the \
+                     failover's estimated_lost.seconds ({bound:.2} s)"
+                ));
+            }
+        }
         let orphans = Orphans {
             listed: i.orphans.len() as u64,
             orders: count(&i.orphans, |o| o["kind"] == "order"),
@@ -187,6 +221,9 @@ impl Report {
             acknowledged_after_done_in_region: i.acked_after_done_in_region,
             orphans,
             charges: i.charges,
+            max_standby_lag_s: i.max_standby_lag_s,
+            lost_acked_after_fault_max_s: lost_max,
+            lost_acked_span_s: span,
             passed: failures.is_empty(),
             failures,
         }
@@ -237,6 +274,21 @@ impl Report {
                 ),
             ),
             ("estimated lost", lag(&Some(r["estimated_lost"].clone()))),
+            (
+                "lost acknowledged over",
+                format!(
+                    "{} (bound: estimated_lost.seconds)",
+                    secs(self.lost_acked_span_s)
+                ),
+            ),
+            (
+                "last lost ack after the fault",
+                format!(
+                    "{} (bound: max_standby_lag {:.2} s)",
+                    secs(self.lost_acked_after_fault_max_s),
+                    self.max_standby_lag_s
+                ),
+            ),
             (
                 "observed lost",
                 format!(
@@ -321,7 +373,48 @@ mod tests {
                 serde_json::json!({"kind": "order", "order_id": "o2", "charged": true, "duplicate_of": null}),
             ],
             charges,
+            max_standby_lag_s: 1.0,
+            lost_acks_after_fault_s: vec![0.2],
         }
+    }
+
+    /// The drill judges the failover's bound (contract section 11): a lost
+    /// order acknowledged later than `max_standby_lag` after the fault fails
+    /// it, and so do lost orders acknowledged over a longer span than
+    /// `estimated_lost.seconds`; both are printed beside their bounds.
+    #[test]
+    fn a_drill_fails_when_the_loss_exceeds_its_bounds() {
+        let listed = Verdicts {
+            lost_listed: vec!["o2".into()],
+            ..Verdicts::default()
+        };
+        let with = |acks: Vec<f64>, estimate: f64| {
+            let mut i = inputs(listed.clone(), Charges::default(), 0);
+            i.lost_acks_after_fault_s = acks;
+            i.failover = serde_json::json!({"result": {"estimated_lost": {"commands": 3, "seconds": estimate}}});
+            Report::new(i)
+        };
+        let ok = with(vec![-0.5, 0.1, 0.9], 2.0);
+        assert!(ok.passed, "{:?}", ok.failures);
+        assert!(ok
+            .table()
+            .contains("1.40 s (bound: estimated_lost.seconds)"));
+        let late = with(vec![0.1, 1.5], 2.0);
+        assert!(!late.passed);
+        assert!(
+            late.failures[0].contains("after the fault"),
+            "{:?}",
+            late.failures
+        );
+        let wide = with(vec![-3.0, 0.5], 2.0);
+        assert!(!wide.passed);
+        assert!(
+            wide.failures[0].contains("estimated_lost.seconds"),
+            "{:?}",
+            wide.failures
+        );
+        // Nothing lost: nothing to judge.
+        assert!(with(Vec::new(), 0.0).passed);
     }
 
     #[test]
