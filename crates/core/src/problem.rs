@@ -35,10 +35,12 @@ pub enum Problem {
     RequestTimeout,
     /// More header lines, or more header bytes, than the node accepts.
     HeadersTooLarge,
+    /// The request line alone is longer than a whole request head may be.
+    UriTooLong,
 }
 
 impl Problem {
-    pub const ALL: [Problem; 22] = [
+    pub const ALL: [Problem; 23] = [
         Problem::Unauthenticated,
         Problem::IdempotencyKeyMissing,
         Problem::IdempotencyKeyInvalid,
@@ -61,6 +63,7 @@ impl Problem {
         Problem::Misdirected,
         Problem::RequestTimeout,
         Problem::HeadersTooLarge,
+        Problem::UriTooLong,
     ];
 
     pub fn status(self) -> u16 {
@@ -85,6 +88,7 @@ impl Problem {
             Problem::Misdirected => 421,
             Problem::RequestTimeout => 408,
             Problem::HeadersTooLarge => 431,
+            Problem::UriTooLong => 414,
         }
     }
 
@@ -112,6 +116,7 @@ impl Problem {
             Problem::Misdirected => "misdirected-request",
             Problem::RequestTimeout => "request-timeout",
             Problem::HeadersTooLarge => "headers-too-large",
+            Problem::UriTooLong => "uri-too-long",
         }
     }
 
@@ -145,6 +150,7 @@ impl Problem {
             Problem::Misdirected => "This node is not the tenant's owner at that epoch",
             Problem::RequestTimeout => "The request body did not arrive in time",
             Problem::HeadersTooLarge => "The request headers are too large",
+            Problem::UriTooLong => "The request line is too long",
         }
     }
 

@@ -6,7 +6,7 @@ mod admin_page;
 mod claims;
 mod failover;
 mod forward;
-mod guard;
+pub(crate) mod guard;
 mod internal;
 mod leader;
 mod members;
