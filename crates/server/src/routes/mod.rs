@@ -13,6 +13,7 @@ mod members;
 mod meta;
 mod moves;
 mod orders;
+mod query;
 mod reconcile;
 mod regions;
 
