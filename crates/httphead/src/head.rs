@@ -61,6 +61,10 @@ pub struct HeadScan {
     /// The request line was read; header lines follow.
     in_headers: bool,
     http_1_0: bool,
+    /// Why hyper would refuse the request line's method or target. hyper
+    /// checks them only once the whole head parsed, after the header lines
+    /// (whose own errors, 431 among them, come first), so the refusal waits.
+    target_refused: Option<Refusal>,
     header_lines: usize,
     content_lengths: usize,
     /// The value of the first `Content-Length`, when it is a number hyper takes.
@@ -101,8 +105,9 @@ impl HeadScan {
                     continue;
                 }
                 match request_line(line) {
-                    Ok(http_1_0) => {
+                    Ok((http_1_0, target_refused)) => {
                         self.http_1_0 = http_1_0;
+                        self.target_refused = target_refused;
                         self.in_headers = true;
                     }
                     Err(refusal) => return Scan::Refused(refusal),
@@ -160,6 +165,9 @@ impl HeadScan {
     /// ways (RFC 9112 6.3: a server may, and a proxy in front of it might read
     /// the other one) and everything hyper refuses.
     fn framing(&self) -> Result<Framing, Refusal> {
+        if let Some(refusal) = self.target_refused {
+            return Err(refusal);
+        }
         if self.content_lengths > 0 && self.transfer_encodings > 0 {
             return Err(Refusal::Invalid(
                 "Content-Length and Transfer-Encoding must not both be sent",
@@ -201,10 +209,10 @@ impl HeadScan {
 }
 
 /// `method SP request-target SP HTTP/1.x` (the line ending removed), by
-/// httparse's rules and then hyper's: the method and the request target must
-/// also convert to `http::Method` and `http::Uri`. Returns whether the version
-/// is HTTP/1.0.
-fn request_line(line: &[u8]) -> Result<bool, Refusal> {
+/// httparse's rules; returns whether the version is HTTP/1.0, and hyper's
+/// refusal when the method or the request target does not convert to
+/// `http::Method` and `http::Uri`.
+fn request_line(line: &[u8]) -> Result<(bool, Option<Refusal>), Refusal> {
     const BAD: Refusal = Refusal::Invalid("the request line does not parse");
     let method_len = line
         .iter()
@@ -227,13 +235,14 @@ fn request_line(line: &[u8]) -> Result<bool, Refusal> {
     let Ok(target) = std::str::from_utf8(&rest[..target_len]) else {
         return Err(BAD);
     };
-    if http::Method::from_bytes(&line[..method_len]).is_err() {
-        return Err(BAD);
-    }
-    if http::Uri::try_from(target).is_err() {
-        return Err(Refusal::Invalid("the request target does not parse"));
-    }
-    Ok(http_1_0)
+    let refused = if http::Method::from_bytes(&line[..method_len]).is_err() {
+        Some(BAD)
+    } else if http::Uri::try_from(target).is_err() {
+        Some(Refusal::Invalid("the request target does not parse"))
+    } else {
+        None
+    };
+    Ok((http_1_0, refused))
 }
 
 /// `name ":" OWS value OWS` (the line ending removed), by httparse's rules
@@ -452,6 +461,20 @@ mod tests {
         let at_limit = format!("GET /{} HTTP/1.1\r\n\r\n", "u".repeat(1024 - 18));
         assert_eq!(at_limit.len(), 1024);
         assert!(matches!(check(at_limit.as_bytes()), Scan::Complete(_)));
+    }
+
+    /// hyper checks the method and target only after the header lines, so
+    /// too many lines after a bad target is 431, not 400 (fuzz finding 1 of
+    /// `http_head`, docs/reliability.md).
+    #[test]
+    fn a_bad_target_is_refused_after_the_header_lines() {
+        let mut head = b"PUT S/ HTTP/1.1\r\n".to_vec();
+        assert_eq!(refused(&[&head[..], b"\r\n"].concat()), 400);
+        for i in 0..=LIMITS.header_lines_max {
+            head.extend_from_slice(format!("x-{i}: v\r\n").as_bytes());
+        }
+        head.extend_from_slice(b"\r\n");
+        assert_eq!(refused(&head), 431);
     }
 
     #[test]
