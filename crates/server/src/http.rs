@@ -41,8 +41,8 @@
 //! before the client read the answer.
 
 use crate::limits::{
-    ACCEPT_ERROR_BACKOFF_MS, DRAIN_BYTES_MAX, DRAIN_MS, HEAD_BYTES_MAX, HEAD_LINES_MAX,
-    READ_CHUNK_BYTES, SHUTDOWN_DRAIN_MS,
+    ACCEPT_BACKLOG, ACCEPT_ERROR_BACKOFF_MS, DRAIN_BYTES_MAX, DRAIN_MS, HEAD_BYTES_MAX,
+    HEAD_LINES_MAX, READ_CHUNK_BYTES, SHUTDOWN_DRAIN_MS,
 };
 use axum::body::Body;
 use axum::extract::Request;
@@ -94,6 +94,10 @@ pub async fn serve(
     limits: ConnectionLimits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    // Linux takes a second listen() on a listening socket as a new backlog.
+    if let Err(e) = socket2::SockRef::from(&listener).listen(ACCEPT_BACKLOG) {
+        tracing::warn!(error = %e, "cannot deepen the accept queue");
+    }
     let slots = Arc::new(Slots::new(limits));
     let (closing_tx, closing_rx) = watch::channel(false);
     let mut builder = http1::Builder::new();

@@ -43,6 +43,13 @@ pub const CONNECTIONS_PER_ADDRESS_MAX_DEFAULT: usize = 1_024;
 /// or of its previous answer; `Config::header_read_timeout`. Also the idle
 /// limit of keep-alive connections.
 pub const HEADER_READ_TIMEOUT_MS_DEFAULT: u64 = 20_000;
+/// The API listener's accept queue (the kernel caps it at
+/// `net.core.somaxconn`). tokio binds with 128 here; a client opening
+/// connections faster than the loop accepts them for a moment then overflows
+/// the queue, and the kernel drops SYNs of every client alike (each retried
+/// only a second later). The loop refuses over-limit connections at once, so
+/// a deeper queue only absorbs bursts.
+pub const ACCEPT_BACKLOG: i32 = 4_096;
 /// Pause after a failed accept (out of descriptors): no busy loop.
 pub const ACCEPT_ERROR_BACKOFF_MS: u64 = 100;
 /// How long shutdown waits for open connections to finish their request.
