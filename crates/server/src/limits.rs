@@ -64,6 +64,10 @@ const _: () = assert!(HEAD_BYTES_MAX >= 8 * 1024);
 const _: () = assert!(HEAD_BYTES_MAX - b"A  HTTP/1.1\n\n".len() < u16::MAX as usize);
 const _: () = assert!(READ_CHUNK_BYTES <= HEAD_BYTES_MAX);
 const _: () = assert!(CONNECTIONS_PER_ADDRESS_MAX_DEFAULT * 4 <= CONNECTIONS_MAX_DEFAULT);
+// A burst of one address's whole share waits in the accept queue instead of
+// having its SYNs dropped, and the queue never holds more than the node admits.
+const _: () = assert!(ACCEPT_BACKLOG as usize >= CONNECTIONS_PER_ADDRESS_MAX_DEFAULT);
+const _: () = assert!(ACCEPT_BACKLOG as usize <= CONNECTIONS_MAX_DEFAULT);
 const _: () = assert!(BODY_READ_MS < REQUEST_TIMEOUT_MS);
 const _: () = assert!(DRAIN_MS < BODY_READ_MS);
 // A client-sized body always gets the plain BODY_READ_MS.
