@@ -39,10 +39,12 @@ pub enum Problem {
     /// write past `max_standby_lag`, or any write of a region-survival tenant,
     /// while the standby is cut off or recorded lost.
     StandbyUnreachable,
+    /// The request line alone is longer than a whole request head may be.
+    UriTooLong,
 }
 
 impl Problem {
-    pub const ALL: [Problem; 23] = [
+    pub const ALL: [Problem; 24] = [
         Problem::Unauthenticated,
         Problem::IdempotencyKeyMissing,
         Problem::IdempotencyKeyInvalid,
@@ -66,6 +68,7 @@ impl Problem {
         Problem::RequestTimeout,
         Problem::HeadersTooLarge,
         Problem::StandbyUnreachable,
+        Problem::UriTooLong,
     ];
 
     pub fn status(self) -> u16 {
@@ -93,6 +96,7 @@ impl Problem {
             Problem::Misdirected => 421,
             Problem::RequestTimeout => 408,
             Problem::HeadersTooLarge => 431,
+            Problem::UriTooLong => 414,
         }
     }
 
@@ -121,6 +125,7 @@ impl Problem {
             Problem::RequestTimeout => "request-timeout",
             Problem::HeadersTooLarge => "headers-too-large",
             Problem::StandbyUnreachable => "standby-unreachable",
+            Problem::UriTooLong => "uri-too-long",
         }
     }
 
@@ -155,6 +160,7 @@ impl Problem {
             Problem::RequestTimeout => "The request body did not arrive in time",
             Problem::HeadersTooLarge => "The request headers are too large",
             Problem::StandbyUnreachable => "The home region's standby does not confirm its writes",
+            Problem::UriTooLong => "The request line is too long",
         }
     }
 

@@ -111,3 +111,6 @@ const _: () = assert!(
 );
 const _: () = assert!(SNAPSHOT_CHUNK_BYTES_MAX < RPC_BODY_BYTES_MAX as u64 / 2);
 const _: () = assert!(SNAPSHOT_LOGS_KEPT_MAX < SNAPSHOT_LOGS_SINCE_LAST_DEFAULT);
+/// Refused Raft calls (no or a wrong node credential) are logged in one
+/// summary line at most this often; the metric counts every one.
+pub const REFUSED_LOG_INTERVAL_MS: u64 = 10_000;

@@ -46,7 +46,7 @@
 //! node merges its own router into the same listener without conflicting paths.
 
 use std::marker::PhantomData;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::Bytes;
@@ -74,7 +74,7 @@ use crate::codec;
 use crate::config::GROUP;
 use crate::credential::{NodeCredentials, NODE_CREDENTIAL_HEADER};
 use crate::detached::{Courier, Detached};
-use crate::limits::{APPEND_CAP_GROWTH_ENTRIES, RPC_BODY_BYTES_MAX};
+use crate::limits::{APPEND_CAP_GROWTH_ENTRIES, REFUSED_LOG_INTERVAL_MS, RPC_BODY_BYTES_MAX};
 use crate::state::Request;
 use crate::types::{NodeId, NodeInfo, RaftError, RpcError, TypeConfig};
 use crate::Registry;
@@ -599,6 +599,45 @@ pub fn raft_router(registry: Registry) -> Router {
     .merge(write)
 }
 
+/// Refused Raft calls of this process, summarised in the log: a sweep of the
+/// Raft paths with wrong credentials wrote one WARN line per call (probe
+/// d44e5cf, O5). Each refusal is counted in `keyhold_node_credential_refused_total`
+/// (the metric the API listener's inter-node routes count in too).
+static REFUSALS: RefusalLog = RefusalLog {
+    state: Mutex::new(RefusalState {
+        logged_at: None,
+        unlogged: 0,
+    }),
+};
+
+struct RefusalLog {
+    state: Mutex<RefusalState>,
+}
+
+struct RefusalState {
+    logged_at: Option<std::time::Instant>,
+    /// Refusals since the last line.
+    unlogged: u64,
+}
+
+impl RefusalLog {
+    /// Counts a refusal at `now`; when a line is due (the first refusal, then
+    /// at most one per `REFUSED_LOG_INTERVAL_MS`), how many it reports.
+    fn note(&self, now: std::time::Instant) -> Option<u64> {
+        let mut state = self.state.lock().expect("refusal log lock");
+        state.unlogged += 1;
+        let interval = Duration::from_millis(REFUSED_LOG_INTERVAL_MS);
+        if state
+            .logged_at
+            .is_some_and(|at| now.saturating_duration_since(at) < interval)
+        {
+            return None;
+        }
+        state.logged_at = Some(now);
+        Some(std::mem::take(&mut state.unlogged))
+    }
+}
+
 /// 401 `unauthenticated` (problem+json, the contract's slug) unless the caller
 /// presents the node credential.
 async fn require_credential(
@@ -609,7 +648,15 @@ async fn require_credential(
     if credentials.check(request.headers()) {
         return next.run(request).await;
     }
-    tracing::warn!(path = %request.uri().path(), "raft request without the node credential refused");
+    metrics::counter!("keyhold_node_credential_refused_total").increment(1);
+    if let Some(refused) = REFUSALS.note(std::time::Instant::now()) {
+        tracing::warn!(
+            refused,
+            last_path = %request.uri().path(),
+            "raft requests without the node credential refused (at most one line per {} s)",
+            REFUSED_LOG_INTERVAL_MS / 1000
+        );
+    }
     let body = serde_json::json!({
         "type": "https://keyhold.dev/problems/unauthenticated",
         "title": "Unauthenticated",
@@ -672,7 +719,30 @@ async fn write(State(registry): State<Registry>, body: Bytes) -> HttpResponse {
 
 #[cfg(test)]
 mod tests {
-    use super::{prefix_within, AppendCap};
+    use super::{prefix_within, AppendCap, RefusalLog, RefusalState, REFUSED_LOG_INTERVAL_MS};
+    use std::sync::Mutex;
+    use std::time::{Duration, Instant};
+
+    /// The first refusal is logged; the next line comes an interval later at
+    /// the earliest and reports every refusal in between.
+    #[test]
+    fn refusals_are_summarised_once_per_interval() {
+        let log = RefusalLog {
+            state: Mutex::new(RefusalState {
+                logged_at: None,
+                unlogged: 0,
+            }),
+        };
+        let start = Instant::now();
+        assert_eq!(log.note(start), Some(1));
+        let interval = Duration::from_millis(REFUSED_LOG_INTERVAL_MS);
+        for i in 1..1_000u32 {
+            let at = start + interval * i / 1_000;
+            assert_eq!(log.note(at), None, "a second line within the interval");
+        }
+        assert_eq!(log.note(start + interval), Some(1_000));
+        assert_eq!(log.note(start + interval), None);
+    }
 
     /// No cap until a timeout; then half of what timed out, one more entry
     /// per full success; a timeout under the cap halves what was sent.

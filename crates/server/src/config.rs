@@ -70,10 +70,14 @@ pub struct Config {
     pub tenant_requests_per_second: u32,
     #[serde(default = "d_new_keys_per_second")]
     pub tenant_new_keys_per_second: u32,
-    /// Open connections of the API listener; past this the node stops accepting
-    /// until one closes.
+    /// Open connections of the API listener; past this a new connection is
+    /// accepted and closed at once.
     #[serde(default = "d_connections_max")]
     pub connections_max: usize,
+    /// Open connections of the API listener from one client address; past this
+    /// a new connection from that address is accepted and closed at once.
+    #[serde(default = "d_connections_per_address_max")]
+    pub connections_per_address_max: usize,
     /// A connection must send a whole request head within this long of opening
     /// or of its previous answer, else it is closed (also the keep-alive idle limit).
     #[serde(default = "d_header_read_timeout", with = "humantime_serde_compat")]
@@ -229,6 +233,9 @@ fn d_new_keys_per_second() -> u32 {
 fn d_connections_max() -> usize {
     limits::CONNECTIONS_MAX_DEFAULT
 }
+fn d_connections_per_address_max() -> usize {
+    limits::CONNECTIONS_PER_ADDRESS_MAX_DEFAULT
+}
 fn d_header_read_timeout() -> Duration {
     Duration::from_millis(limits::HEADER_READ_TIMEOUT_MS_DEFAULT)
 }
@@ -301,6 +308,7 @@ impl Config {
             tenant_requests_per_second: d_requests_per_second(),
             tenant_new_keys_per_second: d_new_keys_per_second(),
             connections_max: d_connections_max(),
+            connections_per_address_max: d_connections_per_address_max(),
             header_read_timeout: d_header_read_timeout(),
             fingerprint_hmac_key_env: None,
             psp_url: None,
@@ -472,9 +480,9 @@ impl Config {
                 limits::MOVE_DRIVER_LEASE_MS_MIN
             )));
         }
-        if self.connections_max == 0 {
+        if self.connections_max == 0 || self.connections_per_address_max == 0 {
             return Err(Error::Config(
-                "connections_max must be greater than zero".into(),
+                "connections_max and connections_per_address_max must be greater than zero".into(),
             ));
         }
         if self.header_read_timeout.is_zero() {

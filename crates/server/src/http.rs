@@ -1,60 +1,91 @@
-//! The node's HTTP connections: the accept loop, the connection limit, the
-//! timeouts hyper enforces for us, and graceful shutdown.
+//! The node's HTTP connections: the accept loop, the connection limits, the
+//! check every request head passes before hyper reads it, the timeouts hyper
+//! enforces for us, and graceful shutdown.
 //!
 //! `axum::serve` has no knobs for any of this, so the loop is ours (built the
 //! way axum's is, on hyper's HTTP/1 connection builder; the node speaks HTTP/1.1
 //! only, as it did under axum's default features). What it guarantees:
-//! - at most `connections_max` connections are open; past that the loop stops
-//!   accepting until one closes, so a flood of idle connections queues in the
-//!   kernel's backlog instead of exhausting file descriptors;
+//! - the loop never stops accepting: a connection from an address that already
+//!   holds `connections_per_address_max` connections, or one past
+//!   `connections_max` in all, is accepted and closed at once. One client can
+//!   hold at most its own share, and neither the kernel's backlog nor the
+//!   node's descriptors fill up behind it (probe d44e5cf, O1);
 //! - a connection must deliver a complete request head within
 //!   `header_read_timeout` of opening, and again within that long of its previous
 //!   answer, or it is closed: this bounds half-sent heads and idle keep-alive
 //!   connections alike (hyper starts that timer whenever it waits for a head);
-//! - header blocks above `HEAD_BYTES_MAX` or with more than `HEAD_LINES_MAX`
-//!   lines are refused by hyper itself (431, empty body); the router refuses the
-//!   smaller application limits with a problem document;
-//! - a request carrying both `Content-Length` and `Transfer-Encoding` is marked
-//!   ([`Framing::Ambiguous`]) so the router can refuse it: hyper silently drops
-//!   the `Content-Length`, which would hide a request-smuggling attempt;
+//! - every request head is checked before hyper sees a byte of it (below), so
+//!   the node answers every refusal itself: problem+json with `Keyhold-Region`;
 //! - on shutdown the loop stops accepting, every connection finishes the request
 //!   it is serving and closes, bounded by `SHUTDOWN_DRAIN_MS`.
+//!
+//! **The head check.** [`Guarded`] sits between the socket and hyper and hands
+//! hyper only bytes it has classified. It holds each request head back until
+//! the head is complete and `keyhold_httphead::HeadScan` has passed it: lines
+//! end at LF with or without CR, as in hyper's parser; the head is at least as
+//! strict as hyper's (so hyper never refuses a head that passed, and never
+//! answers with its own empty-bodied 400, 414 or 431); and its body framing is
+//! unambiguous (exactly one `Content-Length`, or exactly one
+//! `Transfer-Encoding: chunked`, never both). It then hands on the head and
+//! follows the body (counting its length, or chunk by chunk as hyper's decoder
+//! does) to where the next head begins, so pipelined requests are checked one
+//! by one. A refused head never reaches hyper: in its place hyper gets a fixed
+//! request (`GET /`, `Connection: close`) that the service marks with
+//! [`RefusedHead`], and `routes::guard::check_message` answers it with the
+//! refusal's status (400 `invalid-request`, 414 `uri-too-long` or 431
+//! `headers-too-large`) and `Connection: close`. Requests before it on the
+//! connection are answered first, in order (probe d44e5cf, O3); nothing after
+//! it is read. When hyper then closes the connection, the wrapper reads and
+//! discards what the client still sends (bounded by `DRAIN_BYTES_MAX` and
+//! `DRAIN_MS`) so that closing with unread data does not reset the connection
+//! before the client read the answer.
 
-use crate::limits::{ACCEPT_ERROR_BACKOFF_MS, HEAD_BYTES_MAX, HEAD_LINES_MAX, SHUTDOWN_DRAIN_MS};
+use crate::limits::{
+    ACCEPT_BACKLOG, ACCEPT_ERROR_BACKOFF_MS, DRAIN_BYTES_MAX, DRAIN_MS, HEAD_BYTES_MAX,
+    HEAD_LINES_MAX, READ_CHUNK_BYTES, SHUTDOWN_DRAIN_MS,
+};
 use axum::body::Body;
 use axum::extract::Request;
 use axum::Router;
+use bytes::{Bytes, BytesMut};
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use keyhold_httphead::{BodyFollower, HeadScan, Limits, Refusal, Scan, Step};
+use std::collections::HashMap;
 use std::future::Future;
+use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 use tower::ServiceExt;
 
 /// Connection settings of one node (from its `Config`).
 #[derive(Debug, Clone, Copy)]
 pub struct ConnectionLimits {
     pub connections_max: usize,
+    pub connections_per_address_max: usize,
     pub header_read_timeout: Duration,
 }
 
-/// How a request's body length was declared, as seen on the wire.
-#[derive(Debug, Clone)]
-pub struct Framing(Arc<AtomicBool>);
+/// What hyper is configured to accept, and what the head check passes.
+const HEAD_LIMITS: Limits = Limits {
+    head_bytes_max: HEAD_BYTES_MAX,
+    header_lines_max: HEAD_LINES_MAX,
+};
 
-impl Framing {
-    /// True when a request head on this connection carried both
-    /// `Content-Length` and `Transfer-Encoding`.
-    pub fn is_ambiguous(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
-    }
-}
+/// The request hyper gets in place of a refused head: it has no body, and it
+/// asks hyper to close the connection after the answer.
+const REFUSED_STAND_IN: &[u8] = b"GET / HTTP/1.1\r\nconnection: close\r\n\r\n";
+
+/// Marks the request that stands for a refused head; the router answers it
+/// with the refusal (`routes::guard::check_message`).
+#[derive(Debug, Clone, Copy)]
+pub struct RefusedHead(pub Refusal);
 
 /// Serves `app` on `listener` until `shutdown` resolves; see the module docs.
 pub async fn serve(
@@ -63,7 +94,11 @@ pub async fn serve(
     limits: ConnectionLimits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let permits = Arc::new(Semaphore::new(limits.connections_max));
+    // Linux takes a second listen() on a listening socket as a new backlog.
+    if let Err(e) = socket2::SockRef::from(&listener).listen(ACCEPT_BACKLOG) {
+        tracing::warn!(error = %e, "cannot deepen the accept queue");
+    }
+    let slots = Arc::new(Slots::new(limits));
     let (closing_tx, closing_rx) = watch::channel(false);
     let mut builder = http1::Builder::new();
     builder
@@ -73,13 +108,9 @@ pub async fn serve(
         .max_buf_size(HEAD_BYTES_MAX);
     tokio::pin!(shutdown);
     loop {
-        let permit = tokio::select! {
-            permit = permits.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
-            () = &mut shutdown => break,
-        };
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok(accepted) => accepted,
                 Err(e) => {
                     // Out of file descriptors and the like: wait, do not spin.
                     tracing::warn!(error = %e, "accept failed");
@@ -89,20 +120,27 @@ pub async fn serve(
             },
             () = &mut shutdown => break,
         };
+        let Some(slot) = slots.admit(peer.ip()) else {
+            // Closed at once: the client learns as fast as it can, and holds
+            // nothing here.
+            drop(stream);
+            continue;
+        };
         let _ = stream.set_nodelay(true);
-        let open = OpenConnection::open();
         let app = app.clone();
         let builder = builder.clone();
         let mut closing = closing_rx.clone();
         tokio::spawn(async move {
-            // Both released however the connection ends.
-            let _held = (permit, open);
-            let framing = Framing(Arc::new(AtomicBool::new(false)));
-            let io = TokioIo::new(Sniffed::new(stream, framing.clone()));
+            // Released however the connection ends.
+            let _slot = slot;
+            let verdicts = Arc::new(Verdicts::default());
+            let io = TokioIo::new(Guarded::new(stream, verdicts.clone()));
             let service =
                 hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
                     let mut request = request.map(Body::new);
-                    request.extensions_mut().insert(framing.clone());
+                    if let Some(refusal) = verdicts.refusal_of_next() {
+                        request.extensions_mut().insert(RefusedHead(refusal));
+                    }
                     app.clone().oneshot(request)
                 });
             let connection = builder.serve_connection(io, service).with_upgrades();
@@ -132,103 +170,270 @@ pub async fn serve(
     Ok(())
 }
 
-/// One open connection in the `keyhold_http_connections` gauge.
-struct OpenConnection;
+/// The open connections, in all and per client address.
+struct Slots {
+    limits: ConnectionLimits,
+    open: Mutex<Open>,
+}
 
-impl OpenConnection {
-    fn open() -> OpenConnection {
+#[derive(Default)]
+struct Open {
+    total: usize,
+    by_address: HashMap<IpAddr, usize>,
+}
+
+impl Slots {
+    fn new(limits: ConnectionLimits) -> Slots {
+        Slots {
+            limits,
+            open: Mutex::new(Open::default()),
+        }
+    }
+
+    /// A slot for one more connection from `address`, unless that address or
+    /// the node is at its limit.
+    fn admit(self: &Arc<Self>, address: IpAddr) -> Option<Slot> {
+        let mut open = self.open.lock().expect("slots lock");
+        let refused = if open.total >= self.limits.connections_max {
+            Some("connections_max")
+        } else if open.by_address.get(&address).copied().unwrap_or(0)
+            >= self.limits.connections_per_address_max
+        {
+            Some("connections_per_address_max")
+        } else {
+            None
+        };
+        if let Some(limit) = refused {
+            metrics::counter!("keyhold_http_connections_refused_total", "limit" => limit)
+                .increment(1);
+            return None;
+        }
+        open.total += 1;
+        *open.by_address.entry(address).or_insert(0) += 1;
         metrics::gauge!("keyhold_http_connections").increment(1.0);
-        OpenConnection
+        Some(Slot {
+            slots: self.clone(),
+            address,
+        })
     }
 }
 
-impl Drop for OpenConnection {
+/// One open connection, counted in [`Slots`] and in the
+/// `keyhold_http_connections` gauge until it drops.
+struct Slot {
+    slots: Arc<Slots>,
+    address: IpAddr,
+}
+
+impl Drop for Slot {
     fn drop(&mut self) {
+        let mut open = self.slots.open.lock().expect("slots lock");
+        open.total -= 1;
+        if let Some(n) = open.by_address.get_mut(&self.address) {
+            *n -= 1;
+            if *n == 0 {
+                open.by_address.remove(&self.address);
+            }
+        }
         metrics::gauge!("keyhold_http_connections").decrement(1.0);
     }
 }
 
-/// The connection's byte stream, watched for request heads that declare their
-/// body length twice. It looks at line starts only: a header line begins after
-/// CRLF, and a blank line ends a head. Bodies are JSON, whose lines never begin
-/// with a bare header name, so they cannot raise the flag by accident.
-struct Sniffed {
-    stream: TcpStream,
-    framing: Framing,
-    scan: HeadScan,
-}
-
-impl Sniffed {
-    fn new(stream: TcpStream, framing: Framing) -> Sniffed {
-        Sniffed {
-            stream,
-            framing,
-            scan: HeadScan::default(),
-        }
-    }
-}
-
-/// The state of the scan between reads.
+/// What the connection's service learns from its [`Guarded`] stream.
 #[derive(Default)]
-struct HeadScan {
-    /// The current line's first bytes, lower-cased, up to the longest name.
-    line: Vec<u8>,
-    /// The previous byte was CR.
-    after_cr: bool,
-    content_length: bool,
-    transfer_encoding: bool,
+struct Verdicts {
+    /// The refused head, and how many heads hyper got before its stand-in.
+    refused: OnceLock<(u64, Refusal)>,
+    /// Requests the service was called for. hyper calls it once per head it
+    /// read, in order, and reads nothing after the stand-in.
+    served: AtomicU64,
 }
 
-const CONTENT_LENGTH: &[u8] = b"content-length:";
-const TRANSFER_ENCODING: &[u8] = b"transfer-encoding:";
-
-impl HeadScan {
-    /// Feeds bytes; returns true once a head declared both lengths.
-    fn feed(&mut self, bytes: &[u8]) -> bool {
-        let mut ambiguous = false;
-        for &b in bytes {
-            if b == b'\n' && self.after_cr {
-                if self.line.is_empty() {
-                    // A blank line: the head (if this was one) ended.
-                    ambiguous |= self.content_length && self.transfer_encoding;
-                    self.content_length = false;
-                    self.transfer_encoding = false;
-                } else {
-                    self.content_length |= self.line.starts_with(CONTENT_LENGTH);
-                    self.transfer_encoding |= self.line.starts_with(TRANSFER_ENCODING);
-                }
-                self.line.clear();
-                self.after_cr = false;
-                continue;
-            }
-            self.after_cr = b == b'\r';
-            if !self.after_cr && self.line.len() < TRANSFER_ENCODING.len() {
-                self.line.push(b.to_ascii_lowercase());
-            }
+impl Verdicts {
+    /// Counts the request the service is called for; the refusal when it is
+    /// the stand-in of a refused head.
+    fn refusal_of_next(&self) -> Option<Refusal> {
+        let index = self.served.fetch_add(1, Ordering::Relaxed);
+        match self.refused.get() {
+            Some(&(at, refusal)) if at == index => Some(refusal),
+            _ => None,
         }
-        ambiguous
     }
 }
 
-impl AsyncRead for Sniffed {
+/// The connection's byte stream as hyper reads it: see "The head check" in the
+/// module docs.
+struct Guarded {
+    stream: TcpStream,
+    verdicts: Arc<Verdicts>,
+    /// Read from the socket, not yet classified.
+    held: BytesMut,
+    /// Classified: hyper may read it.
+    ready: Bytes,
+    phase: Phase,
+    /// Heads handed to hyper.
+    heads: u64,
+    /// The bounded read-and-discard after a refusal, once hyper closes.
+    linger: Option<Pin<Box<tokio::time::Sleep>>>,
+    lingered_bytes: usize,
+}
+
+enum Phase {
+    /// Looking for the end of a head.
+    Head(HeadScan),
+    /// Handing on a body until it ends.
+    Body(BodyFollower),
+    /// A head was refused (its stand-in is handed on), or a chunked body broke
+    /// where hyper's decoder breaks too: hyper answers and closes, and nothing
+    /// more is read for it.
+    Stopped,
+}
+
+impl Guarded {
+    fn new(stream: TcpStream, verdicts: Arc<Verdicts>) -> Guarded {
+        Guarded {
+            stream,
+            verdicts,
+            held: BytesMut::new(),
+            ready: Bytes::new(),
+            phase: Phase::Head(HeadScan::new()),
+            heads: 0,
+            linger: None,
+            lingered_bytes: 0,
+        }
+    }
+
+    /// Classifies held bytes; true when it made progress.
+    fn classify(&mut self) -> bool {
+        if self.held.is_empty() {
+            return false;
+        }
+        match &mut self.phase {
+            Phase::Head(scan) => match scan.scan(&self.held, HEAD_LIMITS) {
+                Scan::Partial => return false,
+                Scan::Complete(head) => {
+                    self.hand_on(head.len);
+                    self.heads += 1;
+                    self.phase = match BodyFollower::new(head.framing) {
+                        Some(body) => Phase::Body(body),
+                        None => Phase::Head(HeadScan::new()),
+                    };
+                }
+                Scan::Refused(refusal) => {
+                    metrics::counter!(
+                        "keyhold_http_refused_heads_total",
+                        "status" => refusal.status().to_string()
+                    )
+                    .increment(1);
+                    let _ = self.verdicts.refused.set((self.heads, refusal));
+                    self.heads += 1;
+                    self.held = BytesMut::new();
+                    self.ready = Bytes::from_static(REFUSED_STAND_IN);
+                    self.phase = Phase::Stopped;
+                }
+            },
+            Phase::Body(body) => match body.advance(&self.held) {
+                Step::More => self.hand_on(self.held.len()),
+                Step::Ended(n) => {
+                    self.hand_on(n);
+                    self.phase = Phase::Head(HeadScan::new());
+                }
+                Step::Broken(n) => {
+                    self.hand_on(n);
+                    self.held = BytesMut::new();
+                    self.phase = Phase::Stopped;
+                }
+            },
+            Phase::Stopped => return false,
+        }
+        true
+    }
+
+    /// Makes the first `n` held bytes readable by hyper.
+    fn hand_on(&mut self, n: usize) {
+        self.ready = self.held.split_to(n).freeze();
+        if self.held.is_empty() {
+            // An idle connection keeps no buffer.
+            self.held = BytesMut::new();
+        }
+    }
+
+    /// Reads what the socket has into `held`; `Ok(0)` at its end.
+    fn fill(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
+        loop {
+            ready!(self.stream.poll_read_ready(cx))?;
+            // Only now, so an idle connection holds no buffer.
+            self.held.reserve(READ_CHUNK_BYTES);
+            match self.stream.try_read_buf(&mut self.held) {
+                Ok(n) => return Poll::Ready(Ok(n)),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
+
+    /// After a refusal: shut the write side, then read and discard until the
+    /// client closes or the bounds are reached.
+    fn poll_linger(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        if self.linger.is_none() {
+            ready!(Pin::new(&mut self.stream).poll_shutdown(cx))?;
+            self.linger = Some(Box::pin(tokio::time::sleep(Duration::from_millis(
+                DRAIN_MS,
+            ))));
+        }
+        let deadline = self.linger.as_mut().expect("set above");
+        if deadline.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Ok(()));
+        }
+        let mut scratch = [0u8; 1024];
+        while self.lingered_bytes <= DRAIN_BYTES_MAX {
+            if ready!(self.stream.poll_read_ready(cx)).is_err() {
+                return Poll::Ready(Ok(()));
+            }
+            match self.stream.try_read(&mut scratch) {
+                Ok(0) => return Poll::Ready(Ok(())),
+                Ok(n) => self.lingered_bytes += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(_) => return Poll::Ready(Ok(())),
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncRead for Guarded {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
         let this = self.get_mut();
-        let before = buf.filled().len();
-        let polled = Pin::new(&mut this.stream).poll_read(cx, buf);
-        if let Poll::Ready(Ok(())) = polled {
-            if this.scan.feed(&buf.filled()[before..]) {
-                this.framing.0.store(true, Ordering::Relaxed);
+        loop {
+            if !this.ready.is_empty() {
+                let n = this.ready.len().min(buf.remaining());
+                buf.put_slice(&this.ready.split_to(n));
+                if this.ready.is_empty() {
+                    this.ready = Bytes::new();
+                }
+                return Poll::Ready(Ok(()));
+            }
+            if this.classify() {
+                continue;
+            }
+            if matches!(this.phase, Phase::Stopped) {
+                // hyper answers what it has and closes; it needs no more.
+                return Poll::Pending;
+            }
+            // The end of the stream: what is held is an unfinished head, which
+            // hyper would not answer either.
+            if ready!(this.fill(cx))? == 0 {
+                return Poll::Ready(Ok(()));
             }
         }
-        polled
     }
 }
 
-impl AsyncWrite for Sniffed {
+impl AsyncWrite for Guarded {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -242,7 +447,11 @@ impl AsyncWrite for Sniffed {
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+        let this = self.get_mut();
+        if matches!(this.phase, Phase::Stopped) {
+            return this.poll_linger(cx);
+        }
+        Pin::new(&mut this.stream).poll_shutdown(cx)
     }
 
     fn poll_write_vectored(
@@ -260,9 +469,213 @@ impl AsyncWrite for Sniffed {
 
 #[cfg(test)]
 mod tests {
-    use super::{serve, ConnectionLimits, HeadScan};
+    use super::{serve, ConnectionLimits};
+    use crate::limits::HEAD_LINES_MAX;
+    use std::net::SocketAddr;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
     use std::time::Duration;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    const LIMITS: ConnectionLimits = ConnectionLimits {
+        connections_max: 64,
+        connections_per_address_max: 4,
+        header_read_timeout: Duration::from_secs(60),
+    };
+
+    /// A node's accept loop in front of a router with the node's message
+    /// check and region header; counts the requests its handler executed.
+    async fn start(limits: ConnectionLimits) -> (SocketAddr, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let executed = Arc::new(AtomicUsize::new(0));
+        let counter = executed.clone();
+        let handler = move |body: String| {
+            let counter = counter.clone();
+            async move {
+                counter.fetch_add(1, Ordering::SeqCst);
+                format!("got {}", body.len())
+            }
+        };
+        let app = axum::Router::new()
+            .route("/", axum::routing::get(handler.clone()).post(handler))
+            .layer(axum::middleware::from_fn(
+                crate::routes::guard::check_message,
+            ))
+            .layer(
+                tower_http::set_header::SetResponseHeaderLayer::if_not_present(
+                    crate::routes::KEYHOLD_REGION,
+                    axum::http::HeaderValue::from_static("test"),
+                ),
+            );
+        tokio::spawn(serve(listener, app, limits, std::future::pending()));
+        (addr, executed)
+    }
+
+    /// Sends `bytes` in one write and reads until the node closes.
+    async fn exchange(addr: SocketAddr, bytes: &[u8]) -> String {
+        let mut conn = TcpStream::connect(addr).await.expect("connect");
+        conn.write_all(bytes).await.expect("send");
+        let mut out = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(10), conn.read_to_end(&mut out)).await;
+        assert!(
+            read.is_ok(),
+            "the node kept the connection open: {:?}",
+            String::from_utf8_lossy(&out)
+        );
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    fn assert_refused(answer: &str, status: &str, slug: &str) {
+        let at = answer
+            .find(&format!("HTTP/1.1 {status}"))
+            .unwrap_or_else(|| panic!("no {status} in {answer:?}"));
+        let refusal = &answer[at..];
+        for needle in [
+            "content-type: application/problem+json",
+            "connection: close",
+            "keyhold-region: test",
+            &format!("problems/{slug}\""),
+        ] {
+            assert!(refusal.contains(needle), "{needle:?} missing in {answer:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn ambiguous_framing_is_refused_with_any_line_endings_and_never_executed() {
+        let (addr, executed) = start(LIMITS).await;
+        let body = "5\r\nhello\r\n0\r\n\r\nPOST / HTTP/1.1\r\ncontent-length: 1\r\n\r\nx";
+        for head in [
+            "POST / HTTP/1.1\nHost: x\nContent-Length: 5\nTransfer-Encoding: chunked\n\n",
+            "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\nTransfer-Encoding: chunked\r\n\r\n",
+            "POST / HTTP/1.1\nTransfer-Encoding: chunked\nContent-Length: 5\n\n",
+            "POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: 5, 5\r\n\r\n",
+            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+        ] {
+            let answer = exchange(addr, format!("{head}{body}").as_bytes()).await;
+            assert_refused(&answer, "400", "invalid-request");
+            assert_eq!(answer.matches("HTTP/1.1").count(), 1, "{answer:?}");
+        }
+        assert_eq!(executed.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn errors_hyper_would_raise_are_the_nodes_problems() {
+        let (addr, executed) = start(LIMITS).await;
+        for value in [&b"a\x00b"[..], b"a\x7fb", b"a\rb"] {
+            let mut raw = b"GET / HTTP/1.1\r\nx-note: ".to_vec();
+            raw.extend_from_slice(value);
+            raw.extend_from_slice(b"\r\n\r\n");
+            assert_refused(&exchange(addr, &raw).await, "400", "invalid-request");
+        }
+        let mut many = "GET / HTTP/1.1\r\n".to_owned();
+        for i in 0..=HEAD_LINES_MAX {
+            many.push_str(&format!("x-{i}: v\r\n"));
+        }
+        many.push_str("\r\n");
+        assert_refused(
+            &exchange(addr, many.as_bytes()).await,
+            "431",
+            "headers-too-large",
+        );
+        let big = format!("GET / HTTP/1.1\r\nx-big: {}\r\n\r\n", "b".repeat(70 * 1024));
+        assert_refused(
+            &exchange(addr, big.as_bytes()).await,
+            "431",
+            "headers-too-large",
+        );
+        let long = format!("GET /{} HTTP/1.1\r\n\r\n", "u".repeat(100 * 1024));
+        assert_refused(
+            &exchange(addr, long.as_bytes()).await,
+            "414",
+            "uri-too-long",
+        );
+        assert_eq!(executed.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn pipelined_requests_are_checked_one_by_one() {
+        let (addr, executed) = start(LIMITS).await;
+        // A chunked body, a length body and a bodiless request, then a refused
+        // head: the three are answered in order, then the refusal, then close.
+        let raw = concat!(
+            "POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n",
+            "3;x=y\r\nabc\r\n0\r\ntrailer: t\r\n\r\n",
+            "POST / HTTP/1.1\r\ncontent-length: 4\r\n\r\nwxyz",
+            "\r\nGET / HTTP/1.1\n\n",
+            "POST / HTTP/1.1\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n",
+            "0\r\n\r\nGET / HTTP/1.1\r\n\r\n",
+        );
+        let answer = exchange(addr, raw.as_bytes()).await;
+        let statuses: Vec<&str> = answer
+            .match_indices("HTTP/1.1 ")
+            .map(|(i, _)| &answer[i + 9..i + 12])
+            .collect();
+        assert_eq!(statuses, ["200", "200", "200", "400"], "{answer:?}");
+        assert!(
+            answer.contains("got 3") && answer.contains("got 4"),
+            "{answer:?}"
+        );
+        assert_refused(&answer, "400", "invalid-request");
+        assert_eq!(executed.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn one_address_gets_its_share_and_others_are_still_served() {
+        let (addr, _) = start(LIMITS).await;
+        let mut idle = Vec::new();
+        for _ in 0..LIMITS.connections_per_address_max {
+            idle.push(TcpStream::connect(addr).await.expect("connect"));
+        }
+        // Over its share: accepted and closed at once.
+        let mut over = TcpStream::connect(addr).await.expect("connect");
+        let mut buf = [0u8; 16];
+        let closed = tokio::time::timeout(Duration::from_secs(5), over.read(&mut buf)).await;
+        assert!(
+            matches!(closed, Ok(Ok(0) | Err(_))),
+            "a connection over the address's limit stayed open"
+        );
+        // Another address is served at once.
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket
+            .bind("127.0.0.2:0".parse().expect("addr"))
+            .expect("bind 127.0.0.2");
+        let mut other = socket.connect(addr).await.expect("connect from 127.0.0.2");
+        other
+            .write_all(b"GET / HTTP/1.1\r\nconnection: close\r\n\r\n")
+            .await
+            .expect("send");
+        let mut out = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), other.read_to_end(&mut out))
+            .await
+            .expect("answered in time")
+            .expect("read");
+        assert!(
+            out.starts_with(b"HTTP/1.1 200"),
+            "{:?}",
+            String::from_utf8_lossy(&out)
+        );
+        // A closed connection gives its slot back.
+        drop(idle.pop());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut again = TcpStream::connect(addr).await.expect("connect");
+        again
+            .write_all(b"GET / HTTP/1.1\r\nconnection: close\r\n\r\n")
+            .await
+            .expect("send");
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), again.read_to_end(&mut out)).await;
+        assert!(
+            out.starts_with(b"HTTP/1.1 200"),
+            "{:?}",
+            String::from_utf8_lossy(&out)
+        );
+    }
 
     #[tokio::test]
     async fn shutdown_closes_idle_connections_and_returns_at_once() {
@@ -271,16 +684,12 @@ mod tests {
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
         let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
-        let limits = ConnectionLimits {
-            connections_max: 8,
-            header_read_timeout: Duration::from_secs(60),
-        };
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(serve(listener, app, limits, async {
+        let server = tokio::spawn(serve(listener, app, LIMITS, async {
             let _ = stop_rx.await;
         }));
         // One keep-alive connection that got an answer and now idles.
-        let mut conn = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let mut conn = TcpStream::connect(addr).await.expect("connect");
         conn.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
             .await
             .expect("send");
@@ -290,31 +699,5 @@ mod tests {
         stop_tx.send(()).expect("stop");
         let stopped = tokio::time::timeout(Duration::from_secs(5), server).await;
         assert!(stopped.is_ok(), "serve() kept waiting after shutdown");
-    }
-
-    #[test]
-    fn a_head_with_both_lengths_is_ambiguous_in_any_order_and_split() {
-        let head = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n";
-        assert!(HeadScan::default().feed(head));
-        let reversed =
-            b"POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\nCONTENT-LENGTH: 5\r\n\r\n";
-        assert!(HeadScan::default().feed(reversed));
-        // Split anywhere, even inside CRLF.
-        for cut in 1..head.len() {
-            let mut scan = HeadScan::default();
-            let first = scan.feed(&head[..cut]);
-            assert!(first || scan.feed(&head[cut..]), "cut at {cut}");
-        }
-    }
-
-    #[test]
-    fn one_length_per_head_is_not_ambiguous_across_requests() {
-        let mut scan = HeadScan::default();
-        let a = b"POST / HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}";
-        let b = b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n";
-        assert!(!scan.feed(a));
-        assert!(!scan.feed(b));
-        // A JSON body with CRLF lines does not look like a header.
-        assert!(!scan.feed(b"{\r\n\"content-length:\": 1\r\n}\r\n\r\n"));
     }
 }

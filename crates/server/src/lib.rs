@@ -225,6 +225,7 @@ pub async fn serve(
     );
     let limits = http::ConnectionLimits {
         connections_max: node.config().connections_max,
+        connections_per_address_max: node.config().connections_per_address_max,
         header_read_timeout: node.config().header_read_timeout,
     };
     http::serve(listener, app, limits, shutdown).await?;

@@ -17,17 +17,39 @@ pub const BODY_READ_BYTES_PER_SECOND_MIN: u64 = 1024 * 1024;
 /// `headers-too-large`.
 pub const HEADERS_MAX: usize = 100;
 pub const HEADER_BYTES_MAX: usize = 16 * 1024;
-/// What hyper itself accepts in one request head (more: 431 with an empty body).
-/// Above the node's own limits, so clients normally get the problem document.
-/// hyper needs at least 8 KiB of buffer.
+/// What one request head may hold at all: header lines, and bytes from the
+/// first byte to the empty line that ends it. The connection's head check
+/// refuses more before hyper reads it (431 `headers-too-large`, or 414
+/// `uri-too-long` when the request line does not even end within the bytes),
+/// and hyper is configured with the same values, so it never refuses a head
+/// itself. Above the node's own limits, which the router checks with a problem
+/// document and a connection kept open. hyper needs at least 8 KiB of buffer.
 pub const HEAD_LINES_MAX: usize = 200;
 pub const HEAD_BYTES_MAX: usize = 64 * 1024;
+/// Bytes a connection reads from its socket at a time, into a buffer it holds
+/// only while it has unread bytes (an idle connection holds none).
+pub const READ_CHUNK_BYTES: usize = 8 * 1024;
 /// Open connections of the API listener, by default; `Config::connections_max`.
+/// Past it a new connection is accepted and closed at once.
 pub const CONNECTIONS_MAX_DEFAULT: usize = 4_096;
+/// Open connections from one client address, by default;
+/// `Config::connections_per_address_max`. Past it a new connection from that
+/// address is accepted and closed at once, so one client (probe d44e5cf held
+/// 19,800 idle sockets) cannot hold the node. Far above what a load test from
+/// one address opens (the load generator and the benches use a few hundred
+/// connections from 127.0.0.1), and a quarter of `CONNECTIONS_MAX_DEFAULT`.
+pub const CONNECTIONS_PER_ADDRESS_MAX_DEFAULT: usize = 1_024;
 /// A connection must deliver a whole request head within this long of opening
 /// or of its previous answer; `Config::header_read_timeout`. Also the idle
 /// limit of keep-alive connections.
 pub const HEADER_READ_TIMEOUT_MS_DEFAULT: u64 = 20_000;
+/// The API listener's accept queue (the kernel caps it at
+/// `net.core.somaxconn`). tokio binds with 128 here; a client opening
+/// connections faster than the loop accepts them for a moment then overflows
+/// the queue, and the kernel drops SYNs of every client alike (each retried
+/// only a second later). The loop refuses over-limit connections at once, so
+/// a deeper queue only absorbs bursts.
+pub const ACCEPT_BACKLOG: i32 = 4_096;
 /// Pause after a failed accept (out of descriptors): no busy loop.
 pub const ACCEPT_ERROR_BACKOFF_MS: u64 = 100;
 /// How long shutdown waits for open connections to finish their request.
@@ -36,6 +58,16 @@ pub const SHUTDOWN_DRAIN_MS: u64 = REQUEST_TIMEOUT_MS + 1_000;
 const _: () = assert!(HEADERS_MAX < HEAD_LINES_MAX);
 const _: () = assert!(HEADER_BYTES_MAX < HEAD_BYTES_MAX);
 const _: () = assert!(HEAD_BYTES_MAX >= 8 * 1024);
+// hyper's own limit of a request target (u16::MAX - 1 bytes) is never reached
+// by a head the check passed (the shortest head around a target is
+// "A  HTTP/1.1\n\n"), so hyper never answers 414 itself.
+const _: () = assert!(HEAD_BYTES_MAX - b"A  HTTP/1.1\n\n".len() < u16::MAX as usize);
+const _: () = assert!(READ_CHUNK_BYTES <= HEAD_BYTES_MAX);
+const _: () = assert!(CONNECTIONS_PER_ADDRESS_MAX_DEFAULT * 4 <= CONNECTIONS_MAX_DEFAULT);
+// A burst of one address's whole share waits in the accept queue instead of
+// having its SYNs dropped, and the queue never holds more than the node admits.
+const _: () = assert!(ACCEPT_BACKLOG as usize >= CONNECTIONS_PER_ADDRESS_MAX_DEFAULT);
+const _: () = assert!(ACCEPT_BACKLOG as usize <= CONNECTIONS_MAX_DEFAULT);
 const _: () = assert!(BODY_READ_MS < REQUEST_TIMEOUT_MS);
 const _: () = assert!(DRAIN_MS < BODY_READ_MS);
 // A client-sized body always gets the plain BODY_READ_MS.
@@ -125,6 +157,13 @@ pub const REGISTRY_READ_WAIT_MS: u64 = 5_000;
 /// apply entries it already holds: about one heartbeat, after which the follower
 /// knows they committed.
 pub const REGISTRY_CATCH_UP_WAIT_MS: u64 = 1_000;
+/// Such waits for an unknown token of the tenant form that may run at once on
+/// one node; past it the token is refused at once (401). Each wait holds its
+/// connection for `REGISTRY_CATCH_UP_WAIT_MS`; without a bound, a client
+/// sending made-up tokens would hold connections a second each (probe
+/// d44e5cf, O2). A tenant created through another node a moment ago is rare,
+/// so a few dozen waits at once cover it.
+pub const REGISTRY_CATCH_UP_WAITS_MAX: usize = 32;
 /// A node that leads the registry is ready only while a quorum acknowledged it
 /// within this long: after an election timeout the others may have elected
 /// another leader.

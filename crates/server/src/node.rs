@@ -54,6 +54,9 @@ pub struct Node {
     http: reqwest::Client,
     hmac_secret: Option<Vec<u8>>,
     orders_spec: Spec,
+    /// Waits for the registry on behalf of unknown tenant-form tokens that may
+    /// run at once (`REGISTRY_CATCH_UP_WAITS_MAX`).
+    token_waits: tokio::sync::Semaphore,
 }
 
 /// A fingerprint in both forms: the plain digest sent back to clients, and the
@@ -148,6 +151,7 @@ impl Node {
             http,
             hmac_secret,
             orders_spec: Spec::orders(),
+            token_waits: tokio::sync::Semaphore::new(crate::limits::REGISTRY_CATCH_UP_WAITS_MAX),
         })
     }
 
@@ -184,6 +188,18 @@ impl Node {
             self.refresh_tenants();
         }
         advanced
+    }
+
+    /// [`Node::catch_up_registry`] for a token of the tenant form that no tenant
+    /// holds here, if fewer than `REGISTRY_CATCH_UP_WAITS_MAX` such waits run:
+    /// otherwise false at once, so made-up tokens cannot keep many connections
+    /// waiting.
+    pub async fn catch_up_registry_for_token(&self) -> bool {
+        let Ok(_permit) = self.token_waits.try_acquire() else {
+            metrics::counter!("keyhold_token_waits_skipped_total").increment(1);
+            return false;
+        };
+        self.catch_up_registry().await
     }
 
     /// Rebuilds the tenant directory from the local registry replica.

@@ -2,6 +2,7 @@
 //! deletion) and the cluster view. Lifecycle changes are registry writes, so they
 //! act the same through any node; the registry's rejection decides the answer.
 
+use super::query::StrictQuery;
 use super::{json_body, json_response};
 use crate::node::{CreateTenantError, Node};
 use crate::problem::ApiError;
@@ -535,7 +536,7 @@ pub struct ReservationsQuery {
 pub async fn reservations(
     State(node): State<Arc<Node>>,
     headers: HeaderMap,
-    axum::extract::Query(query): axum::extract::Query<ReservationsQuery>,
+    StrictQuery(query): StrictQuery<ReservationsQuery>,
 ) -> Result<Response, ApiError> {
     let Some(order_id) = query.order_id.filter(|o| !o.is_empty()) else {
         return Err(ApiError::invalid(

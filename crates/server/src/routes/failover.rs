@@ -36,13 +36,14 @@
 use super::internal::{
     entry_bytes, guard_answer, ok_json, page_response, split_by_bytes, tenant_param, NEXT_CURSOR,
 };
+use super::query::StrictQuery;
 use crate::limits::{
     FAILOVER_CALL_TIMEOUT_MS, FAILOVER_IMPORT_TIMEOUT_MS, MOVE_IMPORT_COMMAND_BYTES_MAX,
     MOVE_PAGE_BYTES_MAX,
 };
 use crate::node::{now, Node, StandbyCopy};
 use crate::problem::ApiError;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, Uri};
 use axum::response::Response;
 use axum::routing::{get, post};
@@ -150,7 +151,7 @@ struct EntriesQuery {
 async fn entries_page(
     State(node): State<Arc<Node>>,
     Path((region, tenant_id)): Path<(String, String)>,
-    Query(q): Query<EntriesQuery>,
+    StrictQuery(q): StrictQuery<EntriesQuery>,
 ) -> Result<Response, ApiError> {
     let tenant = tenant_param(&tenant_id)?;
     let after = super::internal::hex_cursor(q.after)?;
@@ -172,7 +173,7 @@ struct EventsQuery {
 async fn events_page(
     State(node): State<Arc<Node>>,
     Path((region, tenant_id)): Path<(String, String)>,
-    Query(q): Query<EventsQuery>,
+    StrictQuery(q): StrictQuery<EventsQuery>,
 ) -> Result<Response, ApiError> {
     let tenant = tenant_param(&tenant_id)?;
     let (store, _) = promoted_copy(&node, &region).await?;
@@ -417,7 +418,7 @@ async fn import(
     headers: HeaderMap,
     uri: Uri,
     Path(region): Path<String>,
-    Query(q): Query<ImportQuery>,
+    StrictQuery(q): StrictQuery<ImportQuery>,
 ) -> Result<Response, ApiError> {
     if !node.leads_region() {
         return import_at_leader(&node, &headers, &uri).await;

@@ -180,10 +180,11 @@ pub async fn route(State(node): State<Arc<Node>>, request: Request, next: Next) 
     let mut authenticated = node.tenants.authenticate(request.headers());
     // Only a token of the tenant form can be a tenant created through another
     // node a moment ago; a missing or malformed one is refused at once, so a
-    // flood of bad tokens costs nobody a wait.
+    // flood of bad tokens costs nobody a wait, and the waits of well-formed
+    // unknown ones are bounded in number.
     if authenticated.is_err()
         && has_tenant_token_form(request.headers())
-        && node.catch_up_registry().await
+        && node.catch_up_registry_for_token().await
     {
         authenticated = node.tenants.authenticate(request.headers());
     }

@@ -12,7 +12,7 @@
 //! it reads and discards the rest (bounded by `DRAIN_BYTES_MAX` and `DRAIN_MS`),
 //! and only when that fails does it add `Connection: close` itself.
 
-use crate::http::Framing;
+use crate::http::RefusedHead;
 use crate::limits::{DRAIN_BYTES_MAX, DRAIN_MS, HEADERS_MAX, HEADER_BYTES_MAX, REQUEST_TIMEOUT_MS};
 use crate::problem::{ApiError, PROBLEM_JSON};
 use axum::body::{Body, Bytes, HttpBody};
@@ -23,6 +23,7 @@ use axum::response::{IntoResponse, Response};
 use http_body_util::BodyExt;
 use hyper::body::{Frame, SizeHint};
 use keyhold_core::Problem;
+use keyhold_httphead::Refusal;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -32,19 +33,21 @@ use std::time::Duration;
 /// Paths of the node-to-node endpoints.
 const INTERNAL_PREFIX: &str = "/internal/";
 
-/// Refuses requests whose framing or headers the node will not interpret:
-/// both `Content-Length` and `Transfer-Encoding` (400, and the connection is
-/// closed: what follows on it cannot be trusted), more header lines or bytes
-/// than the node accepts (431). These come before authentication: they are
-/// about the message, not the caller.
+/// Refuses requests whose framing or headers the node will not interpret: a
+/// head the connection's check refused (`crate::http`: ambiguous framing, bad
+/// bytes, hyper's limits; the request is its stand-in, and the connection is
+/// closed: what follows on it cannot be framed with certainty), more header
+/// lines or bytes than the node accepts (431). These come before
+/// authentication: they are about the message, not the caller.
 pub async fn check_message(request: Request, next: Next) -> Response {
-    let ambiguous = request
-        .extensions()
-        .get::<Framing>()
-        .is_some_and(Framing::is_ambiguous);
-    if ambiguous {
-        let mut response = ApiError::new(Problem::InvalidRequest)
-            .detail("Content-Length and Transfer-Encoding must not both be sent")
+    if let Some(&RefusedHead(refusal)) = request.extensions().get::<RefusedHead>() {
+        let problem = match refusal {
+            Refusal::Invalid(_) => Problem::InvalidRequest,
+            Refusal::HeadersTooLarge(_) => Problem::HeadersTooLarge,
+            Refusal::UriTooLong => Problem::UriTooLong,
+        };
+        let mut response = ApiError::new(problem)
+            .detail(refusal.detail())
             .into_response();
         response
             .headers_mut()
@@ -133,6 +136,7 @@ fn problem_for(status: StatusCode) -> Problem {
         408 => Problem::RequestTimeout,
         413 => Problem::PayloadTooLarge,
         415 => Problem::UnsupportedMediaType,
+        414 => Problem::UriTooLong,
         431 => Problem::HeadersTooLarge,
         429 => Problem::RateLimited,
         s if s >= 500 => Problem::Internal,

@@ -16,6 +16,7 @@
 //! the tenant at a later epoch), so a call that passed this check just before
 //! the registry moved on still cannot overwrite the new home.
 
+use super::query::StrictQuery;
 use super::{json_response, read_body};
 use crate::limits::{
     MOVE_CALL_TIMEOUT_MS, MOVE_COPY_BYTES_PER_SECOND, MOVE_DRAIN_POLL_MS, MOVE_DRAIN_WAIT_MS,
@@ -26,7 +27,7 @@ use crate::limits::{
 use crate::node::Node;
 use crate::problem::ApiError;
 use axum::body::Body;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -56,7 +57,10 @@ struct ProberQuery {
 /// `GET /internal/v1/registry/quorum-age?region=R`: on the registry's leader,
 /// how long ago a quorum last acknowledged it; elsewhere 503 with
 /// `Keyhold-Not-Leader`; 409 `conflict` while R is fenced by a failover.
-async fn quorum_age(State(node): State<Arc<Node>>, Query(q): Query<ProberQuery>) -> Response {
+async fn quorum_age(
+    State(node): State<Arc<Node>>,
+    StrictQuery(q): StrictQuery<ProberQuery>,
+) -> Response {
     use crate::lease::NoContact;
     match crate::lease::quorum_age(&node, q.region.as_deref()) {
         Ok(age) => json_response(200, serde_json::to_vec(&age).expect("json")),
@@ -252,7 +256,7 @@ pub(super) fn guard_answer(outcome: GuardOutcome) -> Result<u64, ApiError> {
 async fn track(
     State(node): State<Arc<Node>>,
     Path(tenant_id): Path<String>,
-    Query(scope): Query<MoveScope>,
+    StrictQuery(scope): StrictQuery<MoveScope>,
 ) -> Result<Response, ApiError> {
     let (tenant, mark) = at_old_home(&node, &tenant_id, scope, OldHomeStep::Track).await?;
     let entries = node.store().tenant_entry_count(&tenant)?;
@@ -317,7 +321,7 @@ pub(super) fn ok_json(value: serde_json::Value) -> Response {
 async fn fence(
     State(node): State<Arc<Node>>,
     Path(tenant_id): Path<String>,
-    Query(scope): Query<MoveScope>,
+    StrictQuery(scope): StrictQuery<MoveScope>,
 ) -> Result<Response, ApiError> {
     let (tenant, _) = at_old_home(&node, &tenant_id, scope, OldHomeStep::Fence).await?;
     if std::env::var_os(FAULT_ABORT_AFTER_FENCE).is_some() {
@@ -424,7 +428,7 @@ async fn source_page(
 async fn export(
     State(node): State<Arc<Node>>,
     Path(tenant_id): Path<String>,
-    Query(q): Query<ExportQuery>,
+    StrictQuery(q): StrictQuery<ExportQuery>,
 ) -> Result<Response, ApiError> {
     source_page(node, tenant_id, q, Source::Entries).await
 }
@@ -432,7 +436,7 @@ async fn export(
 async fn changes(
     State(node): State<Arc<Node>>,
     Path(tenant_id): Path<String>,
-    Query(q): Query<ExportQuery>,
+    StrictQuery(q): StrictQuery<ExportQuery>,
 ) -> Result<Response, ApiError> {
     source_page(node, tenant_id, q, Source::Changes).await
 }
@@ -728,8 +732,8 @@ async fn fetch_page(
 async fn pull(
     State(node): State<Arc<Node>>,
     Path(tenant_id): Path<String>,
-    Query(scope): Query<MoveScope>,
-    Query(q): Query<PullQuery>,
+    StrictQuery(scope): StrictQuery<MoveScope>,
+    StrictQuery(q): StrictQuery<PullQuery>,
 ) -> Result<Response, ApiError> {
     let tenant = tenant_param(&tenant_id)?;
     let started = Instant::now();
@@ -774,7 +778,7 @@ async fn import(
     State(node): State<Arc<Node>>,
     headers: HeaderMap,
     Path(tenant_id): Path<String>,
-    Query(scope): Query<MoveScope>,
+    StrictQuery(scope): StrictQuery<MoveScope>,
     body: Body,
 ) -> Result<Response, ApiError> {
     let tenant = tenant_param(&tenant_id)?;

@@ -6,13 +6,14 @@ mod admin_page;
 mod claims;
 mod failover;
 mod forward;
-mod guard;
+pub(crate) mod guard;
 mod internal;
 mod leader;
 mod members;
 mod meta;
 mod moves;
 mod orders;
+mod query;
 mod reconcile;
 mod regions;
 

@@ -6,6 +6,7 @@
 //! scope) and then replay. A `"survival": "region"` tenant's answer waits for
 //! the standby to hold the entry it comes from (`survival.rs`).
 
+use super::query::StrictQuery;
 use super::{
     json_response, parse_json, read_body, require_json, IDEMPOTENCY_FINGERPRINT, IDEMPOTENCY_KEY,
     IDEMPOTENT_REPLAYED,
@@ -16,7 +17,7 @@ use crate::problem::ApiError;
 use crate::survival;
 use crate::tenants::Tenant;
 use axum::body::Body;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use keyhold_core::scope::Namespace;
@@ -283,7 +284,7 @@ pub struct FindQuery {
 pub async fn find(
     State(node): State<Arc<Node>>,
     headers: HeaderMap,
-    Query(query): Query<FindQuery>,
+    StrictQuery(query): StrictQuery<FindQuery>,
 ) -> Result<Response, ApiError> {
     let tenant = node.tenants.authenticate(&headers)?;
     tenant.check_request_rate()?;
