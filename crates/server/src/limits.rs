@@ -317,3 +317,19 @@ const _: () =
     assert!(MOVE_PAGE_BYTES_MAX as u64 * 1000 <= MOVE_COPY_BYTES_PER_SECOND * MOVE_PULL_BUDGET_MS);
 
 const _: () = assert!(INFLIGHT_WAIT_MS_DEFAULT < FORWARD_TIMEOUT_MS);
+
+// Timing relations between the region store's limits and the registry's: this
+// crate sees both. A region group's stream to a standby learner crosses the
+// same inter-region links the registry's timing is sized for: an AppendEntries
+// to it outlasts the slowest round trip plus a slow fsync on the learner, twice
+// over, as the registry's own RPC timeout does.
+const _: () = assert!(
+    keyhold_store::limits::REGION_LEARNER_RPC_TIMEOUT_MS
+        >= 2 * (keyhold_registry::limits::INTER_REGION_RTT_MS_MAX
+            + keyhold_registry::limits::LOG_FSYNC_MS_MAX)
+);
+// Upkeep that waits to ride with a client's command waits longer than the
+// round trip of the learner it waits for.
+const _: () = assert!(
+    keyhold_store::limits::UPKEEP_RIDE_WAIT_MS > keyhold_registry::limits::INTER_REGION_RTT_MS_MAX
+);

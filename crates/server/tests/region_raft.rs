@@ -12,7 +12,8 @@
 //! receives the whole log: the leader's connection shrinks its appends after a
 //! timeout instead of sending the same ones again. And a standby learner a
 //! round trip away gets each new entry in one round trip: the leader's
-//! heartbeats to it do not hold its stream.
+//! heartbeats to it do not hold its stream, and one across a link slower
+//! than the group's RPC timeout still advances.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -24,11 +25,16 @@ use axum::body::Body;
 use axum::http::{Request as HttpRequest, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use keyhold_store::limits::REGION_RPC_TIMEOUT_MS;
+use keyhold_store::limits::{
+    REGION_APPEND_BYTES_PER_SECOND_MIN, REGION_LEARNER_RPC_TIMEOUT_MS, REGION_RPC_TIMEOUT_MS,
+};
 use openraft::raft::AppendEntriesRequest;
 
 use keyhold_core::UnixMillis;
-use keyhold_registry::{group_router, HttpNetwork, NodeCredentials, NodeId, NodeInfo};
+use keyhold_registry::limits::{INTER_REGION_RTT_MS_MAX, LOG_FSYNC_MS_MAX};
+use keyhold_registry::{
+    group_router, AppendTimeouts, HttpNetwork, NodeCredentials, NodeId, NodeInfo,
+};
 use keyhold_store::raft::{Bootstrap, Member, RegionConfig, RegionGroup};
 use keyhold_store::{Applied, Command, Error, OrderOutcome};
 use tokio::sync::oneshot;
@@ -76,6 +82,7 @@ impl Voter {
             append_bytes_max,
             delay,
             detach_beyond,
+            append_timeouts,
         } = setup;
         let dir = tempfile::tempdir().unwrap();
         let credentials = NodeCredentials::parse(CREDENTIAL).unwrap();
@@ -91,6 +98,12 @@ impl Voter {
         }
         if let Some(home) = detach_beyond {
             network = network.with_learner_heartbeats_detached(home);
+        }
+        if append_timeouts {
+            network = network.with_append_timeouts(AppendTimeouts {
+                learner: Duration::from_millis(REGION_LEARNER_RPC_TIMEOUT_MS),
+                bytes_per_second: REGION_APPEND_BYTES_PER_SECOND_MIN,
+            });
         }
         let group = RegionGroup::start(dir.path(), &member, network, bootstrap)
             .await
@@ -176,6 +189,8 @@ struct Setup {
     /// The region of its group's voters, when its heartbeats to members of
     /// other regions are detached (`with_learner_heartbeats_detached`).
     detach_beyond: Option<&'static str>,
+    /// Its AppendEntries may run past openraft's timeout as a node's do.
+    append_timeouts: bool,
 }
 
 /// A member a round trip away: every AppendEntries waits `round_trip` before
@@ -724,6 +739,88 @@ async fn a_standby_learners_entries_do_not_wait_behind_its_heartbeats() {
         .raft()
         .wait(Some(WAIT))
         .applied_index_at_least(last.map(|l| l.index), "the learner applies")
+        .await
+        .expect("the learner applies every entry");
+    assert_eq!(
+        learner.group.state_machine().entries_for_tests(),
+        leader.group.state_machine().entries_for_tests()
+    );
+    learner.kill().await;
+    leader.kill().await;
+}
+
+/// A standby learner across the slowest link the timing is sized for: the
+/// proxy delays each byte 250 ms each way, a round trip of
+/// `INTER_REGION_RTT_MS_MAX` plus a `LOG_FSYNC_MS_MAX` fsync on the learner,
+/// more than the region group's `REGION_RPC_TIMEOUT_MS`. The learner's matched
+/// index still reaches the leader's last entry, and a write made after it
+/// joined reaches it too: its AppendEntries run past openraft's timeout
+/// (`REGION_LEARNER_RPC_TIMEOUT_MS`) and openraft's next attempt takes their
+/// answer. Before, openraft dropped every AppendEntries with entries at its
+/// timeout, the cap fell to one entry, which did not cross in time either,
+/// and the learner never advanced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_standby_learner_across_a_slow_link_advances() {
+    let one_way = Duration::from_millis((INTER_REGION_RTT_MS_MAX + LOG_FSYNC_MS_MAX) / 2);
+    assert!(2 * one_way > Duration::from_millis(REGION_RPC_TIMEOUT_MS));
+    let leader_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let leader_info = NodeInfo::new("eu", "-", leader_listener.local_addr().unwrap().to_string());
+    let learner_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let proxy_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let proxy = keyhold_netem::Proxy::start(
+        proxy_listener,
+        learner_listener.local_addr().unwrap(),
+        one_way,
+    )
+    .unwrap();
+    let learner_info = NodeInfo::new("us", "-", proxy.addr().to_string());
+    let voters = Bootstrap::Voters(BTreeMap::from([(1, leader_info.clone())]));
+    let leader = Voter::start_with(
+        1,
+        leader_listener,
+        leader_info,
+        voters,
+        Setup {
+            detach_beyond: Some("eu"),
+            append_timeouts: true,
+            append_bytes_max: Some(keyhold_store::limits::REGION_APPEND_BYTES_MAX),
+            ..Setup::default()
+        },
+    )
+    .await;
+    leader
+        .group
+        .raft()
+        .wait(Some(WAIT))
+        .current_leader(1, "the only voter leads")
+        .await
+        .unwrap();
+    let last = create_orders(&leader).await;
+    let learner = leader
+        .join_learner(
+            2,
+            learner_listener,
+            &learner_info,
+            Setup::default(),
+            Catchup::Later,
+        )
+        .await;
+    assert!(
+        leader.group.wait_matched(&[2], last, WAIT).await,
+        "the learner matched {:?} of {last}",
+        leader.group.lag_of(&[2])
+    );
+    let written = leader
+        .group
+        .execute(common::new_order(ORDERS + 1))
+        .await
+        .unwrap();
+    assert!(leader.group.wait_matched(&[2], written.index, WAIT).await);
+    learner
+        .group
+        .raft()
+        .wait(Some(WAIT))
+        .applied_index_at_least(Some(written.index), "the learner applies")
         .await
         .expect("the learner applies every entry");
     assert_eq!(

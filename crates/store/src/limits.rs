@@ -121,6 +121,24 @@ pub const WRITTEN_ENTRIES_KEPT_MAX: usize = 100_000;
 /// instead: with the 100 ms period as the timeout, an AppendEntries carrying
 /// large responses on a busy machine timed out again and again.
 pub const REGION_RPC_TIMEOUT_MS: u64 = 450;
+/// The least time an AppendEntries to a learner of a region group in another
+/// region (a standby's copy) gets: an inter-region round trip and the
+/// learner's log fsync, twice over, as the registry's RPC timeout
+/// (keyhold-server's limits assert it against the registry's
+/// `INTER_REGION_RTT_MS_MAX` and `LOG_FSYNC_MS_MAX`, which this crate cannot
+/// see). openraft 0.9 drops every AppendEntries at `REGION_RPC_TIMEOUT_MS`,
+/// sized for the region's own members: across a 300 ms round trip and a slow
+/// fsync no AppendEntries with entries was answered in time, and the learner
+/// never advanced. The network lets the call go on
+/// (keyhold-registry's `AppendTimeouts`) and answers openraft's next attempt
+/// with its answer.
+pub const REGION_LEARNER_RPC_TIMEOUT_MS: u64 = 1_000;
+/// An AppendEntries of a region group gets a second more per this many bytes
+/// of entries it carries: the slowest a member takes in entries (transfer,
+/// decoding, the log's write) that the timeouts are sized for. A debug build
+/// on a busy machine took more than `REGION_RPC_TIMEOUT_MS` for one entry of
+/// a few MiB (one large command), which openraft then sent again forever.
+pub const REGION_APPEND_BYTES_PER_SECOND_MIN: u64 = 1024 * 1024;
 /// Entries per AppendEntries of a region group. Each entry is a whole commit
 /// batch, of a few hundred bytes to a few 128 KiB import commands: the count
 /// lets a learner in a distant standby region take many small batches per
@@ -195,3 +213,4 @@ const _: () = assert!(REGION_ELECTION_TIMEOUT_MIN_MS < REGION_ELECTION_TIMEOUT_M
 const _: () = assert!(REGION_ELECTION_TIMEOUT_MAX_MS * 10 <= REGION_LEADER_WAIT_MS);
 const _: () = assert!(UPKEEP_RIDE_GRACE_MS < UPKEEP_RIDE_WAIT_MS);
 const _: () = assert!(UPKEEP_RIDE_WAIT_MS < REGION_RPC_TIMEOUT_MS);
+const _: () = assert!(REGION_RPC_TIMEOUT_MS < REGION_LEARNER_RPC_TIMEOUT_MS);
