@@ -226,6 +226,19 @@ const _: () = assert!(REGION_LEADER_POLL_MS < REGION_LEADER_WAIT_MS);
 /// Bytes of keys and payloads per page when a tenant's data is copied to its
 /// new home (a page holds at least one entry, however large).
 pub const MOVE_PAGE_BYTES_MAX: usize = 4 * 1024 * 1024;
+/// The largest store command this node builds: one request body (at most
+/// `MOVE_PAGE_BYTES_MAX`, the bound of `body_bytes_max`) with its small fields
+/// and headers. A claim's completion carries one; so does an import command
+/// with a single entry larger than `MOVE_IMPORT_COMMAND_BYTES_MAX` (it goes
+/// alone); every other command is smaller (a reconciliation report goes in
+/// pages of `RECONCILIATION_PAGE_BYTES_MAX`).
+pub const COMMAND_BYTES_BUILT_MAX: usize = MOVE_PAGE_BYTES_MAX + 1024 * 1024;
+// Every command fits a region log entry, and so crosses to a member in one
+// AppendEntries (keyhold-store asserts entry < RPC body): a larger one would be
+// refused (`CommandTooLarge`, 413) instead of carried.
+const _: () = assert!(COMMAND_BYTES_BUILT_MAX <= keyhold_store::limits::ENTRY_COMMANDS_BYTES_MAX);
+const _: () =
+    assert!(keyhold_store::limits::RECONCILIATION_PAGE_BYTES_MAX <= COMMAND_BYTES_BUILT_MAX);
 /// Body of one import call: a full page plus one more entry, which holds at
 /// most one request body (`body_bytes_max`, at most `MOVE_PAGE_BYTES_MAX`)
 /// and its small fields.

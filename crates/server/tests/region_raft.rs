@@ -12,8 +12,9 @@
 //! receives the whole log: the leader's connection shrinks its appends after a
 //! timeout instead of sending the same ones again. And a standby learner a
 //! round trip away gets each new entry in one round trip: the leader's
-//! heartbeats to it do not hold its stream, and one across a link slower
-//! than the group's RPC timeout still advances.
+//! heartbeats to it do not hold its stream. A command larger than a member's
+//! body limit is refused before the log, and the largest one the log takes
+//! crosses.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -25,12 +26,15 @@ use axum::body::Body;
 use axum::http::{Request as HttpRequest, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use keyhold_registry::limits::RPC_BODY_BYTES_MAX;
 use keyhold_store::limits::{
-    REGION_APPEND_BYTES_PER_SECOND_MIN, REGION_LEARNER_RPC_TIMEOUT_MS, REGION_RPC_TIMEOUT_MS,
+    ENTRY_COMMANDS_BYTES_MAX, REGION_APPEND_BYTES_PER_SECOND_MIN, REGION_LEARNER_RPC_TIMEOUT_MS,
+    REGION_RPC_TIMEOUT_MS,
 };
 use openraft::raft::AppendEntriesRequest;
 
-use keyhold_core::UnixMillis;
+use keyhold_core::scope::Namespace;
+use keyhold_core::{Outcome, OwnerToken, StoredResponse, UnixMillis};
 use keyhold_registry::limits::{INTER_REGION_RTT_MS_MAX, LOG_FSYNC_MS_MAX};
 use keyhold_registry::{
     group_router, AppendTimeouts, HttpNetwork, NodeCredentials, NodeId, NodeInfo,
@@ -823,6 +827,120 @@ async fn a_standby_learner_across_a_slow_link_advances() {
         .applied_index_at_least(Some(written.index), "the learner applies")
         .await
         .expect("the learner applies every entry");
+    assert_eq!(
+        learner.group.state_machine().entries_for_tests(),
+        leader.group.state_machine().entries_for_tests()
+    );
+    learner.kill().await;
+    leader.kill().await;
+}
+
+/// A claim's completion of `bytes` bytes in all, as encoded (its stored
+/// response takes them): a command of any size. There is no such claim, so
+/// it changes nothing.
+fn completion_of_bytes(bytes: usize) -> Command {
+    let completion = |body| Command::Complete {
+        scope: common::scope(Namespace::Claims, "large-response"),
+        token: OwnerToken {
+            generation: 1,
+            nonce: 1,
+        },
+        outcome: Outcome::Succeeded,
+        response: Some(StoredResponse {
+            status: 200,
+            headers: Vec::new(),
+            body: vec![b'x'; body],
+        }),
+        resource_id: None,
+        now: UnixMillis(1),
+        response_ttl_ms: 3_600_000,
+    };
+    let mut body = bytes - 1024;
+    loop {
+        let encoded = keyhold_raftlog::codec::encoded_len(&completion(body)).unwrap();
+        match encoded.cmp(&bytes) {
+            std::cmp::Ordering::Equal => return completion(body),
+            std::cmp::Ordering::Less => body += bytes - encoded,
+            std::cmp::Ordering::Greater => body -= 1,
+        }
+    }
+}
+
+/// A region's only voter and its standby learner (a copy in another region,
+/// as a node streams it): a command larger than the body a member accepts is
+/// refused at once (`CommandTooLarge`), and the stream goes on: the largest
+/// command the log takes crosses to the learner, and so do the orders after
+/// it (its AppendEntries gets time for its bytes,
+/// `REGION_APPEND_BYTES_PER_SECOND_MIN`: a debug build took longer than
+/// `REGION_RPC_TIMEOUT_MS` for it). Before, the writer appended any command:
+/// the voter committed it alone, the learner refused its AppendEntries (413)
+/// again and again, and never received another entry (review d44e5cf, N3: the
+/// standby wedged). A learner, since voters would campaign while one entry
+/// crosses for longer than `REGION_CAMPAIGN_AFTER_LEADER_MS`, as 8 MiB does in
+/// a debug build.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_command_larger_than_an_entry_is_refused_and_the_standby_goes_on() {
+    let leader_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let leader_info = NodeInfo::new("eu", "-", leader_listener.local_addr().unwrap().to_string());
+    let learner_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let learner_info = NodeInfo::new(
+        "us",
+        "-",
+        learner_listener.local_addr().unwrap().to_string(),
+    );
+    let voters = Bootstrap::Voters(BTreeMap::from([(1, leader_info.clone())]));
+    let setup = Setup {
+        detach_beyond: Some("eu"),
+        append_timeouts: true,
+        append_bytes_max: Some(keyhold_store::limits::REGION_APPEND_BYTES_MAX),
+        ..Setup::default()
+    };
+    let leader = Voter::start_with(1, leader_listener, leader_info, voters, setup).await;
+    leader
+        .group
+        .raft()
+        .wait(Some(WAIT))
+        .current_leader(1, "the only voter leads")
+        .await
+        .unwrap();
+    let learner = leader
+        .join_learner(
+            2,
+            learner_listener,
+            &learner_info,
+            Setup::default(),
+            Catchup::Awaited,
+        )
+        .await;
+    let group = leader.group.clone();
+
+    let larger = completion_of_bytes(RPC_BODY_BYTES_MAX + 1024 * 1024);
+    match group.execute(larger).await {
+        Err(Error::CommandTooLarge { bytes, max }) => {
+            assert_eq!(max, ENTRY_COMMANDS_BYTES_MAX);
+            assert!(bytes > RPC_BODY_BYTES_MAX, "{bytes}");
+        }
+        other => panic!("a command above the body limit was not refused: {other:?}"),
+    }
+    let largest = completion_of_bytes(ENTRY_COMMANDS_BYTES_MAX);
+    let swept = tokio::time::timeout(WAIT, group.execute(largest))
+        .await
+        .expect("the largest command commits")
+        .expect("the largest command the log takes");
+    assert!(matches!(swept.value, Applied::Complete(_)), "{swept:?}");
+    let last = create_orders(&leader).await;
+    assert!(
+        leader.group.wait_matched(&[2], last, WAIT).await,
+        "the learner matched {:?} of {last}",
+        leader.group.lag_of(&[2])
+    );
+    learner
+        .group
+        .raft()
+        .wait(Some(WAIT))
+        .applied_index_at_least(Some(last), "the learner applies every entry")
+        .await
+        .expect("caught up");
     assert_eq!(
         learner.group.state_machine().entries_for_tests(),
         leader.group.state_machine().entries_for_tests()
