@@ -738,11 +738,46 @@ async fn a_standby_learners_entries_do_not_wait_behind_its_heartbeats() {
     );
     // The commit index reached it in the background: it applies every write.
     let last = raft.metrics().borrow().last_applied;
+    let last = last.expect("the leader applied its writes").index;
+    learner_holds_the_log(leader, learner, last).await;
+}
+
+/// A region group's only voter (id 1, region `eu`), its network set up as a
+/// node's (byte bound, append timeouts, heartbeats to other regions
+/// detached), once it leads.
+async fn lone_region_leader(listener: tokio::net::TcpListener) -> Voter {
+    let info = NodeInfo::new("eu", "-", listener.local_addr().unwrap().to_string());
+    let voters = Bootstrap::Voters(BTreeMap::from([(1, info.clone())]));
+    let setup = Setup {
+        detach_beyond: Some("eu"),
+        append_timeouts: true,
+        append_bytes_max: Some(keyhold_store::limits::REGION_APPEND_BYTES_MAX),
+        ..Setup::default()
+    };
+    let leader = Voter::start_with(1, listener, info, voters, setup).await;
+    leader
+        .group
+        .raft()
+        .wait(Some(WAIT))
+        .current_leader(1, "the only voter leads")
+        .await
+        .unwrap();
+    leader
+}
+
+/// Asserts that `learner` (member 2) matched and applied `leader`'s log up
+/// to `last` and holds what the leader holds; then stops both.
+async fn learner_holds_the_log(leader: Voter, learner: Voter, last: u64) {
+    assert!(
+        leader.group.wait_matched(&[2], last, WAIT).await,
+        "the learner matched {:?} of {last}",
+        leader.group.lag_of(&[2])
+    );
     learner
         .group
         .raft()
         .wait(Some(WAIT))
-        .applied_index_at_least(last.map(|l| l.index), "the learner applies")
+        .applied_index_at_least(Some(last), "the learner applies")
         .await
         .expect("the learner applies every entry");
     assert_eq!(
@@ -767,8 +802,8 @@ async fn a_standby_learners_entries_do_not_wait_behind_its_heartbeats() {
 async fn a_standby_learner_across_a_slow_link_advances() {
     let one_way = Duration::from_millis((INTER_REGION_RTT_MS_MAX + LOG_FSYNC_MS_MAX) / 2);
     assert!(2 * one_way > Duration::from_millis(REGION_RPC_TIMEOUT_MS));
-    let leader_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let leader_info = NodeInfo::new("eu", "-", leader_listener.local_addr().unwrap().to_string());
+    let leader =
+        lone_region_leader(tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap()).await;
     let learner_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let proxy_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let proxy = keyhold_netem::Proxy::start(
@@ -778,27 +813,6 @@ async fn a_standby_learner_across_a_slow_link_advances() {
     )
     .unwrap();
     let learner_info = NodeInfo::new("us", "-", proxy.addr().to_string());
-    let voters = Bootstrap::Voters(BTreeMap::from([(1, leader_info.clone())]));
-    let leader = Voter::start_with(
-        1,
-        leader_listener,
-        leader_info,
-        voters,
-        Setup {
-            detach_beyond: Some("eu"),
-            append_timeouts: true,
-            append_bytes_max: Some(keyhold_store::limits::REGION_APPEND_BYTES_MAX),
-            ..Setup::default()
-        },
-    )
-    .await;
-    leader
-        .group
-        .raft()
-        .wait(Some(WAIT))
-        .current_leader(1, "the only voter leads")
-        .await
-        .unwrap();
     let last = create_orders(&leader).await;
     let learner = leader
         .join_learner(
@@ -819,20 +833,7 @@ async fn a_standby_learner_across_a_slow_link_advances() {
         .execute(common::new_order(ORDERS + 1))
         .await
         .unwrap();
-    assert!(leader.group.wait_matched(&[2], written.index, WAIT).await);
-    learner
-        .group
-        .raft()
-        .wait(Some(WAIT))
-        .applied_index_at_least(Some(written.index), "the learner applies")
-        .await
-        .expect("the learner applies every entry");
-    assert_eq!(
-        learner.group.state_machine().entries_for_tests(),
-        leader.group.state_machine().entries_for_tests()
-    );
-    learner.kill().await;
-    leader.kill().await;
+    learner_holds_the_log(leader, learner, written.index).await;
 }
 
 /// A claim's completion of `bytes` bytes in all, as encoded (its stored
@@ -880,29 +881,11 @@ fn completion_of_bytes(bytes: usize) -> Command {
 /// a debug build.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_command_larger_than_an_entry_is_refused_and_the_standby_goes_on() {
-    let leader_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let leader_info = NodeInfo::new("eu", "-", leader_listener.local_addr().unwrap().to_string());
+    let leader =
+        lone_region_leader(tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap()).await;
     let learner_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let learner_info = NodeInfo::new(
-        "us",
-        "-",
-        learner_listener.local_addr().unwrap().to_string(),
-    );
-    let voters = Bootstrap::Voters(BTreeMap::from([(1, leader_info.clone())]));
-    let setup = Setup {
-        detach_beyond: Some("eu"),
-        append_timeouts: true,
-        append_bytes_max: Some(keyhold_store::limits::REGION_APPEND_BYTES_MAX),
-        ..Setup::default()
-    };
-    let leader = Voter::start_with(1, leader_listener, leader_info, voters, setup).await;
-    leader
-        .group
-        .raft()
-        .wait(Some(WAIT))
-        .current_leader(1, "the only voter leads")
-        .await
-        .unwrap();
+    let learner_addr = learner_listener.local_addr().unwrap().to_string();
+    let learner_info = NodeInfo::new("us", "-", learner_addr);
     let learner = leader
         .join_learner(
             2,
@@ -929,24 +912,7 @@ async fn a_command_larger_than_an_entry_is_refused_and_the_standby_goes_on() {
         .expect("the largest command the log takes");
     assert!(matches!(swept.value, Applied::Complete(_)), "{swept:?}");
     let last = create_orders(&leader).await;
-    assert!(
-        leader.group.wait_matched(&[2], last, WAIT).await,
-        "the learner matched {:?} of {last}",
-        leader.group.lag_of(&[2])
-    );
-    learner
-        .group
-        .raft()
-        .wait(Some(WAIT))
-        .applied_index_at_least(Some(last), "the learner applies every entry")
-        .await
-        .expect("caught up");
-    assert_eq!(
-        learner.group.state_machine().entries_for_tests(),
-        leader.group.state_machine().entries_for_tests()
-    );
-    learner.kill().await;
-    leader.kill().await;
+    learner_holds_the_log(leader, learner, last).await;
 }
 
 /// Creates `ORDERS` orders on `leader`, one after another, each in an entry of
