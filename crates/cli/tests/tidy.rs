@@ -1,7 +1,8 @@
 //! Tidy: the mechanical rules of our style, checked by `cargo test` over every
 //! Rust file in the repository. Every file opens with a `//!` paragraph saying what
 //! it owns; nothing on main uses the dbg, todo or unimplemented macros or ignored tests.
-//! `vendor/` is left out: it holds other projects' code as they published it.
+//! `vendor/` is left out: it holds other projects' code as they published it,
+//! except that the vendored sled must keep its published `[features]`.
 
 use std::path::{Path, PathBuf};
 
@@ -72,4 +73,49 @@ fn every_rust_file_follows_the_mechanical_rules() {
         }
     }
     assert!(problems.is_empty(), "tidy found:\n{}", problems.join("\n"));
+}
+
+/// The `[features]` table of sled 0.34.7 as published on crates.io: the
+/// crate's normalized `Cargo.toml` (`sled-0.34.7/Cargo.toml` in cargo's
+/// registry source, fetched with `sled = "=0.34.7"` and no patch).
+const SLED_0_34_7_FEATURES: &str = r#"[features]
+compression = ["zstd"]
+default = ["no_metrics"]
+docs = []
+event_log = []
+failpoints = []
+io_uring = ["rio"]
+lock_free_delays = []
+measure_allocs = []
+miri_optimizations = []
+mutex = []
+no_inline = []
+no_logs = ["log/max_level_off"]
+no_metrics = []
+pretty_backtrace = ["color-backtrace"]
+testing = ["event_log", "lock_free_delays", "compression", "failpoints", "backtrace"]"#;
+
+/// The vendored sled's manifest keeps upstream's features, so that its
+/// default, `no_metrics`, keeps sled's global metrics compiled out: an
+/// earlier vendoring dropped the table and every sled operation timed itself
+/// (vendor/sled/KEYHOLD.md, "The manifest").
+#[test]
+fn the_vendored_sled_keeps_upstreams_features() {
+    let path = repo_root().join("vendor/sled/Cargo.toml");
+    let manifest = std::fs::read_to_string(&path).expect("the vendored sled's manifest");
+    let table: Vec<&str> = manifest
+        .lines()
+        .skip_while(|line| line.trim() != "[features]")
+        .enumerate()
+        .take_while(|(i, line)| *i == 0 || !line.trim_start().starts_with('['))
+        .map(|(_, line)| line.trim_end())
+        .filter(|line| !line.is_empty())
+        .collect();
+    let upstream: Vec<&str> = SLED_0_34_7_FEATURES.lines().collect();
+    assert_eq!(
+        table,
+        upstream,
+        "{} must keep sled 0.34.7's [features] as published",
+        path.display()
+    );
 }

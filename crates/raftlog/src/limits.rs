@@ -1,4 +1,5 @@
-//! Limits of the shared Raft storage, units last.
+//! Limits of the shared Raft storage and of the Raft transport every group
+//! shares, units last.
 
 /// How long `open_db` keeps retrying a directory whose sled lock is still held by a
 /// just-dropped instance in the same process (its flusher thread exits asynchronously).
@@ -44,6 +45,21 @@ pub const LOG_VALUE_CHUNK_BYTES: usize = 3 * 1024;
 /// held them, and sled's epoch, for seconds (see `log.rs`).
 pub const PURGE_BATCH_KEYS_MAX: usize = 4096;
 
+/// Upper bound of one Raft RPC body a member accepts: every group's HTTP router
+/// (keyhold-registry's `group_router`) refuses a larger one before decoding it.
+/// Here, beside the log whose entries those bodies carry, because both sides of
+/// the bound need it: the registry's transport enforces it, and the region
+/// store's writer keeps every entry under it (`ENTRY_BYTES_MAX` there), which
+/// it could not see in the registry crate (the registry re-exports it). A
+/// snapshot chunk is the largest body the registry itself sends.
+pub const RPC_BODY_BYTES_MAX: usize = 16 * 1024 * 1024;
+
+/// An AppendEntries' bytes beside its entries (bincode): the vote, the
+/// previous log id, the commit index (varints of at most 10 bytes each, a few
+/// tags) and the entry count. Far more than that, for the relations built on it.
+pub const APPEND_ENVELOPE_BYTES_MAX: usize = 1024;
+
+const _: () = assert!(APPEND_ENVELOPE_BYTES_MAX < RPC_BODY_BYTES_MAX);
 const _: () = assert!(DB_OPEN_LOCK_RETRY_MS * 10 <= DB_OPEN_LOCK_WAIT_MS);
 const _: () = assert!(PURGE_BATCH_KEYS_MAX >= 1);
 const _: () = assert!(

@@ -51,7 +51,8 @@ pub use crate::config::{RegistryConfig, GROUP};
 pub use crate::credential::{NodeCredentials, NODE_CREDENTIAL_HEADER};
 pub use crate::error::Error;
 pub use crate::network::{
-    group_router, raft_router, replaceable_group_router, HttpNetwork, NodeGroup, RaftSource,
+    group_router, raft_router, replaceable_group_router, AppendTimeouts, HttpNetwork, NodeGroup,
+    RaftSource,
 };
 pub use crate::state::{
     DriverLease, FailoverResult, LostEstimate, Operation, OperationKind, OperationState,

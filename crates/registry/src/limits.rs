@@ -64,8 +64,10 @@ pub const WRITE_ATTEMPTS_MAX: u32 = 12;
 pub const WRITE_NO_LEADER_WAIT_MS: u64 = 500;
 
 /// Upper bound of one Raft RPC body accepted by the HTTP router (a snapshot chunk is
-/// the largest: `SNAPSHOT_CHUNK_BYTES_MAX` plus its envelope).
-pub const RPC_BODY_BYTES_MAX: usize = 16 * 1024 * 1024;
+/// the largest the registry sends: `SNAPSHOT_CHUNK_BYTES_MAX` plus its envelope).
+/// Defined in keyhold-raftlog, which the region store sees too: its writer keeps
+/// every region log entry under it.
+pub use keyhold_raftlog::limits::RPC_BODY_BYTES_MAX;
 
 /// Size of one snapshot chunk sent over HTTP.
 pub const SNAPSHOT_CHUNK_BYTES_MAX: u64 = 4 * 1024 * 1024;

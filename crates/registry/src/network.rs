@@ -27,6 +27,17 @@
 //! openraft read and send fewer at once; each AppendEntries that carried the
 //! whole cap and succeeded raises it again by `APPEND_CAP_GROWTH_ENTRIES`.
 //!
+//! openraft 0.9 drops an AppendEntries at its `heartbeat_interval`, the same
+//! for every member and every size, and then sends it again. A network may
+//! give an AppendEntries longer (`with_append_timeouts`): more per byte it
+//! carries, and a floor for learners in other regions (a standby's copies,
+//! an inter-region round trip and a slow fsync away, where the region's own
+//! timeout is sized for its own members). Such a call goes on in a task of
+//! its own past openraft's timeout (`InFlight`), and the AppendEntries
+//! openraft sends next from the same position waits for its answer instead
+//! of sending the entries again: a large entry, or a learner across a slow
+//! link, still gets through, where each attempt used to be dropped unanswered.
+//!
 //! A region group's network may answer the empty AppendEntries (heartbeats and
 //! commit-index updates) to its learners in other regions at once and send them
 //! in the background (`with_learner_heartbeats_detached`, `detached.rs`), so
@@ -44,6 +55,10 @@
 //! Routes are registered with the literal group name (`/raft/registry/...`,
 //! `/raft/region-eu/...`) instead of a `{group}` parameter, so that each group of a
 //! node merges its own router into the same listener without conflicting paths.
+
+// openraft's network trait fixes the error type (`RPCError`, > 300 bytes); the helpers
+// that settle an AppendEntries' answer return it as the trait does.
+#![allow(clippy::result_large_err)]
 
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
@@ -65,7 +80,7 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
-use openraft::{AnyError, RPCTypes, RaftLogId, RaftTypeConfig};
+use openraft::{AnyError, LogId, RPCTypes, RaftLogId, RaftTypeConfig, Vote};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncSeek, AsyncWrite};
@@ -117,12 +132,39 @@ pub struct HttpNetwork<C = TypeConfig> {
     credentials: NodeCredentials,
     group: Arc<str>,
     append_bytes_max: Option<usize>,
+    append_timeouts: Option<AppendTimeouts>,
     /// The region whose nodes are the group's voters, when empty AppendEntries
     /// to members of other regions (its learners) are detached.
     detach_beyond: Option<Arc<str>>,
     longer_logs: Option<LongerLogs>,
     contacts: Option<Contacts>,
     config: PhantomData<fn() -> C>,
+}
+
+/// How long an AppendEntries may take beyond openraft's own timeout
+/// (`HttpNetwork::with_append_timeouts`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AppendTimeouts {
+    /// The least time an AppendEntries to a learner in another region gets
+    /// (members of other regions only with `with_learner_heartbeats_detached`,
+    /// which names the voters' region).
+    pub learner: Duration,
+    /// Every AppendEntries gets one more second per this many bytes of
+    /// entries it carries.
+    pub bytes_per_second: u64,
+}
+
+impl AppendTimeouts {
+    /// The time an AppendEntries of `bytes` bytes of entries gets, with
+    /// openraft's `hard_ttl`, to a learner in another region or not.
+    fn ttl(&self, hard_ttl: Duration, learner: bool, bytes: usize) -> Duration {
+        let floor = match learner {
+            true => hard_ttl.max(self.learner),
+            false => hard_ttl,
+        };
+        let per_byte = bytes as u64 * 1000 / self.bytes_per_second.max(1);
+        floor + Duration::from_millis(per_byte)
+    }
 }
 
 impl<C> Clone for HttpNetwork<C> {
@@ -133,6 +175,7 @@ impl<C> Clone for HttpNetwork<C> {
             credentials: self.credentials.clone(),
             group: self.group.clone(),
             append_bytes_max: self.append_bytes_max,
+            append_timeouts: self.append_timeouts,
             detach_beyond: self.detach_beyond.clone(),
             longer_logs: self.longer_logs.clone(),
             contacts: self.contacts.clone(),
@@ -156,6 +199,7 @@ impl<C> HttpNetwork<C> {
             credentials,
             group: group.into(),
             append_bytes_max: None,
+            append_timeouts: None,
             detach_beyond: None,
             longer_logs: None,
             contacts: None,
@@ -167,6 +211,13 @@ impl<C> HttpNetwork<C> {
     /// entry goes whatever its size); see the module's documentation.
     pub fn with_append_bytes_max(mut self, bytes: usize) -> Self {
         self.append_bytes_max = Some(bytes);
+        self
+    }
+
+    /// Lets an AppendEntries run past openraft's timeout as `timeouts` says;
+    /// see the module's documentation.
+    pub fn with_append_timeouts(mut self, timeouts: AppendTimeouts) -> Self {
+        self.append_timeouts = Some(timeouts);
         self
     }
 
@@ -225,9 +276,11 @@ impl<C: NodeGroup> RaftNetworkFactory<C> for HttpNetwork<C> {
             credentials: self.credentials.clone(),
             group: self.group.clone(),
             append_bytes_max: self.append_bytes_max,
+            append_timeouts: self.append_timeouts,
             target,
             raft_addr: node.raft_addr.clone(),
             append_cap: AppendCap::default(),
+            in_flight: None,
             detached,
             longer_logs: self.longer_logs.clone(),
             contacts: self.contacts.clone(),
@@ -244,15 +297,46 @@ pub struct HttpConnection<C: RaftTypeConfig = TypeConfig> {
     credentials: NodeCredentials,
     group: Arc<str>,
     append_bytes_max: Option<usize>,
+    append_timeouts: Option<AppendTimeouts>,
     target: NodeId,
     raft_addr: String,
     append_cap: AppendCap,
+    /// An AppendEntries given longer than openraft's timeout, still running.
+    in_flight: Option<InFlight>,
     /// For a learner in another region: its empty AppendEntries go in the
     /// background.
     detached: Option<Detached<C>>,
     longer_logs: Option<LongerLogs>,
     contacts: Option<Contacts>,
     config: PhantomData<fn() -> C>,
+}
+
+/// An AppendEntries that runs in a task of its own, so that openraft's
+/// timeout does not end it: the next AppendEntries openraft sends from the
+/// same position (`vote`, `prev`) waits for its answer (see the module's
+/// documentation). Dropped, it stops the call.
+#[derive(Debug)]
+struct InFlight {
+    sent: Sent,
+    answer: tokio::task::JoinHandle<Result<AppendEntriesResponse<NodeId>, RpcError>>,
+}
+
+/// What an AppendEntries carried.
+#[derive(Debug, Clone, Copy)]
+struct Sent {
+    vote: Vote<NodeId>,
+    prev: Option<LogId<NodeId>>,
+    /// The last entry it carried (`prev` without entries).
+    last: Option<LogId<NodeId>>,
+    entries: u64,
+    /// When it was sent (`Contacts`).
+    at: std::time::Instant,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.answer.abort();
+    }
 }
 
 /// How many entries one AppendEntries to a member may carry, learned from its
@@ -358,7 +442,56 @@ pub(crate) async fn exchange<Req: Serialize, Resp: DeserializeOwned>(
     codec::decode(&bytes).map_err(|e| Exchange::Failed(AnyError::new(&e)))
 }
 
-impl<C: RaftTypeConfig> HttpConnection<C> {
+/// One RPC to one member, its errors as openraft's.
+#[derive(Clone)]
+struct Call {
+    client: reqwest::Client,
+    credentials: NodeCredentials,
+    local_id: NodeId,
+    target: NodeId,
+    url: String,
+    action: RPCTypes,
+}
+
+impl Call {
+    async fn send<Req, Resp, E>(self, request: &Req, ttl: Duration) -> Result<Resp, RpcError<E>>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        let reply: Result<Resp, RaftError<E>> =
+            match exchange(&self.client, &self.credentials, &self.url, request, ttl).await {
+                Ok(reply) => reply,
+                Err(Exchange::Unreachable(e)) => {
+                    return Err(RPCError::Unreachable(Unreachable::new(&e)))
+                }
+                Err(Exchange::TimedOut) => {
+                    return Err(RPCError::Timeout(Timeout {
+                        action: self.action,
+                        id: self.local_id,
+                        target: self.target,
+                        timeout: ttl,
+                    }))
+                }
+                Err(Exchange::Failed(e)) => return Err(RPCError::Network(NetworkError::new(&e))),
+            };
+        reply.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+    }
+}
+
+impl<C: NodeGroup> HttpConnection<C> {
+    fn rpc(&self, action: RPCTypes, rpc: &str) -> Call {
+        Call {
+            client: self.client.clone(),
+            credentials: self.credentials.clone(),
+            local_id: self.local_id,
+            target: self.target,
+            url: rpc_url(&self.raft_addr, &self.group, rpc),
+            action,
+        }
+    }
+
     async fn call<Req, Resp, E>(
         &self,
         action: RPCTypes,
@@ -371,27 +504,51 @@ impl<C: RaftTypeConfig> HttpConnection<C> {
         Resp: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,
     {
-        let url = rpc_url(&self.raft_addr, &self.group, rpc);
-        let ttl = option.hard_ttl();
-        let reply: Result<Resp, RaftError<E>> =
-            match exchange(&self.client, &self.credentials, &url, request, ttl).await {
-                Ok(reply) => reply,
-                Err(Exchange::Unreachable(e)) => {
-                    return Err(RPCError::Unreachable(Unreachable::new(&e)))
-                }
-                Err(Exchange::TimedOut) => {
-                    return Err(RPCError::Timeout(Timeout {
-                        action,
-                        id: self.local_id,
-                        target: self.target,
-                        timeout: ttl,
-                    }))
-                }
-                Err(Exchange::Failed(e)) => return Err(RPCError::Network(NetworkError::new(&e))),
-            };
-        reply.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+        self.rpc(action, rpc).send(request, option.hard_ttl()).await
+    }
+
+    /// Waits for the answer of `flight`, kept in the connection meanwhile: if
+    /// openraft drops this call at its timeout, the next one finds it.
+    async fn answer_of(&mut self, flight: InFlight) -> (Sent, AppendResult) {
+        let flight = self.in_flight.insert(flight);
+        let answer = (&mut flight.answer).await;
+        let sent = self.in_flight.take().expect("kept while awaited").sent;
+        let answer = answer.unwrap_or_else(|e| Err(RPCError::Network(NetworkError::new(&e))));
+        (sent, answer)
+    }
+
+    /// Learns from the member's answer to `sent` (its cap, what it
+    /// acknowledged), and answers openraft, which asked for everything up to
+    /// `asked_last`: a success for less is a partial one.
+    fn settle(
+        &mut self,
+        sent: &Sent,
+        result: AppendResult,
+        asked_last: Option<LogId<NodeId>>,
+    ) -> AppendResult {
+        if let (Ok(_), Some(contacts)) = (&result, &self.contacts) {
+            contacts.answered(self.target, sent.at);
+        }
+        match &result {
+            Ok(_) => self.append_cap.answered(sent.entries),
+            Err(RPCError::Timeout(_)) => self.append_cap.timed_out(sent.entries),
+            Err(_) => self.append_cap.failed(),
+        }
+        if let Some(detached) = &self.detached {
+            let acked = matches!(result, Ok(AppendEntriesResponse::Success))
+                .then_some((sent.vote, sent.last));
+            detached.answered(acked);
+        }
+        match result? {
+            AppendEntriesResponse::Success if sent.last < asked_last => {
+                Ok(AppendEntriesResponse::PartialSuccess(sent.last))
+            }
+            other => Ok(other),
+        }
     }
 }
+
+type AppendResult = Result<AppendEntriesResponse<NodeId>, RpcError>;
 
 impl<C: NodeGroup> RaftNetwork<C> for HttpConnection<C> {
     async fn append_entries(
@@ -399,21 +556,44 @@ impl<C: NodeGroup> RaftNetwork<C> for HttpConnection<C> {
         rpc: AppendEntriesRequest<C>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RpcError> {
+        let learner = self.detached.is_some();
+        let floor = match self.append_timeouts {
+            Some(timeouts) => timeouts.ttl(option.hard_ttl(), learner, 0),
+            None => option.hard_ttl(),
+        };
         let mut rpc = match &self.detached {
-            Some(detached) => match detached.take(rpc, option.hard_ttl()) {
+            Some(detached) => match detached.take(rpc, floor) {
                 // It carries nothing the member's answer could change.
                 Ok(()) => return Ok(AppendEntriesResponse::Success),
                 Err(rpc) => rpc,
             },
             None => rpc,
         };
-        let cut = match self.append_bytes_max {
-            Some(budget) if rpc.entries.len() > 1 => {
+        let asked_last = rpc
+            .entries
+            .last()
+            .map(|e| *e.get_log_id())
+            .or(rpc.prev_log_id);
+        if let Some(flight) = self.in_flight.take() {
+            if flight.sent.vote == rpc.vote && flight.sent.prev == rpc.prev_log_id {
+                // openraft gave up on it at its timeout and asks again from
+                // the same position: the answer under way is this one's.
+                let (sent, result) = self.answer_of(flight).await;
+                return self.settle(&sent, result, asked_last);
+            }
+            // Another position (a new leader, a conflict): it is moot.
+            drop(flight);
+        }
+        let sizes = match (self.append_bytes_max, self.append_timeouts) {
+            (None, None) => Vec::new(),
+            _ => {
                 let sizes = rpc.entries.iter().map(codec::encoded_len);
                 let sizes: Result<Vec<usize>, _> = sizes.collect();
-                let sizes = sizes.map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-                prefix_within(&sizes, budget)
+                sizes.map_err(|e| RPCError::Network(NetworkError::new(&e)))?
             }
+        };
+        let cut = match self.append_bytes_max {
+            Some(budget) if rpc.entries.len() > 1 => prefix_within(&sizes, budget),
             _ => None,
         };
         let entries = cut.unwrap_or(rpc.entries.len()) as u64;
@@ -424,37 +604,33 @@ impl<C: NodeGroup> RaftNetwork<C> for HttpConnection<C> {
                 PayloadTooLarge::new_entries_hint(cap),
             ));
         }
-        let last = cut.map(|cut| {
+        if let Some(cut) = cut {
             rpc.entries.truncate(cut);
-            *rpc.entries[cut - 1].get_log_id()
-        });
-        let sent = std::time::Instant::now();
-        let result = self
-            .call(RPCTypes::AppendEntries, "append", &rpc, &option)
-            .await;
-        if let (Ok(_), Some(contacts)) = (&result, &self.contacts) {
-            contacts.answered(self.target, sent);
         }
-        match &result {
-            Ok(_) => self.append_cap.answered(entries),
-            Err(RPCError::Timeout(_)) => self.append_cap.timed_out(entries),
-            Err(_) => self.append_cap.failed(),
-        }
-        if let Some(detached) = &self.detached {
-            let matched = match rpc.entries.last() {
-                Some(entry) => Some(*entry.get_log_id()),
-                None => rpc.prev_log_id,
-            };
-            let acked =
-                matches!(result, Ok(AppendEntriesResponse::Success)).then_some((rpc.vote, matched));
-            detached.answered(acked);
-        }
-        match (result?, last) {
-            (AppendEntriesResponse::Success, Some(last)) => {
-                Ok(AppendEntriesResponse::PartialSuccess(Some(last)))
-            }
-            (other, _) => Ok(other),
-        }
+        let bytes: usize = sizes.iter().take(entries as usize).sum();
+        let ttl = match self.append_timeouts {
+            Some(timeouts) => timeouts.ttl(option.hard_ttl(), learner, bytes),
+            None => option.hard_ttl(),
+        };
+        let sent = Sent {
+            vote: rpc.vote,
+            prev: rpc.prev_log_id,
+            last: rpc
+                .entries
+                .last()
+                .map(|e| *e.get_log_id())
+                .or(rpc.prev_log_id),
+            entries,
+            at: std::time::Instant::now(),
+        };
+        let call = self.rpc(RPCTypes::AppendEntries, "append");
+        let (sent, result) = if ttl > option.hard_ttl() {
+            let answer = tokio::spawn(async move { call.send(&rpc, ttl).await });
+            self.answer_of(InFlight { sent, answer }).await
+        } else {
+            (sent, call.send(&rpc, ttl).await)
+        };
+        self.settle(&sent, result, asked_last)
     }
 
     async fn install_snapshot(

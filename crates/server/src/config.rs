@@ -395,6 +395,20 @@ impl Config {
                 "set node_credential_file or node_credential_env, not both".into(),
             ));
         }
+        // Contract section 8: whoever holds the admin token must not be able to
+        // speak as a node (forge Raft calls, epochs, forwarded hops). A source
+        // that cannot be read is refused where the node reads it
+        // (`node_credentials`), with its own message.
+        let configured = self.node_credential_file.is_some() || self.node_credential_env.is_some();
+        if let (true, Ok(credentials)) = (configured, self.node_credentials()) {
+            if credentials.accepts(self.admin_token.as_bytes()) {
+                return Err(Error::Config(
+                    "the node credential must not be the admin_token (contract section 8: \
+                     the node credential is never the admin's token nor a tenant's)"
+                        .into(),
+                ));
+            }
+        }
         if let Some(after) = self.auto_failover_after {
             if after < Duration::from_millis(limits::AUTO_FAILOVER_AFTER_MS_MIN) {
                 return Err(Error::Config(format!(
@@ -599,6 +613,27 @@ mod tests {
         // Alone, a node makes up its own.
         let alone = Config::new("a", "/tmp/x".into(), "0123456789abcdef0123".into());
         assert!(alone.node_credentials().is_ok());
+    }
+
+    /// Contract section 8: the node credential is never the admin's token, in
+    /// any place of a rotation list.
+    #[test]
+    fn refuses_a_node_credential_equal_to_the_admin_token() {
+        let admin = "admin-and-node-secret-0123456789abcdef";
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("node-credential");
+        let mut c = Config::new("a", "/tmp/x".into(), admin.into());
+        c.node_credential_file = Some(file.clone());
+        for listed in [
+            admin.to_string(),
+            format!("other-node-secret-0123456789abcdef\n{admin}"),
+        ] {
+            std::fs::write(&file, listed).unwrap();
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains("admin_token") && e.contains("section 8"), "{e}");
+        }
+        std::fs::write(&file, "other-node-secret-0123456789abcdef\n").unwrap();
+        c.validate().unwrap();
     }
 
     #[test]

@@ -317,6 +317,19 @@ const _: () = assert!(REGION_LEADER_POLL_MS < REGION_LEADER_WAIT_MS);
 /// Bytes of keys and payloads per page when a tenant's data is copied to its
 /// new home (a page holds at least one entry, however large).
 pub const MOVE_PAGE_BYTES_MAX: usize = 4 * 1024 * 1024;
+/// The largest store command this node builds: one request body (at most
+/// `MOVE_PAGE_BYTES_MAX`, the bound of `body_bytes_max`) with its small fields
+/// and headers. A claim's completion carries one; so does an import command
+/// with a single entry larger than `MOVE_IMPORT_COMMAND_BYTES_MAX` (it goes
+/// alone); every other command is smaller (a reconciliation report goes in
+/// pages of `RECONCILIATION_PAGE_BYTES_MAX`).
+pub const COMMAND_BYTES_BUILT_MAX: usize = MOVE_PAGE_BYTES_MAX + 1024 * 1024;
+// Every command fits a region log entry, and so crosses to a member in one
+// AppendEntries (keyhold-store asserts entry < RPC body): a larger one would be
+// refused (`CommandTooLarge`, 413) instead of carried.
+const _: () = assert!(COMMAND_BYTES_BUILT_MAX <= keyhold_store::limits::ENTRY_COMMANDS_BYTES_MAX);
+const _: () =
+    assert!(keyhold_store::limits::RECONCILIATION_PAGE_BYTES_MAX <= COMMAND_BYTES_BUILT_MAX);
 /// Body of one import call: a full page plus one more entry, which holds at
 /// most one request body (`body_bytes_max`, at most `MOVE_PAGE_BYTES_MAX`)
 /// and its small fields.
@@ -408,3 +421,19 @@ const _: () =
     assert!(MOVE_PAGE_BYTES_MAX as u64 * 1000 <= MOVE_COPY_BYTES_PER_SECOND * MOVE_PULL_BUDGET_MS);
 
 const _: () = assert!(INFLIGHT_WAIT_MS_DEFAULT < FORWARD_TIMEOUT_MS);
+
+// Timing relations between the region store's limits and the registry's: this
+// crate sees both. A region group's stream to a standby learner crosses the
+// same inter-region links the registry's timing is sized for: an AppendEntries
+// to it outlasts the slowest round trip plus a slow fsync on the learner, twice
+// over, as the registry's own RPC timeout does.
+const _: () = assert!(
+    keyhold_store::limits::REGION_LEARNER_RPC_TIMEOUT_MS
+        >= 2 * (keyhold_registry::limits::INTER_REGION_RTT_MS_MAX
+            + keyhold_registry::limits::LOG_FSYNC_MS_MAX)
+);
+// Upkeep that waits to ride with a client's command waits longer than the
+// round trip of the learner it waits for.
+const _: () = assert!(
+    keyhold_store::limits::UPKEEP_RIDE_WAIT_MS > keyhold_registry::limits::INTER_REGION_RTT_MS_MAX
+);

@@ -13,7 +13,10 @@ use keyhold_registry::{
     NodeCredentials, NodeId, NodeInfo, OperationKind, OperationState, Registry, RegistryConfig,
     Request, Response, Survival, TenantRecord, TenantState,
 };
-use keyhold_store::limits::{HELD_RELEASE_BYTES_MAX, REGION_APPEND_BYTES_MAX};
+use keyhold_store::limits::{
+    HELD_RELEASE_BYTES_MAX, REGION_APPEND_BYTES_MAX, REGION_APPEND_BYTES_PER_SECOND_MIN,
+    REGION_LEARNER_RPC_TIMEOUT_MS,
+};
 use keyhold_store::raft::{Bootstrap, GroupOptions, Leadership, Member, Purge};
 use keyhold_store::{GuardOutcome, Store, TenantGuard};
 use std::net::SocketAddr;
@@ -568,6 +571,16 @@ impl Node {
     }
 }
 
+/// How long a region group's AppendEntries may run past openraft's timeout:
+/// to a standby learner an inter-region round trip away, and with large
+/// entries (keyhold-store's limits).
+fn region_append_timeouts() -> keyhold_registry::AppendTimeouts {
+    keyhold_registry::AppendTimeouts {
+        learner: Duration::from_millis(REGION_LEARNER_RPC_TIMEOUT_MS),
+        bytes_per_second: REGION_APPEND_BYTES_PER_SECOND_MIN,
+    }
+}
+
 /// Opens this node's replica of its region store. The configured members of this
 /// node's region are the region group's voters: with only this node, it is the
 /// group's single voter; with several, the group replicates over the Raft
@@ -606,6 +619,7 @@ async fn open_store(
         credentials.clone(),
     )
     .with_append_bytes_max(REGION_APPEND_BYTES_MAX)
+    .with_append_timeouts(region_append_timeouts())
     .with_learner_heartbeats_detached(&config.region)
     // The group's election timer holds a member back once it learns its log
     // is behind (`keyhold_store::raft`'s elections).
@@ -748,7 +762,8 @@ async fn open_standby_copy(
         config.node_id,
         credentials.clone(),
     )
-    .with_append_bytes_max(REGION_APPEND_BYTES_MAX);
+    .with_append_bytes_max(REGION_APPEND_BYTES_MAX)
+    .with_append_timeouts(region_append_timeouts());
     let options = GroupOptions {
         snapshot_entries: config.region_snapshot_entries,
         snapshot_written_percent: config.region_snapshot_written_percent,

@@ -99,6 +99,12 @@ impl IntoResponse for ApiError {
 
 impl From<keyhold_store::Error> for ApiError {
     fn from(e: keyhold_store::Error) -> ApiError {
+        if let keyhold_store::Error::CommandTooLarge { .. } = e {
+            // Refused before the log, and refused again on a retry: not a
+            // store that is down.
+            tracing::warn!(error = %e, "a command larger than a region log entry refused");
+            return ApiError::new(Problem::PayloadTooLarge).detail(e.to_string());
+        }
         tracing::warn!(error = %e, "store could not confirm");
         ApiError::new(Problem::StoreUnavailable).detail(e.to_string())
     }

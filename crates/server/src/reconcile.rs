@@ -38,9 +38,10 @@
 //!    the tenant's new home, from its business markers, which orders it holds
 //!    under the orphans' client order ids (`duplicate_of`: a client's retry
 //!    created the order again there);
-//! 4. store the report by a command of r's log (`RecordReconciliation`: the
-//!    first one stays, so a leader that starts over after the erasure began
-//!    cannot replace it with a shorter one);
+//! 4. store the report by commands of r's log (its orphans in pages, then the
+//!    report listing them, `Store::record_reconciliation`: a full report is
+//!    larger than a log entry; the first one stays, so a leader that starts
+//!    over after the erasure began cannot replace it with a shorter one);
 //! 5. release the reservations r made twice: r's relays stop only with its
 //!    lease, so in an isolation's last moments they may handle an event the
 //!    copy holds after the last entry the copy received; the copy carried it

@@ -12,7 +12,9 @@
 //! receives the whole log: the leader's connection shrinks its appends after a
 //! timeout instead of sending the same ones again. And a standby learner a
 //! round trip away gets each new entry in one round trip: the leader's
-//! heartbeats to it do not hold its stream.
+//! heartbeats to it do not hold its stream. A command larger than a member's
+//! body limit is refused before the log, and the largest one the log takes
+//! crosses.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -24,11 +26,19 @@ use axum::body::Body;
 use axum::http::{Request as HttpRequest, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use keyhold_store::limits::REGION_RPC_TIMEOUT_MS;
+use keyhold_registry::limits::RPC_BODY_BYTES_MAX;
+use keyhold_store::limits::{
+    ENTRY_COMMANDS_BYTES_MAX, REGION_APPEND_BYTES_PER_SECOND_MIN, REGION_LEARNER_RPC_TIMEOUT_MS,
+    REGION_RPC_TIMEOUT_MS,
+};
 use openraft::raft::AppendEntriesRequest;
 
-use keyhold_core::UnixMillis;
-use keyhold_registry::{group_router, HttpNetwork, NodeCredentials, NodeId, NodeInfo};
+use keyhold_core::scope::Namespace;
+use keyhold_core::{Outcome, OwnerToken, StoredResponse, UnixMillis};
+use keyhold_registry::limits::{INTER_REGION_RTT_MS_MAX, LOG_FSYNC_MS_MAX};
+use keyhold_registry::{
+    group_router, AppendTimeouts, HttpNetwork, NodeCredentials, NodeId, NodeInfo,
+};
 use keyhold_store::raft::{Bootstrap, Member, RegionConfig, RegionGroup};
 use keyhold_store::{Applied, Command, Error, OrderOutcome};
 use tokio::sync::oneshot;
@@ -76,6 +86,7 @@ impl Voter {
             append_bytes_max,
             delay,
             detach_beyond,
+            append_timeouts,
         } = setup;
         let dir = tempfile::tempdir().unwrap();
         let credentials = NodeCredentials::parse(CREDENTIAL).unwrap();
@@ -91,6 +102,12 @@ impl Voter {
         }
         if let Some(home) = detach_beyond {
             network = network.with_learner_heartbeats_detached(home);
+        }
+        if append_timeouts {
+            network = network.with_append_timeouts(AppendTimeouts {
+                learner: Duration::from_millis(REGION_LEARNER_RPC_TIMEOUT_MS),
+                bytes_per_second: REGION_APPEND_BYTES_PER_SECOND_MIN,
+            });
         }
         let group = RegionGroup::start(dir.path(), &member, network, bootstrap)
             .await
@@ -176,6 +193,8 @@ struct Setup {
     /// The region of its group's voters, when its heartbeats to members of
     /// other regions are detached (`with_learner_heartbeats_detached`).
     detach_beyond: Option<&'static str>,
+    /// Its AppendEntries may run past openraft's timeout as a node's do.
+    append_timeouts: bool,
 }
 
 /// A member a round trip away: every AppendEntries waits `round_trip` before
@@ -719,11 +738,46 @@ async fn a_standby_learners_entries_do_not_wait_behind_its_heartbeats() {
     );
     // The commit index reached it in the background: it applies every write.
     let last = raft.metrics().borrow().last_applied;
+    let last = last.expect("the leader applied its writes").index;
+    learner_holds_the_log(leader, learner, last).await;
+}
+
+/// A region group's only voter (id 1, region `eu`), its network set up as a
+/// node's (byte bound, append timeouts, heartbeats to other regions
+/// detached), once it leads.
+async fn lone_region_leader(listener: tokio::net::TcpListener) -> Voter {
+    let info = NodeInfo::new("eu", "-", listener.local_addr().unwrap().to_string());
+    let voters = Bootstrap::Voters(BTreeMap::from([(1, info.clone())]));
+    let setup = Setup {
+        detach_beyond: Some("eu"),
+        append_timeouts: true,
+        append_bytes_max: Some(keyhold_store::limits::REGION_APPEND_BYTES_MAX),
+        ..Setup::default()
+    };
+    let leader = Voter::start_with(1, listener, info, voters, setup).await;
+    leader
+        .group
+        .raft()
+        .wait(Some(WAIT))
+        .current_leader(1, "the only voter leads")
+        .await
+        .unwrap();
+    leader
+}
+
+/// Asserts that `learner` (member 2) matched and applied `leader`'s log up
+/// to `last` and holds what the leader holds; then stops both.
+async fn learner_holds_the_log(leader: Voter, learner: Voter, last: u64) {
+    assert!(
+        leader.group.wait_matched(&[2], last, WAIT).await,
+        "the learner matched {:?} of {last}",
+        leader.group.lag_of(&[2])
+    );
     learner
         .group
         .raft()
         .wait(Some(WAIT))
-        .applied_index_at_least(last.map(|l| l.index), "the learner applies")
+        .applied_index_at_least(Some(last), "the learner applies")
         .await
         .expect("the learner applies every entry");
     assert_eq!(
@@ -732,6 +786,133 @@ async fn a_standby_learners_entries_do_not_wait_behind_its_heartbeats() {
     );
     learner.kill().await;
     leader.kill().await;
+}
+
+/// A standby learner across the slowest link the timing is sized for: the
+/// proxy delays each byte 250 ms each way, a round trip of
+/// `INTER_REGION_RTT_MS_MAX` plus a `LOG_FSYNC_MS_MAX` fsync on the learner,
+/// more than the region group's `REGION_RPC_TIMEOUT_MS`. The learner's matched
+/// index still reaches the leader's last entry, and a write made after it
+/// joined reaches it too: its AppendEntries run past openraft's timeout
+/// (`REGION_LEARNER_RPC_TIMEOUT_MS`) and openraft's next attempt takes their
+/// answer. Before, openraft dropped every AppendEntries with entries at its
+/// timeout, the cap fell to one entry, which did not cross in time either,
+/// and the learner never advanced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_standby_learner_across_a_slow_link_advances() {
+    let one_way = Duration::from_millis((INTER_REGION_RTT_MS_MAX + LOG_FSYNC_MS_MAX) / 2);
+    assert!(2 * one_way > Duration::from_millis(REGION_RPC_TIMEOUT_MS));
+    let leader =
+        lone_region_leader(tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap()).await;
+    let learner_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let proxy_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let proxy = keyhold_netem::Proxy::start(
+        proxy_listener,
+        learner_listener.local_addr().unwrap(),
+        one_way,
+    )
+    .unwrap();
+    let learner_info = NodeInfo::new("us", "-", proxy.addr().to_string());
+    let last = create_orders(&leader).await;
+    let learner = leader
+        .join_learner(
+            2,
+            learner_listener,
+            &learner_info,
+            Setup::default(),
+            Catchup::Later,
+        )
+        .await;
+    assert!(
+        leader.group.wait_matched(&[2], last, WAIT).await,
+        "the learner matched {:?} of {last}",
+        leader.group.lag_of(&[2])
+    );
+    let written = leader
+        .group
+        .execute(common::new_order(ORDERS + 1))
+        .await
+        .unwrap();
+    learner_holds_the_log(leader, learner, written.index).await;
+}
+
+/// A claim's completion of `bytes` bytes in all, as encoded (its stored
+/// response takes them): a command of any size. There is no such claim, so
+/// it changes nothing.
+fn completion_of_bytes(bytes: usize) -> Command {
+    let completion = |body| Command::Complete {
+        scope: common::scope(Namespace::Claims, "large-response"),
+        token: OwnerToken {
+            generation: 1,
+            nonce: 1,
+        },
+        outcome: Outcome::Succeeded,
+        response: Some(StoredResponse {
+            status: 200,
+            headers: Vec::new(),
+            body: vec![b'x'; body],
+        }),
+        resource_id: None,
+        now: UnixMillis(1),
+        response_ttl_ms: 3_600_000,
+    };
+    let mut body = bytes - 1024;
+    loop {
+        let encoded = keyhold_raftlog::codec::encoded_len(&completion(body)).unwrap();
+        match encoded.cmp(&bytes) {
+            std::cmp::Ordering::Equal => return completion(body),
+            std::cmp::Ordering::Less => body += bytes - encoded,
+            std::cmp::Ordering::Greater => body -= 1,
+        }
+    }
+}
+
+/// A region's only voter and its standby learner (a copy in another region,
+/// as a node streams it): a command larger than the body a member accepts is
+/// refused at once (`CommandTooLarge`), and the stream goes on: the largest
+/// command the log takes crosses to the learner, and so do the orders after
+/// it (its AppendEntries gets time for its bytes,
+/// `REGION_APPEND_BYTES_PER_SECOND_MIN`: a debug build took longer than
+/// `REGION_RPC_TIMEOUT_MS` for it). Before, the writer appended any command:
+/// the voter committed it alone, the learner refused its AppendEntries (413)
+/// again and again, and never received another entry (review d44e5cf, N3: the
+/// standby wedged). A learner, since voters would campaign while one entry
+/// crosses for longer than `REGION_CAMPAIGN_AFTER_LEADER_MS`, as 8 MiB does in
+/// a debug build.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_command_larger_than_an_entry_is_refused_and_the_standby_goes_on() {
+    let leader =
+        lone_region_leader(tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap()).await;
+    let learner_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let learner_addr = learner_listener.local_addr().unwrap().to_string();
+    let learner_info = NodeInfo::new("us", "-", learner_addr);
+    let learner = leader
+        .join_learner(
+            2,
+            learner_listener,
+            &learner_info,
+            Setup::default(),
+            Catchup::Awaited,
+        )
+        .await;
+    let group = leader.group.clone();
+
+    let larger = completion_of_bytes(RPC_BODY_BYTES_MAX + 1024 * 1024);
+    match group.execute(larger).await {
+        Err(Error::CommandTooLarge { bytes, max }) => {
+            assert_eq!(max, ENTRY_COMMANDS_BYTES_MAX);
+            assert!(bytes > RPC_BODY_BYTES_MAX, "{bytes}");
+        }
+        other => panic!("a command above the body limit was not refused: {other:?}"),
+    }
+    let largest = completion_of_bytes(ENTRY_COMMANDS_BYTES_MAX);
+    let swept = tokio::time::timeout(WAIT, group.execute(largest))
+        .await
+        .expect("the largest command commits")
+        .expect("the largest command the log takes");
+    assert!(matches!(swept.value, Applied::Complete(_)), "{swept:?}");
+    let last = create_orders(&leader).await;
+    learner_holds_the_log(leader, learner, last).await;
 }
 
 /// Creates `ORDERS` orders on `leader`, one after another, each in an entry of

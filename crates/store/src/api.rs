@@ -99,6 +99,20 @@ impl Answer for Reconciliation {
     }
 }
 
+/// `StageOrphans`' answer: whether the report was recorded already.
+struct Staged {
+    recorded: bool,
+}
+
+impl Answer for Staged {
+    fn take(applied: Applied) -> Result<Self, Box<Applied>> {
+        match applied {
+            Applied::Staged { recorded } => Ok(Staged { recorded }),
+            other => Err(Box::new(other)),
+        }
+    }
+}
+
 impl Answer for ReplayOutcome {
     fn take(applied: Applied) -> Result<Self, Box<Applied>> {
         match applied {
@@ -565,13 +579,35 @@ impl Store {
 
     /// Records `reconciliation` unless one is stored for its failover already;
     /// answers the stored one (so a second leader's report never replaces the
-    /// first).
+    /// first). Its orphans go in pages, a command each (`StageOrphans`), and
+    /// the report in a last command that lists them (`RecordReport`): the
+    /// whole report may be larger than a log entry.
     pub async fn record_reconciliation(
         &self,
-        reconciliation: Reconciliation,
+        mut reconciliation: Reconciliation,
     ) -> Result<Reconciliation, Error> {
-        self.run(Command::RecordReconciliation {
-            reconciliation: Box::new(reconciliation),
+        let operation_id = reconciliation.operation_id.clone();
+        let orphans = std::mem::take(&mut reconciliation.orphans);
+        let listed = orphans.len() as u64;
+        let pages = crate::reconcile::pages(orphans);
+        let page_count = u32::try_from(pages.len()).expect("pages of a bounded report");
+        for (page, orphans) in (0..page_count).zip(pages) {
+            let staged = self
+                .run::<Staged>(Command::StageOrphans {
+                    operation_id: operation_id.clone(),
+                    page,
+                    orphans,
+                })
+                .await?;
+            if staged.recorded {
+                // The report is recorded already: the last command answers it.
+                break;
+            }
+        }
+        self.run(Command::RecordReport {
+            report: Box::new(reconciliation),
+            pages: page_count,
+            listed,
         })
         .await
     }

@@ -293,6 +293,28 @@ pub enum Command {
     /// expiry index entries (a release before this one wrote them, and
     /// `Sweep` still walks those). Answers `Sweep`.
     SweepKeys { now: UnixMillis, keys: Vec<Vec<u8>> },
+    /// Page `page` (from 0) of the orphans of the reconciliation report of
+    /// the failover `operation_id`, staged before the report is recorded
+    /// (`RecordReport` lists the pages): a full report is tens of megabytes,
+    /// more than one log entry may hold. Written only while no report of the
+    /// failover is recorded (a page of a recorded one would change it); a
+    /// second pass (a new leader) stages its pages over the first's. Answers
+    /// `Staged`.
+    StageOrphans {
+        operation_id: String,
+        page: u32,
+        orphans: Vec<crate::reconcile::Orphan>,
+    },
+    /// Records `report` (its `orphans` empty) with the `pages` pages staged
+    /// for it, `listed` orphans in all, and drops any page beyond them,
+    /// unless a report of its failover is recorded already (the first one
+    /// stays, as with `RecordReconciliation`). Answers the stored report;
+    /// refused when the staged pages are not those.
+    RecordReport {
+        report: Box<crate::reconcile::Reconciliation>,
+        pages: u32,
+        listed: u64,
+    },
 }
 
 /// One event's inventory effect within `Command::ConsumeInventoryBatch`.
@@ -666,6 +688,18 @@ pub enum Rejection {
     /// `FinishReconciliation` of a failover whose report is not recorded.
     #[error("no reconciliation recorded for failover {operation_id}")]
     UnknownReconciliation { operation_id: String },
+    /// `RecordReport` whose pages are not all staged (or hold another
+    /// number of orphans): the report would lose orphans.
+    #[error(
+        "report of failover {operation_id}: {pages} staged pages of {listed} orphans expected, \
+         page {missing} missing or the count differs"
+    )]
+    ReportPagesMissing {
+        operation_id: String,
+        pages: u32,
+        listed: u64,
+        missing: u32,
+    },
 }
 
 /// What applying a command produced; one variant per kind of outcome, plus
@@ -707,6 +741,11 @@ pub enum Applied {
     ConsumedBatch(BatchOutcome),
     /// `MarkLost`: the stored mark (the first one of that failover).
     Lost(crate::reconcile::LostTenant),
+    /// `StageOrphans`: whether the failover's report was recorded already,
+    /// so that the page was not written.
+    Staged {
+        recorded: bool,
+    },
 }
 
 #[cfg(test)]

@@ -233,6 +233,35 @@ pub fn reconciliation(operation_id: &str) -> Vec<u8> {
     key
 }
 
+/// The reconciliation report of the failover `operation_id` recorded in pages
+/// (`Command::RecordReport`): its head; the orphans are in its pages.
+pub fn report(operation_id: &str) -> Vec<u8> {
+    let mut key = b"sreport:".to_vec();
+    key.extend_from_slice(operation_id.as_bytes());
+    key
+}
+
+/// Prefix of the pages of orphans staged for the report of `operation_id`.
+pub fn report_pages(operation_id: &str) -> Vec<u8> {
+    let mut key = b"sreport-page:".to_vec();
+    key.extend_from_slice(operation_id.as_bytes());
+    key.push(0);
+    key
+}
+
+/// Page `page` of the orphans of the report of `operation_id`.
+pub fn report_page(operation_id: &str, page: u32) -> Vec<u8> {
+    let mut key = report_pages(operation_id);
+    key.extend_from_slice(&page.to_be_bytes());
+    key
+}
+
+/// The page number of a key of `report_pages(operation_id)`.
+pub fn page_of(pages_prefix: &[u8], key: &[u8]) -> Option<u32> {
+    let page = key.strip_prefix(pages_prefix)?;
+    Some(u32::from_be_bytes(page.try_into().ok()?))
+}
+
 /// The position of a consumer in the outbox.
 pub fn cursor(consumer: Consumer) -> Vec<u8> {
     let mut key = b"scursor:".to_vec();

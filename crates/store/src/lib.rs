@@ -90,6 +90,13 @@ pub enum Error {
     NotLeader {
         leader: Option<keyhold_raftlog::NodeId>,
     },
+    /// The command is larger than a region log entry may hold
+    /// (`limits::ENTRY_COMMANDS_BYTES_MAX`): refused before it reached the log,
+    /// it wrote nothing and never will.
+    #[error(
+        "command of {bytes} bytes refused: a region log entry holds at most {max} bytes of commands"
+    )]
+    CommandTooLarge { bytes: usize, max: usize },
     /// The directory does not hold a region store this release can open.
     #[error("region store in {}: {reason}", dir.display())]
     DataDir { dir: PathBuf, reason: String },
@@ -106,6 +113,8 @@ async fn check_format(dir: &Path) -> Result<(), Error> {
 
 struct Job {
     command: Command,
+    /// The command's encoded bytes, as its log entry holds it.
+    bytes: usize,
     reply: oneshot::Sender<Result<Logged<Applied>, Error>>,
 }
 
@@ -134,8 +143,14 @@ impl<T> Logged<T> {
 /// Queues `command` for a region group's writer and waits for its answer: a full
 /// queue is `Overloaded` at once, a refusal `Error::Rejected`.
 async fn submit(jobs: &mpsc::Sender<Job>, command: Command) -> Result<Logged<Applied>, Error> {
+    let bytes = command_bytes(&command)?;
     let (reply, rx) = oneshot::channel();
-    jobs.try_send(Job { command, reply }).map_err(|e| match e {
+    let job = Job {
+        command,
+        bytes,
+        reply,
+    };
+    jobs.try_send(job).map_err(|e| match e {
         mpsc::error::TrySendError::Full(_) => Error::Overloaded,
         mpsc::error::TrySendError::Closed(_) => Error::Unavailable,
     })?;
@@ -144,6 +159,19 @@ async fn submit(jobs: &mpsc::Sender<Job>, command: Command) -> Result<Logged<App
         Applied::Rejected(rejection) => Err(Error::Rejected(rejection)),
         _ => Ok(answer),
     }
+}
+
+/// `command`'s encoded bytes in a log entry; `CommandTooLarge` for one that no
+/// entry may hold, which must not reach the log: an entry a member cannot
+/// take in one AppendEntries is sent again forever and holds every later one.
+fn command_bytes(command: &Command) -> Result<usize, Error> {
+    // Our own plain data types always encode.
+    let bytes = keyhold_raftlog::codec::encoded_len(command).expect("a command encodes");
+    let max = limits::ENTRY_COMMANDS_BYTES_MAX;
+    if bytes > max {
+        return Err(Error::CommandTooLarge { bytes, max });
+    }
+    Ok(bytes)
 }
 
 /// A cheap, cloneable handle to one region store.

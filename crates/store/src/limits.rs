@@ -1,5 +1,7 @@
 //! Limits of the region store, units last, in one place.
 
+use keyhold_raftlog::limits::{APPEND_ENVELOPE_BYTES_MAX, RPC_BODY_BYTES_MAX};
+
 /// Commands waiting for the region group's writer. A full queue answers 503
 /// `store-unavailable` at once instead of letting latency grow without bound.
 pub const QUEUE_COMMANDS_MAX: usize = 8192;
@@ -25,10 +27,16 @@ pub const ERASE_ENTRIES_MAX: usize = 256;
 /// changes (each event with its processed entries)
 /// grow with the tenant. The size of a failover's import page.
 pub const HELD_RELEASE_BYTES_MAX: usize = 4 * 1024 * 1024;
-/// Orphans one reconciliation report lists: the report is one command of the
-/// region's log (an orphan takes about 200 bytes, so the report stays far
-/// below `COMMAND_BYTES_MAX`); beyond it the report counts them as omitted.
+/// Orphans one reconciliation report lists; beyond it the report counts them
+/// as omitted. An orphan encodes to 130-450 bytes, so a full report is 13-45
+/// MB, more than a log entry holds (`ENTRY_BYTES_MAX`): it is recorded in
+/// pages of `RECONCILIATION_PAGE_BYTES_MAX`, a command each.
 pub const RECONCILIATION_ORPHANS_MAX: usize = 100_000;
+/// Encoded bytes of the orphans one page of a reconciliation report carries
+/// (`Command::StageOrphans`, at least one orphan): a small part of an entry,
+/// so a page shares its entry with other commands, and a full report is a
+/// few dozen commands.
+pub const RECONCILIATION_PAGE_BYTES_MAX: usize = 1024 * 1024;
 /// How often sled persists the region tree in the background. Durability does not
 /// depend on it (the region group's Raft log does that); it bounds how many
 /// entries a restart applies again.
@@ -63,9 +71,39 @@ pub const EPOCH_COLLECTS_PER_ENTRY: usize = 64;
 /// `BATCH_COMMANDS_MAX` of them) stays in one batch.
 pub const ENTRY_BATCH_BYTES_MAX: usize = 4 * 1024 * 1024;
 
+/// Encoded bytes of one region log entry (openraft's `Entry`: its log id and
+/// its `CommandBatch`), as the log stores it and an AppendEntries carries it.
+/// The writer gathers commands into an entry up to `BATCH_BYTES_MAX` (a
+/// single larger command goes alone), and refuses a command that no entry
+/// could hold (`Error::CommandTooLarge`) before it reaches the log.
+/// Every entry must cross to a member in one AppendEntries, whose body the
+/// member refuses above `RPC_BODY_BYTES_MAX`, and openraft sends an entry
+/// that did not cross again and again: one entry above the body limit held
+/// every later one, and so the region's store, until a change of leader.
+/// Half the body limit: room for the request's envelope, and at 1 Gbit/s an
+/// entry crosses in well under an RPC timeout.
+pub const ENTRY_BYTES_MAX: usize = 8 * 1024 * 1024;
+/// An entry's bytes beside its commands: the log id (term, node id, index:
+/// varints of at most 10 bytes each), the payload's variant and the command
+/// count.
+pub const ENTRY_ENVELOPE_BYTES_MAX: usize = 64;
+/// Bytes of commands the writer gathers into one entry: a command that would
+/// take the entry past it starts the next one, and a larger command goes
+/// alone (up to `ENTRY_COMMANDS_BYTES_MAX`). An AppendEntries' worth
+/// (`REGION_APPEND_BYTES_MAX`, what one RPC carried within its timeout on a
+/// busy machine): entries of many large commands (a move's imports, claim
+/// completions with large responses) stay as small as the network sends
+/// them, and only a single large command makes a larger entry.
+pub const BATCH_BYTES_MAX: usize = REGION_APPEND_BYTES_MAX;
+/// The commands of one entry together, and so the largest command the log
+/// takes. The largest the server builds is a request body (at most 4 MiB, a
+/// move's page) with a few fields: a claim's completion, or an import command
+/// carrying one entry larger than its page (keyhold-server's limits assert it).
+pub const ENTRY_COMMANDS_BYTES_MAX: usize = ENTRY_BYTES_MAX - ENTRY_ENVELOPE_BYTES_MAX;
+
 /// The largest command (or imported payload) the store decodes; a length prefix
-/// claiming more is refused before anything is allocated for it. Above the
-/// largest command the server builds: a move's import page (64 MiB body).
+/// claiming more is refused before anything is allocated for it. Above every
+/// command the log takes (`ENTRY_COMMANDS_BYTES_MAX`) and every value stored.
 pub const COMMAND_BYTES_MAX: usize = 128 * 1024 * 1024;
 
 /// A record of a storage-format-1 write-ahead log claiming more than this is
@@ -129,6 +167,24 @@ pub const WRITTEN_ENTRIES_KEPT_MAX: usize = 100_000;
 /// instead: with the 100 ms period as the timeout, an AppendEntries carrying
 /// large responses on a busy machine timed out again and again.
 pub const REGION_RPC_TIMEOUT_MS: u64 = 450;
+/// The least time an AppendEntries to a learner of a region group in another
+/// region (a standby's copy) gets: an inter-region round trip and the
+/// learner's log fsync, twice over, as the registry's RPC timeout
+/// (keyhold-server's limits assert it against the registry's
+/// `INTER_REGION_RTT_MS_MAX` and `LOG_FSYNC_MS_MAX`, which this crate cannot
+/// see). openraft 0.9 drops every AppendEntries at `REGION_RPC_TIMEOUT_MS`,
+/// sized for the region's own members: across a 300 ms round trip and a slow
+/// fsync no AppendEntries with entries was answered in time, and the learner
+/// never advanced. The network lets the call go on
+/// (keyhold-registry's `AppendTimeouts`) and answers openraft's next attempt
+/// with its answer.
+pub const REGION_LEARNER_RPC_TIMEOUT_MS: u64 = 1_000;
+/// An AppendEntries of a region group gets a second more per this many bytes
+/// of entries it carries: the slowest a member takes in entries (transfer,
+/// decoding, the log's write) that the timeouts are sized for. A debug build
+/// on a busy machine took more than `REGION_RPC_TIMEOUT_MS` for one entry of
+/// `ENTRY_BYTES_MAX`, which openraft then sent again forever; it gets 2 s more.
+pub const REGION_APPEND_BYTES_PER_SECOND_MIN: u64 = 1024 * 1024;
 /// Entries per AppendEntries of a region group. Each entry is a whole commit
 /// batch, of a few hundred bytes to a few 128 KiB import commands: the count
 /// lets a learner in a distant standby region take many small batches per
@@ -177,6 +233,19 @@ pub const REGION_SNAPSHOT_LOGS_SINCE_LAST: u64 = 10_000;
 pub const REGION_SNAPSHOT_WRITTEN_PERCENT: u64 = 100;
 
 const _: () = assert!(BATCH_COMMANDS_MAX <= QUEUE_COMMANDS_MAX);
+// Every entry crosses to a member in one AppendEntries: alone, with the
+// request's envelope, or with others within the network's byte bound (which
+// cuts before the entry that would pass it, so a request carries at most
+// `REGION_APPEND_BYTES_MAX` of entries, or one larger entry).
+const _: () = assert!(ENTRY_BYTES_MAX + APPEND_ENVELOPE_BYTES_MAX < RPC_BODY_BYTES_MAX);
+const _: () = assert!(ENTRY_BYTES_MAX <= RPC_BODY_BYTES_MAX / 2);
+const _: () = assert!(REGION_APPEND_BYTES_MAX <= ENTRY_BYTES_MAX);
+const _: () = assert!(ENTRY_ENVELOPE_BYTES_MAX < ENTRY_BYTES_MAX);
+const _: () = assert!(ENTRY_BYTES_MAX <= COMMAND_BYTES_MAX);
+const _: () = assert!(BATCH_BYTES_MAX <= ENTRY_COMMANDS_BYTES_MAX);
+// A page of orphans (one more orphan may go over it: an orphan is below a
+// KiB) is a small part of an entry.
+const _: () = assert!(RECONCILIATION_PAGE_BYTES_MAX * 4 <= ENTRY_COMMANDS_BYTES_MAX);
 const _: () = assert!(REGION_TREE_CACHE_BYTES_MIN <= REGION_TREE_CACHE_BYTES_DEFAULT);
 const _: () = assert!(REGION_TREE_CACHE_BYTES_DEFAULT <= REGION_TREE_CACHE_BYTES_MAX);
 const _: () = assert!(REGION_HEARTBEAT_INTERVAL_MS * 3 <= REGION_ELECTION_TIMEOUT_MIN_MS);
@@ -214,3 +283,11 @@ const _: () = assert!(UPKEEP_RIDE_WAIT_MS < REGION_RPC_TIMEOUT_MS);
 // drift and report delay) and spans several heartbeats.
 const _: () = assert!(REGION_READ_LEASE_MS * 3 <= REGION_ELECTION_TIMEOUT_MAX_MS * 2);
 const _: () = assert!(REGION_HEARTBEAT_INTERVAL_MS * 4 <= REGION_READ_LEASE_MS);
+const _: () = assert!(REGION_RPC_TIMEOUT_MS < REGION_LEARNER_RPC_TIMEOUT_MS);
+// The longest AppendEntries, the largest entry to a learner, ends before the
+// writer gives up on its entry.
+const _: () = assert!(
+    REGION_LEARNER_RPC_TIMEOUT_MS
+        + ENTRY_BYTES_MAX as u64 * 1000 / REGION_APPEND_BYTES_PER_SECOND_MIN
+        < REGION_WRITE_WAIT_MS / 2
+);

@@ -19,7 +19,7 @@ use crate::command::{
 use crate::consumer::Consumer;
 use crate::keys;
 use crate::overlay::{Changes, View};
-use crate::reconcile::{Disposition, LostTenant, Reconciliation};
+use crate::reconcile::{self, Disposition, LostTenant, Reconciliation, ReportHead};
 use crate::Error;
 use keyhold_core::{
     check_owner, decide_claim, decide_order, ClaimDecision, Marker, Order, OrderDecision,
@@ -607,7 +607,7 @@ impl View<'_> {
             }
             Command::RecordReconciliation { reconciliation } => {
                 let key = keys::reconciliation(&reconciliation.operation_id);
-                let stored = match self.get::<Reconciliation>(&key)? {
+                let stored = match reconcile::recorded(self, &reconciliation.operation_id)? {
                     Some(stored) => stored,
                     None => {
                         w.put(key, reconciliation.as_ref());
@@ -616,7 +616,33 @@ impl View<'_> {
                 };
                 Applied::Reconciliation(Box::new(stored))
             }
+            Command::StageOrphans {
+                operation_id,
+                page,
+                orphans,
+            } => {
+                let recorded = self.contains_key(keys::report(operation_id))?
+                    || self.contains_key(keys::reconciliation(operation_id))?;
+                if !recorded {
+                    w.put(keys::report_page(operation_id, *page), orphans);
+                }
+                Applied::Staged { recorded }
+            }
+            Command::RecordReport {
+                report,
+                pages,
+                listed,
+            } => return self.record_report(w, report, *pages, *listed),
             Command::FinishReconciliation { operation_id } => {
+                let head_key = keys::report(operation_id);
+                if let Some(mut head) = self.get::<ReportHead>(&head_key)? {
+                    if !head.done {
+                        head.done = true;
+                        w.put(head_key, &head);
+                    }
+                    let stored = reconcile::with_orphans(self, &head)?;
+                    return Ok(Ok(Applied::Reconciliation(Box::new(stored))));
+                }
                 let key = keys::reconciliation(operation_id);
                 let Some(mut stored) = self.get::<Reconciliation>(&key)? else {
                     return Ok(Err(Rejection::UnknownReconciliation {
@@ -1192,6 +1218,49 @@ impl View<'_> {
             Command::Complete { .. } => Applied::Complete(CompleteOutcome::Fenced),
             _ => Applied::Heartbeat(HeartbeatOutcome::Fenced),
         }))
+    }
+
+    /// `Command::RecordReport`: records `report` with the `pages` pages staged
+    /// for it (and drops the pages of an earlier pass beyond them), unless a
+    /// report of its failover is recorded; answers the stored report.
+    fn record_report(
+        &self,
+        w: &mut Writes,
+        report: &Reconciliation,
+        pages: u32,
+        listed: u64,
+    ) -> Result<Result<Applied, Rejection>, Error> {
+        let operation_id = &report.operation_id;
+        if let Some(stored) = reconcile::recorded(self, operation_id)? {
+            return Ok(Ok(Applied::Reconciliation(Box::new(stored))));
+        }
+        let missing = |page| Rejection::ReportPagesMissing {
+            operation_id: operation_id.clone(),
+            pages,
+            listed,
+            missing: page,
+        };
+        let orphans = match reconcile::staged(self, operation_id, pages)? {
+            Ok(orphans) if orphans.len() as u64 == listed => orphans,
+            Ok(_) => return Ok(Err(missing(pages))),
+            Err(page) => return Ok(Err(missing(page))),
+        };
+        let prefix = keys::report_pages(operation_id);
+        for item in self.scan_prefix(&prefix) {
+            let (key, _) = item?;
+            if keys::page_of(&prefix, &key).is_none_or(|page| page >= pages) {
+                w.remove(&key);
+            }
+        }
+        w.put(
+            keys::report(operation_id),
+            &ReportHead::new(report, pages, listed),
+        );
+        let stored = Reconciliation {
+            orphans,
+            ..report.clone()
+        };
+        Ok(Ok(Applied::Reconciliation(Box::new(stored))))
     }
 
     /// Writes the processed-message entry of `(consumer, event_id)` unless it

@@ -13,14 +13,22 @@
 //! once, when the order is created; the order supplies what a person needs to
 //! compensate it (client order id, creation time, whether it was charged).
 //!
-//! The report (`Reconciliation`) is stored by a command (`RecordReconciliation`),
-//! so it is in the region's log and survives a change of leader; the first one
-//! recorded for a failover stays (a second leader that computed it again after
-//! the erasure began would find fewer orphans).
+//! The report (`Reconciliation`) is stored by commands, so it is in the
+//! region's log and survives a change of leader; the first one recorded for a
+//! failover stays (a second leader that computed it again after the erasure
+//! began would find fewer orphans). A full report (`RECONCILIATION_ORPHANS_MAX`
+//! orphans) is tens of megabytes, more than a log entry holds, so its orphans
+//! go in pages of `RECONCILIATION_PAGE_BYTES_MAX` (`StageOrphans`, one command
+//! each), and the report is recorded by a last command that lists the pages
+//! (`RecordReport`, the commit point: until it, no report is recorded, and
+//! another pass stages its pages over these). Reports recorded whole by the
+//! single command of earlier releases (`RecordReconciliation`) are read as
+//! they were.
 
 use crate::codec::decode;
 use crate::keys;
-use crate::limits::RECONCILIATION_ORPHANS_MAX;
+use crate::limits::{RECONCILIATION_ORPHANS_MAX, RECONCILIATION_PAGE_BYTES_MAX};
+use crate::overlay::{Changes, View};
 use crate::{Error, Store};
 use keyhold_core::{Order, OrderStatus, Record, TenantId, UnixMillis};
 use serde::{Deserialize, Serialize};
@@ -78,6 +86,107 @@ pub struct Reconciliation {
     pub omitted: u64,
     /// The lost tenants' data has been erased from this store.
     pub done: bool,
+}
+
+/// A report recorded in pages (`Command::RecordReport`), as stored: the
+/// report without its orphans, which are in `pages` pages
+/// (`keys::report_page`), `listed` in all.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct ReportHead {
+    pub operation_id: String,
+    pub at: u64,
+    pub tenants: Vec<TenantId>,
+    pub pages: u32,
+    pub listed: u64,
+    pub omitted: u64,
+    pub done: bool,
+}
+
+impl ReportHead {
+    pub fn new(report: &Reconciliation, pages: u32, listed: u64) -> ReportHead {
+        ReportHead {
+            operation_id: report.operation_id.clone(),
+            at: report.at,
+            tenants: report.tenants.clone(),
+            pages,
+            listed,
+            omitted: report.omitted,
+            done: report.done,
+        }
+    }
+
+    /// The report with `orphans`, its pages read.
+    fn report(&self, orphans: Vec<Orphan>) -> Reconciliation {
+        Reconciliation {
+            operation_id: self.operation_id.clone(),
+            at: self.at,
+            tenants: self.tenants.clone(),
+            orphans,
+            omitted: self.omitted,
+            done: self.done,
+        }
+    }
+}
+
+/// The orphans of the first `pages` pages staged for `operation_id`, or the
+/// first page missing.
+pub(crate) fn staged(
+    view: &View<'_>,
+    operation_id: &str,
+    pages: u32,
+) -> Result<Result<Vec<Orphan>, u32>, Error> {
+    let mut orphans = Vec::new();
+    for page in 0..pages {
+        match view.get::<Vec<Orphan>>(&keys::report_page(operation_id, page))? {
+            Some(listed) => orphans.extend(listed),
+            None => return Ok(Err(page)),
+        }
+    }
+    Ok(Ok(orphans))
+}
+
+/// `head`'s report with its orphans.
+pub(crate) fn with_orphans(view: &View<'_>, head: &ReportHead) -> Result<Reconciliation, Error> {
+    match staged(view, &head.operation_id, head.pages)? {
+        Ok(orphans) if orphans.len() as u64 == head.listed => Ok(head.report(orphans)),
+        _ => Err(Error::Corrupt(format!(
+            "the recorded report of failover {} lacks orphans of its {} pages",
+            head.operation_id, head.pages
+        ))),
+    }
+}
+
+/// The report recorded for `operation_id` (in pages, or whole by an earlier
+/// release), with its orphans.
+pub(crate) fn recorded(
+    view: &View<'_>,
+    operation_id: &str,
+) -> Result<Option<Reconciliation>, Error> {
+    if let Some(head) = view.get::<ReportHead>(&keys::report(operation_id))? {
+        return Ok(Some(with_orphans(view, &head)?));
+    }
+    view.get(&keys::reconciliation(operation_id))
+}
+
+/// `orphans` in pages of at most `RECONCILIATION_PAGE_BYTES_MAX` encoded bytes
+/// (a larger orphan alone), in order; no orphans make no page.
+pub(crate) fn pages(orphans: Vec<Orphan>) -> Vec<Vec<Orphan>> {
+    let mut pages: Vec<Vec<Orphan>> = Vec::new();
+    let mut bytes = 0usize;
+    for orphan in orphans {
+        let size = keyhold_raftlog::codec::encoded_len(&orphan).expect("an orphan encodes");
+        match pages.last_mut() {
+            Some(page) if bytes + size <= RECONCILIATION_PAGE_BYTES_MAX => {
+                bytes += size;
+                page.push(orphan);
+            }
+            _ => {
+                bytes = size;
+                pages.push(vec![orphan]);
+            }
+        }
+    }
+    pages
 }
 
 /// The mark that a failover took a tenant away from this region
@@ -224,7 +333,7 @@ impl Store {
 
     /// The stored reconciliation of the failover `operation_id`, if recorded.
     pub fn reconciliation(&self, operation_id: &str) -> Result<Option<Reconciliation>, Error> {
-        self.inner.machine.get(&keys::reconciliation(operation_id))
+        recorded(&self.inner.machine.view(&Changes::default()), operation_id)
     }
 
     /// True once the failover `operation_id`'s loss of `tenant` is marked
@@ -348,6 +457,99 @@ mod tests {
         assert!(none.is_empty(), "{none:?}");
         let (all, _) = store.orphans(&[t("t1"), t("t2")], 0).unwrap();
         assert_eq!(all.len(), 7);
+    }
+
+    /// The largest orphan: the longest idempotency key, ids and client order
+    /// id the API accepts.
+    fn largest_orphan(n: usize) -> Orphan {
+        let id = |prefix: &str| format!("{prefix}{n:0>60}");
+        Orphan {
+            tenant_id: t(&format!("tenant-{:0>57}", n % 7)),
+            kind: OrphanKind::Order,
+            idempotency_key: format!("{n:0>255}"),
+            order_id: Some(id("ord_")),
+            client_order_id: Some(format!("{n:0>64}")),
+            created_at: T0,
+            charged: true,
+            duplicate_of: Some(id("ord_")),
+        }
+    }
+
+    /// A report of `RECONCILIATION_ORPHANS_MAX` orphans of the largest size
+    /// (over 40 MB, more than any log entry may hold) is recorded in pages, a
+    /// command each, every entry within `ENTRY_BYTES_MAX`, and reads back
+    /// whole, before and after finishing and a reopen. Before, it was one
+    /// command: an entry of that size no member could take. A second pass
+    /// with other orphans changes nothing, and a page staged by an earlier
+    /// pass beyond the report's pages is dropped. A report recorded whole,
+    /// as earlier releases did (`RecordReconciliation`), still reads and
+    /// finishes.
+    #[tokio::test]
+    async fn a_maximal_report_is_recorded_in_pages_and_reads_back_whole() {
+        use crate::limits::{ENTRY_BYTES_MAX, RECONCILIATION_PAGE_BYTES_MAX};
+        let dir = tempfile::tempdir().unwrap();
+        let orphans: Vec<Orphan> = (0..RECONCILIATION_ORPHANS_MAX)
+            .map(largest_orphan)
+            .collect();
+        let bytes: usize = orphans
+            .iter()
+            .map(|o| keyhold_raftlog::codec::encoded_len(o).unwrap())
+            .sum();
+        assert!(bytes > 5 * ENTRY_BYTES_MAX, "{bytes} bytes of orphans");
+        let report = Reconciliation {
+            operation_id: "op_big".into(),
+            at: 7,
+            tenants: vec![t("t1")],
+            orphans,
+            omitted: 12,
+            done: false,
+        };
+        let pages = bytes.div_ceil(RECONCILIATION_PAGE_BYTES_MAX) as u64;
+        {
+            let store = open(dir.path()).await;
+            // A page of an earlier pass, beyond the pages of this one.
+            let stale = Command::StageOrphans {
+                operation_id: "op_big".into(),
+                page: 999,
+                orphans: vec![largest_orphan(0)],
+            };
+            store.execute(stale).await.unwrap();
+            let before = store.group().stats().commands();
+            let stored = store.record_reconciliation(report.clone()).await.unwrap();
+            let commands = store.group().stats().commands() - before;
+            assert!(stored == report, "the answer is the whole report");
+            assert!(
+                commands > pages && commands <= pages + 2,
+                "{commands} commands for {pages} pages of orphans"
+            );
+            let again = Reconciliation {
+                orphans: vec![largest_orphan(1)],
+                ..report.clone()
+            };
+            assert!(store.record_reconciliation(again).await.unwrap() == report);
+            let page = keys::report_page("op_big", 999);
+            assert!(store.inner.machine.tree().get(page).unwrap().is_none());
+            let done = store.finish_reconciliation("op_big".into()).await.unwrap();
+            assert!(done.done && done.orphans == report.orphans);
+            // A report recorded whole by an earlier release.
+            let whole = Reconciliation {
+                operation_id: "op_old".into(),
+                orphans: report.orphans[..3].to_vec(),
+                ..report.clone()
+            };
+            let old = Command::RecordReconciliation {
+                reconciliation: Box::new(whole.clone()),
+            };
+            store.execute(old).await.unwrap();
+            assert!(store.reconciliation("op_old").unwrap() == Some(whole.clone()));
+            let done = store.finish_reconciliation("op_old".into()).await.unwrap();
+            assert!(done.done && done.orphans == whole.orphans);
+            store.shutdown().await.unwrap();
+        }
+        let store = open(dir.path()).await;
+        let kept = store.reconciliation("op_big").unwrap().unwrap();
+        assert!(kept.done && kept.orphans == report.orphans && kept.omitted == 12);
+        assert!(store.reconciliation("op_old").unwrap().unwrap().done);
     }
 
     /// The first report recorded for a failover stays (a later leader's, read

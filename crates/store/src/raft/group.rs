@@ -2,7 +2,11 @@
 //! and state machine, and the writer that gathers waiting commands into one entry.
 //!
 //! The writer is group commit over Raft: it takes the first waiting command, every
-//! other one already queued (up to `BATCH_COMMANDS_MAX`), submits them as one
+//! other one already queued (up to `BATCH_COMMANDS_MAX` commands and
+//! `BATCH_BYTES_MAX` bytes, so that the entry crosses to a member in one
+//! AppendEntries; a command that would pass either starts the next entry, and
+//! a larger command, up to `ENTRY_COMMANDS_BYTES_MAX`, goes alone),
+//! submits them as one
 //! `CommandBatch` with `client_write`, and answers every waiter once the entry is
 //! applied (applied implies committed, which implies durable in the log of a majority;
 //! with one voter, the local log's flush). While one entry is in flight new commands
@@ -44,7 +48,7 @@ use super::{
 };
 use crate::command::{Applied, Command, Lane};
 use crate::limits::{
-    BATCH_COMMANDS_MAX, QUEUE_COMMANDS_MAX, REGION_APPEND_ENTRIES_MAX,
+    BATCH_BYTES_MAX, BATCH_COMMANDS_MAX, QUEUE_COMMANDS_MAX, REGION_APPEND_ENTRIES_MAX,
     REGION_ELECTION_TIMEOUT_MAX_MS, REGION_ELECTION_TIMEOUT_MIN_MS, REGION_HEARTBEAT_INTERVAL_MS,
     REGION_LEADER_WAIT_MS, REGION_RPC_TIMEOUT_MS, REGION_SNAPSHOT_LOGS_SINCE_LAST,
     REGION_SNAPSHOT_WRITTEN_PERCENT, REGION_TREE_CACHE_BYTES_DEFAULT, REGION_WRITE_WAIT_MS,
@@ -762,17 +766,15 @@ async fn write_loop(
     stats: Arc<CommitStats>,
     written: Arc<Mutex<VecDeque<Written>>>,
 ) {
-    let mut pending: Vec<Job> = Vec::with_capacity(BATCH_COMMANDS_MAX);
-    while let Some(first) = jobs.recv().await {
-        pending.push(first);
-        take_queued(&mut jobs, &mut pending);
-        if pending.iter().all(|job| job.command.lane() == Lane::Upkeep) {
-            ride_along(&raft, &mut jobs, &mut pending).await;
-            take_queued(&mut jobs, &mut pending);
+    let mut entry = Gathering::default();
+    while entry.start(&mut jobs).await {
+        take_queued(&mut jobs, &mut entry);
+        if entry.upkeep_only() {
+            ride_along(&raft, &mut jobs, &mut entry).await;
+            take_queued(&mut jobs, &mut entry);
         }
-        let batch = CommandBatch {
-            commands: pending.iter().map(|job| job.command.clone()).collect(),
-        };
+        let batch = entry.batch();
+        let pending = &mut entry.jobs;
         let started = Instant::now();
         let wait = Duration::from_millis(REGION_WRITE_WAIT_MS);
         let Ok(outcome) = tokio::time::timeout(wait, raft.client_write(batch)).await else {
@@ -798,7 +800,7 @@ async fn write_loop(
                     }
                     other => {
                         tracing::error!(?other, "a command entry answered unlike its commands");
-                        fail(&stats, &mut pending);
+                        fail(&stats, pending);
                         return;
                     }
                 }
@@ -817,7 +819,7 @@ async fn write_loop(
                 // Raft stopped or failed: a caller's retry with the same key replays
                 // whatever of this entry was committed.
                 tracing::error!(error = %e, "region group write failed; refusing further commands");
-                fail(&stats, &mut pending);
+                fail(&stats, pending);
                 return;
             }
         };
@@ -832,11 +834,73 @@ async fn write_loop(
     }
 }
 
-/// Moves every command already queued into `pending`, up to a batch.
-fn take_queued(jobs: &mut mpsc::Receiver<Job>, pending: &mut Vec<Job>) {
-    while pending.len() < BATCH_COMMANDS_MAX {
+/// The commands of the entry the writer gathers: at most `BATCH_COMMANDS_MAX`
+/// of them and `BATCH_BYTES_MAX` bytes, or one larger command alone (at most
+/// `ENTRY_COMMANDS_BYTES_MAX`: `submit` refuses larger ones). A command that
+/// would take the entry past either is held, and starts the next entry.
+#[derive(Default)]
+struct Gathering {
+    jobs: Vec<Job>,
+    bytes: usize,
+    held: Option<Job>,
+}
+
+impl Gathering {
+    /// Starts a new entry with the held command, or else the next one to
+    /// arrive; false once the queue is closed and nothing is held.
+    async fn start(&mut self, jobs: &mut mpsc::Receiver<Job>) -> bool {
+        self.jobs.clear();
+        self.bytes = 0;
+        let first = match self.held.take() {
+            Some(job) => job,
+            None => match jobs.recv().await {
+                Some(job) => job,
+                None => return false,
+            },
+        };
+        self.offer(first)
+    }
+
+    /// Adds `job` to the entry if it has room; otherwise holds it for the next
+    /// entry and answers false: this one is full.
+    fn offer(&mut self, job: Job) -> bool {
+        let room =
+            self.jobs.len() < BATCH_COMMANDS_MAX && self.bytes + job.bytes <= BATCH_BYTES_MAX;
+        if !room && !self.jobs.is_empty() {
+            debug_assert!(self.held.is_none(), "a full entry takes no more offers");
+            self.held = Some(job);
+            return false;
+        }
+        self.bytes += job.bytes;
+        self.jobs.push(job);
+        true
+    }
+
+    /// True once the entry takes no more commands.
+    fn full(&self) -> bool {
+        self.held.is_some() || self.jobs.len() >= BATCH_COMMANDS_MAX
+    }
+
+    fn upkeep_only(&self) -> bool {
+        self.jobs
+            .iter()
+            .all(|job| job.command.lane() == Lane::Upkeep)
+    }
+
+    fn batch(&self) -> CommandBatch {
+        CommandBatch {
+            commands: self.jobs.iter().map(|job| job.command.clone()).collect(),
+        }
+    }
+}
+
+/// Moves every command already queued into the entry, until it is full.
+fn take_queued(jobs: &mut mpsc::Receiver<Job>, entry: &mut Gathering) {
+    while !entry.full() {
         match jobs.try_recv() {
-            Ok(job) => pending.push(job),
+            Ok(job) => {
+                entry.offer(job);
+            }
             Err(_) => break,
         }
     }
@@ -886,7 +950,7 @@ fn learner_stream(last: u64, matched: impl IntoIterator<Item = Option<u64>>) -> 
     }
 }
 
-/// With only upkeep commands in `pending` (`Command::lane`) and a learner one
+/// With only upkeep commands in `entry` (`Command::lane`) and a learner one
 /// round trip away, waits for a client's command to share their entry: while
 /// an AppendEntries is on its way to a learner, and `UPKEEP_RIDE_GRACE_MS`
 /// after the learners hold everything, at most `UPKEEP_RIDE_WAIT_MS` in all.
@@ -894,7 +958,7 @@ fn learner_stream(last: u64, matched: impl IntoIterator<Item = Option<u64>>) -> 
 /// AppendEntries at a time, so an entry of upkeep alone (a relay round, just
 /// after the order it delivers) sent to a standby right before a client's
 /// command would hold that command a whole inter-region round trip.
-async fn ride_along(raft: &RegionRaft, jobs: &mut mpsc::Receiver<Job>, pending: &mut Vec<Job>) {
+async fn ride_along(raft: &RegionRaft, jobs: &mut mpsc::Receiver<Job>, entry: &mut Gathering) {
     let mut metrics = raft.metrics();
     let deadline = tokio::time::Instant::now() + Duration::from_millis(UPKEEP_RIDE_WAIT_MS);
     let mut grace: Option<tokio::time::Instant> = None;
@@ -912,8 +976,7 @@ async fn ride_along(raft: &RegionRaft, jobs: &mut mpsc::Receiver<Job>, pending: 
             job = jobs.recv() => {
                 let Some(job) = job else { return };
                 let client = job.command.lane() == Lane::Client;
-                pending.push(job);
-                if client || pending.len() >= BATCH_COMMANDS_MAX {
+                if !entry.offer(job) || client || entry.full() {
                     return;
                 }
             }
@@ -1113,11 +1176,26 @@ fn fail(stats: &CommitStats, pending: &mut Vec<Job>) {
 #[cfg(test)]
 mod tests {
     use super::{
-        answered_within, confirmed_within, held_by_majority, learner_stream, LearnerStream, Written,
+        answered_within, confirmed_within, held_by_majority, learner_stream, take_queued,
+        Gathering, LearnerStream, Written,
     };
-    use crate::limits::UPKEEP_RIDE_LAG_ENTRIES_MAX;
+    use crate::command::Command;
+    use crate::limits::{
+        BATCH_BYTES_MAX, ENTRY_BYTES_MAX, ENTRY_COMMANDS_BYTES_MAX, QUEUE_COMMANDS_MAX,
+        UPKEEP_RIDE_LAG_ENTRIES_MAX,
+    };
+    use crate::raft::{CommandBatch, Entry, RegionConfig};
+    use crate::test_common::{scope, T0};
+    use crate::{command_bytes, Error, Job};
+    use keyhold_core::scope::Namespace;
+    use keyhold_core::{Outcome, OwnerToken, StoredResponse};
+    use keyhold_raftlog::codec::encoded_len;
+    use keyhold_raftlog::limits::{APPEND_ENVELOPE_BYTES_MAX, RPC_BODY_BYTES_MAX};
+    use openraft::raft::AppendEntriesRequest;
+    use openraft::{CommittedLeaderId, EntryPayload, LogId, Vote};
     use std::collections::VecDeque;
     use std::time::{Duration, Instant};
+    use tokio::sync::{mpsc, oneshot};
 
     /// A majority of the standby's copies must have answered lately: a cut
     /// that found the log idle stops acknowledgements within the lag too.
@@ -1164,6 +1242,137 @@ mod tests {
         assert!(!allowed(Some(3), 1));
         // Not the leader, or no copy replicated to.
         assert!(!allowed(None, 1));
+    }
+
+    /// A claim's completion whose stored response has a body of `body` bytes.
+    fn completion(n: u64, body: usize) -> Command {
+        Command::Complete {
+            scope: scope(Namespace::Claims, &format!("key-{n}")),
+            token: OwnerToken {
+                generation: n,
+                nonce: n,
+            },
+            outcome: Outcome::Succeeded,
+            response: Some(StoredResponse {
+                status: 200,
+                headers: vec![("content-type".into(), "application/json".into())],
+                body: vec![b'x'; body],
+            }),
+            resource_id: None,
+            now: T0,
+            response_ttl_ms: 3_600_000,
+        }
+    }
+
+    /// A completion of exactly `ENTRY_COMMANDS_BYTES_MAX` encoded bytes: the
+    /// largest command the log takes.
+    fn largest_completion(n: u64) -> Command {
+        let mut body = ENTRY_COMMANDS_BYTES_MAX - 1024;
+        loop {
+            let bytes = command_bytes(&completion(n, body)).unwrap_or(usize::MAX);
+            match bytes.cmp(&ENTRY_COMMANDS_BYTES_MAX) {
+                std::cmp::Ordering::Equal => return completion(n, body),
+                std::cmp::Ordering::Less => body += ENTRY_COMMANDS_BYTES_MAX - bytes,
+                std::cmp::Ordering::Greater => body -= 1,
+            }
+        }
+    }
+
+    /// The largest position a log id or vote may name: its varints are longest.
+    fn last_log_id() -> LogId<u64> {
+        LogId::new(CommittedLeaderId::new(u64::MAX, u64::MAX), u64::MAX)
+    }
+
+    /// Every entry the writer gathers from a queue of the largest commands
+    /// crosses to a member in one AppendEntries: claim completions with 64
+    /// KiB responses, and commands as large as the log takes, queued by the
+    /// thousand, make entries of at most `BATCH_BYTES_MAX` of commands (one
+    /// larger command alone) and `ENTRY_BYTES_MAX` in all, each of which, with
+    /// the request's envelope, stays below the body limit members accept.
+    /// Before, the writer took up to `BATCH_COMMANDS_MAX` queued commands
+    /// whatever their size: a 64 MiB entry, which no member took, sent again
+    /// forever while every later entry waited behind it.
+    #[test]
+    fn entries_of_the_largest_commands_cross_in_one_append() {
+        let (jobs, mut queue) = mpsc::channel(QUEUE_COMMANDS_MAX);
+        let mut commands: Vec<Command> = (0..1000).map(|n| completion(n, 64 * 1024)).collect();
+        commands.extend((1000..1003).map(largest_completion));
+        commands.push(completion(1003, 64 * 1024));
+        let queued = commands.len();
+        let mut replies = Vec::new();
+        for command in commands {
+            let (reply, answer) = oneshot::channel();
+            let bytes = command_bytes(&command).expect("fits an entry");
+            jobs.try_send(Job {
+                command,
+                bytes,
+                reply,
+            })
+            .unwrap();
+            replies.push(answer);
+        }
+        drop(jobs);
+        let mut entry = Gathering::default();
+        let (mut taken, mut entries, mut seen) = (0, 0, Vec::new());
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        while runtime.block_on(entry.start(&mut queue)) {
+            take_queued(&mut queue, &mut entry);
+            let entry_bytes = entry.bytes;
+            let command_count = entry.jobs.len();
+            let log_entry = Entry {
+                log_id: last_log_id(),
+                payload: EntryPayload::Normal(CommandBatch {
+                    commands: entry.jobs.drain(..).map(|job| job.command).collect(),
+                }),
+            };
+            if let EntryPayload::Normal(batch) = &log_entry.payload {
+                for command in &batch.commands {
+                    if let Command::Complete { token, .. } = command {
+                        seen.push(token.generation);
+                    }
+                }
+            }
+            let encoded = encoded_len(&log_entry).unwrap();
+            assert!(
+                command_count == 1 || entry_bytes <= BATCH_BYTES_MAX,
+                "{command_count} commands of {entry_bytes} bytes in one entry"
+            );
+            assert!(
+                encoded <= ENTRY_BYTES_MAX,
+                "an entry of {command_count} commands ({entry_bytes} bytes) encodes to {encoded}"
+            );
+            let append = AppendEntriesRequest::<RegionConfig> {
+                vote: Vote::new_committed(u64::MAX, u64::MAX),
+                prev_log_id: Some(last_log_id()),
+                leader_commit: Some(last_log_id()),
+                entries: vec![log_entry],
+            };
+            let body = encoded_len(&append).unwrap();
+            assert!(
+                body - encoded <= APPEND_ENVELOPE_BYTES_MAX,
+                "{body} - {encoded}"
+            );
+            assert!(
+                body < RPC_BODY_BYTES_MAX,
+                "an AppendEntries of {body} bytes"
+            );
+            taken += command_count;
+            entries += 1;
+        }
+        assert_eq!(taken, queued);
+        let order: Vec<u64> = (0..queued as u64).collect();
+        assert_eq!(seen, order, "every command went, in order, once");
+        // 32 completions per entry, and each of the largest alone.
+        assert!(entries > 3 + 1000 / 32, "{entries} entries");
+        // One byte more than the log takes never reaches the queue.
+        let larger = completion(9, ENTRY_COMMANDS_BYTES_MAX);
+        let refused = command_bytes(&larger);
+        assert!(
+            matches!(refused, Err(Error::CommandTooLarge { max, .. }) if max == ENTRY_COMMANDS_BYTES_MAX),
+            "{refused:?}"
+        );
     }
 
     /// Upkeep waits only for learners one round trip away: every learner
