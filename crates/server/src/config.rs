@@ -78,6 +78,11 @@ pub struct Config {
     /// a new connection from that address is accepted and closed at once.
     #[serde(default = "d_connections_per_address_max")]
     pub connections_per_address_max: usize,
+    /// New connections of the API listener one client address may open a
+    /// second (and as many at once); past this a new connection from that
+    /// address is accepted and closed at once.
+    #[serde(default = "d_new_connections_per_address_per_second")]
+    pub new_connections_per_address_per_second: u32,
     /// A connection must send a whole request head within this long of opening
     /// or of its previous answer, else it is closed (also the keep-alive idle limit).
     #[serde(default = "d_header_read_timeout", with = "humantime_serde_compat")]
@@ -236,6 +241,9 @@ fn d_connections_max() -> usize {
 fn d_connections_per_address_max() -> usize {
     limits::CONNECTIONS_PER_ADDRESS_MAX_DEFAULT
 }
+fn d_new_connections_per_address_per_second() -> u32 {
+    limits::NEW_CONNECTIONS_PER_ADDRESS_PER_SECOND_DEFAULT
+}
 fn d_header_read_timeout() -> Duration {
     Duration::from_millis(limits::HEADER_READ_TIMEOUT_MS_DEFAULT)
 }
@@ -309,6 +317,7 @@ impl Config {
             tenant_new_keys_per_second: d_new_keys_per_second(),
             connections_max: d_connections_max(),
             connections_per_address_max: d_connections_per_address_max(),
+            new_connections_per_address_per_second: d_new_connections_per_address_per_second(),
             header_read_timeout: d_header_read_timeout(),
             fingerprint_hmac_key_env: None,
             psp_url: None,
@@ -494,9 +503,14 @@ impl Config {
                 limits::MOVE_DRIVER_LEASE_MS_MIN
             )));
         }
-        if self.connections_max == 0 || self.connections_per_address_max == 0 {
+        if self.connections_max == 0
+            || self.connections_per_address_max == 0
+            || self.new_connections_per_address_per_second == 0
+        {
             return Err(Error::Config(
-                "connections_max and connections_per_address_max must be greater than zero".into(),
+                "connections_max, connections_per_address_max and \
+                 new_connections_per_address_per_second must be greater than zero"
+                    .into(),
             ));
         }
         if self.header_read_timeout.is_zero() {

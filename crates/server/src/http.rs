@@ -7,8 +7,9 @@
 //! only, as it did under axum's default features). What it guarantees:
 //! - the loop never stops accepting: a connection from an address that already
 //!   holds `connections_per_address_max` connections, or one past
-//!   `connections_max` in all, is accepted and closed at once. One client can
-//!   hold at most its own share, and neither the kernel's backlog nor the
+//!   `connections_max` in all, or one past the address's
+//!   `new_connections_per_address_per_second`, is accepted and closed at once.
+//!   One client can hold at most its own share, and neither the kernel's backlog nor the
 //!   node's descriptors fill up behind it (probe d44e5cf, O1);
 //! - a connection must deliver a complete request head within
 //!   `header_read_timeout` of opening, and again within that long of its previous
@@ -41,8 +42,8 @@
 //! before the client read the answer.
 
 use crate::limits::{
-    ACCEPT_BACKLOG, ACCEPT_ERROR_BACKOFF_MS, DRAIN_BYTES_MAX, DRAIN_MS, HEAD_BYTES_MAX,
-    HEAD_LINES_MAX, READ_CHUNK_BYTES, SHUTDOWN_DRAIN_MS,
+    ACCEPT_BACKLOG, ACCEPT_ERROR_BACKOFF_MS, CONNECTION_RATE_ADDRESSES_MAX, DRAIN_BYTES_MAX,
+    DRAIN_MS, HEAD_BYTES_MAX, HEAD_LINES_MAX, READ_CHUNK_BYTES, SHUTDOWN_DRAIN_MS,
 };
 use axum::body::Body;
 use axum::extract::Request;
@@ -54,6 +55,7 @@ use keyhold_httphead::{BodyFollower, HeadScan, Limits, Refusal, Scan, Step};
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::IpAddr;
+use std::num::NonZeroU32;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -69,6 +71,8 @@ use tower::ServiceExt;
 pub struct ConnectionLimits {
     pub connections_max: usize,
     pub connections_per_address_max: usize,
+    /// Also the burst: as many at once.
+    pub new_connections_per_address_per_second: u32,
     pub header_read_timeout: Duration,
 }
 
@@ -174,6 +178,8 @@ pub async fn serve(
 struct Slots {
     limits: ConnectionLimits,
     open: Mutex<Open>,
+    /// New connections per client address.
+    rate: governor::DefaultKeyedRateLimiter<IpAddr>,
 }
 
 #[derive(Default)]
@@ -184,22 +190,37 @@ struct Open {
 
 impl Slots {
     fn new(limits: ConnectionLimits) -> Slots {
+        let per_second = NonZeroU32::new(limits.new_connections_per_address_per_second)
+            .expect("validated by Config::validate: greater than zero");
         Slots {
             limits,
             open: Mutex::new(Open::default()),
+            rate: governor::RateLimiter::keyed(governor::Quota::per_second(per_second)),
         }
+    }
+
+    /// Whether `address` may open one more connection now, by its rate.
+    fn within_rate(&self, address: IpAddr) -> bool {
+        let allowed = self.rate.check_key(&address).is_ok();
+        if self.rate.len() > CONNECTION_RATE_ADDRESSES_MAX {
+            self.rate.retain_recent();
+        }
+        allowed
     }
 
     /// A slot for one more connection from `address`, unless that address or
     /// the node is at its limit.
     fn admit(self: &Arc<Self>, address: IpAddr) -> Option<Slot> {
         let mut open = self.open.lock().expect("slots lock");
+        // The rate is asked last: a connection refused anyway spends none of it.
         let refused = if open.total >= self.limits.connections_max {
             Some("connections_max")
         } else if open.by_address.get(&address).copied().unwrap_or(0)
             >= self.limits.connections_per_address_max
         {
             Some("connections_per_address_max")
+        } else if !self.within_rate(address) {
+            Some("new_connections_per_address_per_second")
         } else {
             None
         };
@@ -481,6 +502,7 @@ mod tests {
     const LIMITS: ConnectionLimits = ConnectionLimits {
         connections_max: 64,
         connections_per_address_max: 4,
+        new_connections_per_address_per_second: 1_000,
         header_read_timeout: Duration::from_secs(60),
     };
 
@@ -675,6 +697,49 @@ mod tests {
             "{:?}",
             String::from_utf8_lossy(&out)
         );
+    }
+
+    /// A flood of short-lived connections from one address (probe d44e5cf,
+    /// O2): past its rate each is closed at once, while another address is
+    /// served, and the allowance comes back with time.
+    #[tokio::test]
+    async fn one_address_opening_connections_too_fast_is_cut_and_others_are_served() {
+        const PER_SECOND: u32 = 5;
+        let limits = ConnectionLimits {
+            new_connections_per_address_per_second: PER_SECOND,
+            connections_per_address_max: 64,
+            ..LIMITS
+        };
+        let (addr, _) = start(limits).await;
+        let get = |mut stream: TcpStream| async move {
+            let _ = stream
+                .write_all(b"GET / HTTP/1.1\r\nconnection: close\r\n\r\n")
+                .await;
+            let mut out = Vec::new();
+            let _ =
+                tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut out)).await;
+            out.starts_with(b"HTTP/1.1 200")
+        };
+        let mut served = 0;
+        for _ in 0..PER_SECOND * 3 {
+            let stream = TcpStream::connect(addr).await.expect("connect");
+            served += u32::from(get(stream).await);
+        }
+        // The burst, and what a second refills during the loop at most.
+        assert!(
+            (PER_SECOND..PER_SECOND * 2).contains(&served),
+            "{served} of {} served",
+            PER_SECOND * 3
+        );
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket
+            .bind("127.0.0.2:0".parse().expect("addr"))
+            .expect("bind 127.0.0.2");
+        let other = socket.connect(addr).await.expect("connect from 127.0.0.2");
+        assert!(get(other).await, "another address is served");
+        tokio::time::sleep(Duration::from_millis(1_000 / u64::from(PER_SECOND) * 2)).await;
+        let again = TcpStream::connect(addr).await.expect("connect");
+        assert!(get(again).await, "the allowance comes back");
     }
 
     #[tokio::test]

@@ -226,6 +226,9 @@ pub async fn serve(
     let limits = http::ConnectionLimits {
         connections_max: node.config().connections_max,
         connections_per_address_max: node.config().connections_per_address_max,
+        new_connections_per_address_per_second: node
+            .config()
+            .new_connections_per_address_per_second,
         header_read_timeout: node.config().header_read_timeout,
     };
     http::serve(listener, app, limits, shutdown).await?;

@@ -39,6 +39,17 @@ pub const CONNECTIONS_MAX_DEFAULT: usize = 4_096;
 /// one address opens (the load generator and the benches use a few hundred
 /// connections from 127.0.0.1), and a quarter of `CONNECTIONS_MAX_DEFAULT`.
 pub const CONNECTIONS_PER_ADDRESS_MAX_DEFAULT: usize = 1_024;
+/// New connections one client address may open a second, by default (and as
+/// many at once); `Config::new_connections_per_address_per_second`. Past it a
+/// new connection from that address is accepted and closed at once, before
+/// any TLS-free byte is read: a flood of short-lived connections from one
+/// address (probe d44e5cf, O2: 250 a second kept other clients at 3 of 13)
+/// costs the node an accept and a close each. A load generator's pool opens
+/// its connections once and keeps them.
+pub const NEW_CONNECTIONS_PER_ADDRESS_PER_SECOND_DEFAULT: u32 = 1_000;
+/// Client addresses the connection rate limiter remembers before it forgets
+/// those whose allowance is full again (`governor`'s `retain_recent`).
+pub const CONNECTION_RATE_ADDRESSES_MAX: usize = 65_536;
 /// A connection must deliver a whole request head within this long of opening
 /// or of its previous answer; `Config::header_read_timeout`. Also the idle
 /// limit of keep-alive connections.
