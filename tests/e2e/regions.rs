@@ -448,7 +448,9 @@ fn send_until_ack(
             (503, Some("tenant-moving")) => {
                 stats.tenant_moving.fetch_add(1, Ordering::Relaxed);
             }
-            (503, Some("owner-unreachable")) => {
+            // A home whose standby trails past `max_standby_lag` under this
+            // load holds its answers back the same way: retried with the key.
+            (503, Some("owner-unreachable" | "standby-unreachable")) => {
                 stats.owner_unreachable.fetch_add(1, Ordering::Relaxed);
             }
             (409, Some("request-in-progress")) => {
