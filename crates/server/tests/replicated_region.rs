@@ -726,7 +726,7 @@ async fn a_region_survival_tenant_is_answered_only_once_its_standby_holds_the_or
     let problem: Value = serde_json::from_slice(&unheld.body).unwrap();
     assert_eq!(
         problem["type"],
-        "https://keyhold.dev/problems/store-unavailable"
+        "https://keyhold.dev/problems/standby-unreachable"
     );
     assert!(took >= wait, "answered after {took:?}");
     // Its retry replays from the store, and still waits for b.
