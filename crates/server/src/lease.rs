@@ -14,11 +14,21 @@
 //!
 //! Two more rules make a failover safe. A region being failed over is fenced:
 //! the leader refuses its nodes' probes and a leader in it counts no contact
-//! of its own, so it stops within one lease of the fence's commit, which is
-//! what the failover waits out. And a contact counts only once this node's
+//! of its own (it still answers the other regions), so it stops within one
+//! lease of the fence's commit, which is what the failover waits out. And a contact counts only once this node's
 //! registry replica has applied what the leader had applied when it answered:
 //! a region coming back from isolation must not execute on a replica that
 //! has not seen its tenants re-homed.
+//!
+//! A leader answers probers only with a contact it proved itself in its
+//! current term, and reads the fence only after that proof. A newly elected
+//! leader applies its predecessor's committed entries (a `BeginFailover`
+//! among them) only once its own first entry commits; before that its
+//! replica may not show a fence the failover driver already waits on, and
+//! the contact it holds may be one it recorded as a follower. The proof
+//! (`ensure_linearizable`) returns only after the leader applied everything
+//! committed before its term, so a fence committed by any earlier leader is
+//! seen by then.
 
 use crate::limits::{REGION_LEASE_MS, REGISTRY_CONTACT_PROBE_MS, REGISTRY_CONTACT_TIMEOUT_MS};
 use crate::node::Node;
@@ -33,6 +43,9 @@ use tokio::sync::watch;
 #[derive(Debug, Default)]
 pub struct Lease {
     contact: Mutex<Option<Instant>>,
+    /// The last contact this node proved as the registry's leader, with the
+    /// term it led in: the only contact it passes on to probers.
+    proven: Mutex<Option<Proven>>,
     /// Woken whenever a contact is recorded.
     renewed: tokio::sync::Notify,
 }
@@ -69,6 +82,25 @@ impl Lease {
             .map(|at| at.elapsed())
     }
 
+    /// Records a contact at `at` that this node proved as the registry's leader
+    /// of `term`, after applying everything committed before that term: what
+    /// it answers probers with. Its own lease is `record`ed apart.
+    fn record_proven(&self, term: u64, at: Instant) {
+        let mut proven = self.proven.lock().expect("not poisoned");
+        if proven.is_none_or(|known| (term, at) > (known.term, known.at)) {
+            *proven = Some(Proven { term, at });
+        }
+    }
+
+    /// How long ago this node proved a contact as the registry's leader of
+    /// `term`; `None` if it proved none in that term.
+    fn proven_age(&self, term: u64) -> Option<Duration> {
+        let proven = *self.proven.lock().expect("not poisoned");
+        proven
+            .filter(|proven| proven.term == term)
+            .map(|proven| proven.at.elapsed())
+    }
+
     /// Records a contact at `at`; an older one than known changes nothing.
     fn record(&self, at: Instant) {
         let mut contact = self.contact.lock().expect("not poisoned");
@@ -78,6 +110,13 @@ impl Lease {
         drop(contact);
         self.renewed.notify_waiters();
     }
+}
+
+/// A contact proved by this node's own leadership check.
+#[derive(Debug, Clone, Copy)]
+struct Proven {
+    term: u64,
+    at: Instant,
 }
 
 /// The registry leader's answer to a contact probe.
@@ -95,22 +134,29 @@ pub struct QuorumAge {
 /// Why the registry leader gives no contact to a prober.
 #[derive(Debug, PartialEq, Eq)]
 pub enum NoContact {
-    /// This node does not lead the registry (or has no contact itself).
+    /// This node does not lead the registry, or has proved no contact in its
+    /// current term yet (a new leader, before it applied its predecessor's
+    /// entries).
     NotLeader,
     /// The prober's region is being failed over: it must stop executing.
     Fenced { operation_id: String },
 }
 
-/// On the registry leader: the age of its own contact, for a prober of
-/// `region` (when the prober named it).
+/// On the registry leader: the age of the contact it proved in its current
+/// term, for a prober of `region` (when the prober named it). The fence is
+/// read after that proof, which applied every entry committed before the term.
 pub fn quorum_age(node: &Node, region: Option<&str>) -> Result<QuorumAge, NoContact> {
-    if !leads_registry(node) {
+    let metrics = node.registry().metrics();
+    if metrics.current_leader != Some(node.registry().id()) {
         return Err(NoContact::NotLeader);
     }
+    let age = node
+        .lease()
+        .proven_age(metrics.current_term)
+        .ok_or(NoContact::NotLeader)?;
     if let Some(operation_id) = region.and_then(|r| fenced(node, r)) {
         return Err(NoContact::Fenced { operation_id });
     }
-    let age = node.lease().age().ok_or(NoContact::NotLeader)?;
     Ok(QuorumAge {
         millis_since_quorum_ack: u64::try_from(age.as_millis()).unwrap_or(u64::MAX),
         registry_index: node.registry().applied_index(),
@@ -126,34 +172,41 @@ fn fenced(node: &Node, region: &str) -> Option<String> {
     })
 }
 
-fn leads_registry(node: &Node) -> bool {
-    node.registry().leader() == Some(node.registry().id())
-}
-
 /// Renews the lease until `stop`: every `REGISTRY_CONTACT_PROBE_MS`, from the
 /// local registry replica when this node leads it, else by asking the leader.
 pub async fn run(node: Arc<Node>, stop: watch::Receiver<bool>) {
     let mut ticker = crate::Ticker::new(Duration::from_millis(REGISTRY_CONTACT_PROBE_MS), stop);
     while ticker.tick().await {
-        if let Some(at) = probe(&node).await {
-            node.lease().record(at);
-        }
+        probe(&node).await;
         if let Some(age) = node.lease().age() {
             metrics::gauge!("keyhold_registry_contact_age_seconds").set(age.as_secs_f64());
         }
     }
 }
 
-/// One contact probe: the instant of the last quorum acknowledgement it proves.
-async fn probe(node: &Node) -> Option<Instant> {
+/// One contact probe: records the last quorum acknowledgement it proves.
+async fn probe(node: &Node) -> Option<()> {
     let sent = Instant::now();
     let wait = Duration::from_millis(REGISTRY_CONTACT_TIMEOUT_MS);
+    // Read before the check: a term that changed meanwhile only makes the
+    // proof count for no term this node leads, never for a later one.
+    let metrics = node.registry().metrics();
+    if metrics.current_leader == Some(node.registry().id()) {
+        let confirmed = tokio::time::timeout(wait, node.registry().raft().ensure_linearizable());
+        if !matches!(confirmed.await, Ok(Ok(_))) {
+            return None;
+        }
+        // Other regions' probers are answered even while this one is fenced.
+        node.lease().record_proven(metrics.current_term, sent);
+        // Only now does the replica show a fence committed by an earlier leader.
+        if fenced(node, node.region()).is_some() {
+            return None;
+        }
+        node.lease().record(sent);
+        return Some(());
+    }
     if fenced(node, node.region()).is_some() {
         return None;
-    }
-    if leads_registry(node) {
-        let confirmed = tokio::time::timeout(wait, node.registry().raft().ensure_linearizable());
-        return matches!(confirmed.await, Ok(Ok(_))).then_some(sent);
     }
     let leader = node.registry().leader()?;
     let info = node.registry().nodes().get(&leader)?.clone();
@@ -183,5 +236,7 @@ async fn probe(node: &Node) -> Option<Instant> {
     if fenced(node, node.region()).is_some() {
         return None;
     }
-    sent.checked_sub(Duration::from_millis(age.millis_since_quorum_ack))
+    let at = sent.checked_sub(Duration::from_millis(age.millis_since_quorum_ack))?;
+    node.lease().record(at);
+    Some(())
 }

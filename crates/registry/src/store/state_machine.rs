@@ -15,6 +15,7 @@ use std::fmt::Debug;
 use std::io::Cursor;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::Duration;
 
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder, StorageIOError};
@@ -23,7 +24,7 @@ use tokio::sync::watch;
 
 use super::{decode_value, TREE_SNAPSHOT, TREE_STATE};
 use crate::codec;
-use crate::state::{RegistryState, Response, StateKey};
+use crate::state::{RegistryState, Request, Response, StateKey};
 use crate::types::{
     Entry, LogId, NodeId, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
 };
@@ -40,6 +41,12 @@ const PREFIX_FAILOVER_TAIL: &str = "failover-tail/";
 const PREFIX_STANDBY_LOST: &str = "standby-lost/";
 const PREFIX_NODE: &[u8] = b"node/";
 const KEY_SNAPSHOT: &[u8] = b"current";
+
+/// Set in a node's environment (milliseconds) when its replica opens, the
+/// replica applies each entry that begins a failover that much later: the one
+/// way tests hold a replica that has a committed fence in its log but not in
+/// its state (as a newly elected leader has until its first entry commits).
+const FAULT_FAILOVER_APPLY_DELAY_MS: &str = "KEYHOLD_FAULT_REGISTRY_FAILOVER_APPLY_DELAY_MS";
 
 /// The last snapshot built or installed, kept so that it survives a restart and can be
 /// sent to a lagging follower.
@@ -67,6 +74,8 @@ struct Shared {
     applied_index: watch::Sender<u64>,
     /// Makes snapshot ids unique within a process; ids only need to differ, not order.
     snapshot_seq: AtomicU64,
+    /// `FAULT_FAILOVER_APPLY_DELAY_MS` when the replica opened.
+    failover_apply_delay: Option<Duration>,
 }
 
 /// The registry's state machine. Cloning is cheap and shares the same state; the
@@ -372,6 +381,12 @@ fn decode_snapshot_state(data: &[u8]) -> Result<RegistryState, bincode::error::D
     }
 }
 
+/// `FAULT_FAILOVER_APPLY_DELAY_MS` from the environment, if set.
+fn failover_apply_delay() -> Option<Duration> {
+    let ms = std::env::var(FAULT_FAILOVER_APPLY_DELAY_MS).ok()?;
+    ms.parse::<u64>().ok().map(Duration::from_millis)
+}
+
 impl StateMachineStore {
     pub(crate) fn new(db: &sled::Db) -> Result<Self, crate::Error> {
         let tree = db.open_tree(TREE_STATE)?;
@@ -387,8 +402,29 @@ impl StateMachineStore {
                 applied: RwLock::new(applied),
                 applied_index,
                 snapshot_seq: AtomicU64::new(0),
+                failover_apply_delay: failover_apply_delay(),
             }),
         })
+    }
+
+    /// Waits out `FAULT_FAILOVER_APPLY_DELAY_MS` before `entries` are applied if
+    /// one of them begins a failover; nothing when the fault is not set.
+    async fn delay_if_faulted(&self, entries: &[Entry]) {
+        let Some(delay) = self.shared.failover_apply_delay else {
+            return;
+        };
+        let begins_failover = entries.iter().any(|entry| {
+            matches!(
+                &entry.payload,
+                EntryPayload::Normal(Request::BeginFailover { .. })
+            )
+        });
+        if begins_failover {
+            tracing::error!(
+                "{FAULT_FAILOVER_APPLY_DELAY_MS} is set: applying a failover's begin {delay:?} late"
+            );
+            tokio::time::sleep(delay).await;
+        }
     }
 
     // A poisoned lock means a panic while applying; the state itself is still the last
@@ -494,6 +530,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
+        let entries: Vec<Entry> = entries.into_iter().collect();
+        // Before any lock: local reads go on while the fault holds the apply.
+        self.delay_if_faulted(&entries).await;
         let mut responses = Vec::new();
         let mut batch = sled::Batch::default();
         let last_applied = {
