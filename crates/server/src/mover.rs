@@ -7,8 +7,11 @@
 //! leader's clock) and renews it with every progress report. A successor (the
 //! registry leader's watchdog) gets the lease only once it expired, with a
 //! higher generation; from then on the registry refuses the old driver's
-//! reports and its `FinishMove`, and the new home refuses its imports, so a
-//! driver that was only slow can no longer write anything.
+//! reports and its `FinishMove`, and the new home refuses its imports (each
+//! import command names the generation, and the store refuses one older than
+//! any it took for the move), so a driver that was only slow can no longer
+//! write anything. A driver stops at the first renewal that is refused or
+//! cannot be written: it may have lost its lease without hearing so.
 //!
 //! The lease's holder is the node's registry id, which a node keeps across
 //! restarts: a node that comes back resumes the moves whose lease it holds at
@@ -212,6 +215,38 @@ struct Driver<'a> {
     /// When the old home was fenced (the tenant's requests answer 503 from
     /// then until the registry commit).
     fenced_at: Option<Instant>,
+    /// A renewal could not be written: this driver may have lost the lease
+    /// without hearing so, and stops without finishing the move.
+    lease_unknown: bool,
+}
+
+/// What one renewal of a driver's lease (a progress report) tells it.
+#[derive(Debug, PartialEq)]
+enum Renewal {
+    Renewed,
+    /// The registry refused it: the lease is another driver's, or the move
+    /// ended. The driver stops and its `FinishMove` is refused likewise.
+    Refused(String),
+    /// The write failed (no leader, a timeout): the lease may run out
+    /// unrenewed while this driver goes on, and a successor may take the
+    /// move over meanwhile. The driver stops and leaves the move running:
+    /// the watchdog resumes it (this node's at once, under the lease it
+    /// still holds; the registry leader's once the lease expired).
+    Unknown(String),
+}
+
+/// The renewal a progress report's registry write amounts to.
+fn renewal(written: Result<RegistryResponse, String>) -> Renewal {
+    match written {
+        Ok(response) => match response.rejection() {
+            Some(reason @ Rejection::NotDriver { .. }) => {
+                Renewal::Refused(format!("this driver lost the lease: {reason}"))
+            }
+            Some(reason) => Renewal::Refused(format!("the operation ended: {reason}")),
+            None => Renewal::Renewed,
+        },
+        Err(e) => Renewal::Unknown(format!("the lease was not renewed: {e}")),
+    }
 }
 
 /// Set in a node's environment (milliseconds), its drivers wait that long
@@ -253,6 +288,7 @@ async fn acquire(node: &Node, job: MoveJob) -> Option<Driver<'_>> {
                 generation: lease.generation,
                 lease_index: written.log_index,
                 fenced_at: None,
+                lease_unknown: false,
             })
         }
         other => {
@@ -271,6 +307,12 @@ async fn drive(node: Arc<Node>, job: MoveJob) {
     metrics::gauge!("keyhold_moves_running").increment(1.0);
     let result = driver.copy().await;
     let job = &driver.job;
+    if driver.lease_unknown {
+        let error = result.err().unwrap_or_default();
+        tracing::error!(tenant = %job.tenant_id, operation = %job.operation_id, error, "move driver stopped; the watchdog resumes the move");
+        metrics::gauge!("keyhold_moves_running").decrement(1.0);
+        return;
+    }
     if let Err(error) = &result {
         tracing::error!(tenant = %job.tenant_id, from = %job.from, to = %job.to, error, "tenant move failed; aborting");
         metrics::counter!("keyhold_moves_failed_total").increment(1);
@@ -343,8 +385,8 @@ async fn call(
 }
 
 impl Driver<'_> {
-    /// Reports progress and renews the lease; a refusal means this driver lost
-    /// the lease (a successor took over) or the move ended, which stops it.
+    /// Reports progress and renews the lease; anything but a renewal stops
+    /// the driver (`Renewal`).
     async fn report(&mut self, fraction: f64) -> Result<(), String> {
         let request = Request::ReportMove {
             operation_id: self.job.operation_id.clone(),
@@ -353,17 +395,13 @@ impl Driver<'_> {
             lease_ms: lease_ms(self.node),
             now_ms: now().0,
         };
-        match self.node.registry().write(request).await {
-            Ok(written) => match written.response.rejection() {
-                Some(reason @ Rejection::NotDriver { .. }) => {
-                    Err(format!("this driver lost the lease: {reason}"))
-                }
-                Some(reason) => Err(format!("the operation ended: {reason}")),
-                None => Ok(()),
-            },
-            Err(e) => {
-                tracing::warn!(operation = %self.job.operation_id, error = %e, "progress not recorded");
-                Ok(())
+        let written = self.node.registry().write(request).await;
+        match renewal(written.map(|w| w.response).map_err(|e| e.to_string())) {
+            Renewal::Renewed => Ok(()),
+            Renewal::Refused(reason) => Err(reason),
+            Renewal::Unknown(reason) => {
+                self.lease_unknown = true;
+                Err(reason)
             }
         }
     }
@@ -488,5 +526,32 @@ impl Driver<'_> {
                 _ = tokio::time::sleep(renew_every(self.node)) => self.report(0.0).await?,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A renewal the registry did not take stops the driver like a refused
+    /// one (defect N6 of review-d44e5cf: it counted as renewed, so a driver
+    /// cut off from the registry kept driving past its lease, beside the
+    /// successor the registry gave the move to).
+    #[test]
+    fn a_renewal_that_was_not_written_stops_the_driver() {
+        let failed = renewal(Err("no leader after 3 attempts".into()));
+        assert!(matches!(failed, Renewal::Unknown(_)), "{failed:?}");
+        assert_eq!(
+            renewal(Ok(RegistryResponse::Ok)),
+            Renewal::Renewed,
+            "an accepted report renews"
+        );
+        let lost = renewal(Ok(RegistryResponse::Rejected {
+            reason: Rejection::NotDriver {
+                operation_id: "op".into(),
+                generation: 1,
+            },
+        }));
+        assert!(matches!(lost, Renewal::Refused(_)), "{lost:?}");
     }
 }

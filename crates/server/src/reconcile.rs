@@ -265,6 +265,11 @@ async fn fence(node: &Node, tenant: &TenantId, operation_id: &str) -> Result<(),
             "tenant {} not fenced: the store's guard is {current:?}",
             tenant.as_str()
         )),
+        // Only an import answers it, never a fence.
+        GuardOutcome::Superseded { generation } => Err(format!(
+            "tenant {} not fenced: imported by a driver of generation {generation}",
+            tenant.as_str()
+        )),
     }
 }
 

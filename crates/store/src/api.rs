@@ -437,19 +437,24 @@ impl Store {
         .await
     }
 
-    /// Writes a final-pass page of `tenant`'s changes for its move
-    /// `operation_id` at `epoch`.
-    pub async fn import_changes(
+    /// Writes one page of `tenant`'s move `operation_id` at `epoch` for the
+    /// driver holding the move's lease at `generation`: a first-pass page
+    /// (`page.removed` empty) or a final-pass page of changes. Answers
+    /// `GuardOutcome::Superseded` once a driver of a later generation
+    /// imported for that move.
+    pub async fn import_page(
         &self,
         tenant: TenantId,
         operation_id: String,
         epoch: u64,
+        generation: u64,
         page: ChangePage,
     ) -> Result<GuardOutcome, Error> {
-        self.run(Command::ImportChanges {
+        self.run(Command::ImportPage {
             tenant,
             operation_id,
             epoch,
+            generation,
             page,
         })
         .await
@@ -910,7 +915,7 @@ mod tests {
             "{imported:?}"
         );
         let changes = store
-            .import_changes(t("t2"), "op2".into(), 1, ChangePage::default())
+            .import_page(t("t2"), "op2".into(), 1, 3, ChangePage::default())
             .await
             .unwrap();
         assert!(

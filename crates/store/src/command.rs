@@ -315,6 +315,23 @@ pub enum Command {
         pages: u32,
         listed: u64,
     },
+    /// `Import` or `ImportChanges` by the driver of the move `operation_id`
+    /// at `epoch` that holds the move's lease at `generation`: writes
+    /// `page.entries` and deletes the tenant's `page.removed` under that
+    /// move's `Importing` guard. The store keeps, beside the guard, the
+    /// highest generation that imported under it, and refuses a page of a
+    /// lower one (`GuardOutcome::Superseded`, nothing changes): a superseded
+    /// driver's page, paced or queued behind the registry check that let it
+    /// through, must not land over what its successor imported since.
+    /// Added after every older variant, so older logs decode as before;
+    /// their `Import` and `ImportChanges` count as generation 0.
+    ImportPage {
+        tenant: TenantId,
+        operation_id: String,
+        epoch: u64,
+        generation: u64,
+        page: ChangePage,
+    },
 }
 
 /// One event's inventory effect within `Command::ConsumeInventoryBatch`.
@@ -430,6 +447,9 @@ pub enum GuardOutcome {
     /// Nothing changed: the store's guard `current` is of a later epoch or
     /// another operation.
     Refused { current: TenantGuard },
+    /// Nothing changed: a driver of the same move at the later lease
+    /// `generation` imported under the tenant's guard (`Command::ImportPage`).
+    Superseded { generation: u64 },
 }
 
 /// One stored entry of a tenant, as moved between regions: the key and the
@@ -847,5 +867,70 @@ mod tests {
             bytes_max: 3,
         };
         assert_eq!(held.encode()[0], 26);
+    }
+
+    /// The generation of a move's imports (`ImportPage`, issue 37) came after
+    /// every older variant: the `Import` and `ImportChanges` bytes of older
+    /// logs decode to the same commands.
+    #[test]
+    fn imports_of_older_logs_decode_as_before_and_import_page_comes_last() {
+        // `Import` is variant 11, `ImportChanges` 15; the report's pages
+        // (28, 29) were the last before `ImportPage`.
+        let report = Command::StageOrphans {
+            operation_id: "op".into(),
+            page: 0,
+            orphans: vec![],
+        };
+        assert_eq!(report.encode()[0], 28);
+        let mut old_import = vec![11, 2];
+        old_import.extend_from_slice(b"t1");
+        old_import.push(2);
+        old_import.extend_from_slice(b"op");
+        old_import.extend_from_slice(&[3, 1, 1, b'k', 1, b'v']);
+        let entry = ExportEntry {
+            key: b"k".to_vec(),
+            payload: b"v".to_vec(),
+        };
+        let decoded = Command::decode(&old_import).unwrap();
+        assert_eq!(
+            decoded,
+            Command::Import {
+                tenant: TenantId::parse("t1").unwrap(),
+                operation_id: "op".into(),
+                epoch: 3,
+                entries: vec![entry.clone()],
+            }
+        );
+        assert_eq!(decoded.encode(), old_import);
+        let mut old_changes = vec![15, 2];
+        old_changes.extend_from_slice(b"t1");
+        old_changes.push(2);
+        old_changes.extend_from_slice(b"op");
+        old_changes.extend_from_slice(&[3, 0, 1, 1, b'r']);
+        assert_eq!(
+            Command::decode(&old_changes).unwrap(),
+            Command::ImportChanges {
+                tenant: TenantId::parse("t1").unwrap(),
+                operation_id: "op".into(),
+                epoch: 3,
+                page: ChangePage {
+                    entries: vec![],
+                    removed: vec![b"r".to_vec()],
+                },
+            }
+        );
+        let page = Command::ImportPage {
+            tenant: TenantId::parse("t1").unwrap(),
+            operation_id: "op".into(),
+            epoch: 3,
+            generation: 2,
+            page: ChangePage {
+                entries: vec![entry],
+                removed: vec![],
+            },
+        };
+        let bytes = page.encode();
+        assert_eq!(bytes[0], 30);
+        assert_eq!(Command::decode(&bytes).unwrap(), page);
     }
 }

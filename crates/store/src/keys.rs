@@ -157,6 +157,15 @@ pub fn guard(tenant: &TenantId) -> Vec<u8> {
     key
 }
 
+/// The newest driver generation that imported the tenant under its
+/// `Importing` guard (`Command::ImportPage`), kept beside the guard, whose
+/// stored form older releases wrote and read, and dropped with it.
+pub fn import_driver(tenant: &TenantId) -> Vec<u8> {
+    let mut key = b"simport_driver:".to_vec();
+    key.extend_from_slice(tenant.as_str().as_bytes());
+    key
+}
+
 /// Prefix of the tenants whose changes are tracked (`Tracking`).
 pub const TRACKING_PREFIX: &[u8] = b"strack:";
 

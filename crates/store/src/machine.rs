@@ -26,6 +26,7 @@ use keyhold_core::{
     OrderStatus, OwnerCheck, OwnerToken, Record, RecordState, Scope, TenantId, UnixMillis,
 };
 use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 
 pub struct Machine {
@@ -107,6 +108,25 @@ enum Guards {
 }
 
 /// The writes of one command, plus the batch number stamped on every value.
+/// One page of a move's import, as its command names it.
+struct Page<'a> {
+    operation_id: &'a str,
+    epoch: u64,
+    /// The importing driver's lease generation (0: a command without one).
+    generation: u64,
+    entries: &'a [ExportEntry],
+    removed: &'a [Vec<u8>],
+}
+
+/// The newest driver generation that imported a tenant under its
+/// `Importing` guard of `operation_id` at `epoch` (`keys::import_driver`).
+#[derive(Debug, Serialize, Deserialize)]
+struct ImportDriver {
+    operation_id: String,
+    epoch: u64,
+    generation: u64,
+}
+
 struct Writes {
     changes: Changes,
     number: u64,
@@ -541,26 +561,56 @@ impl View<'_> {
                 operation_id,
                 epoch,
                 entries,
-            } => match self.import(w, tenant, operation_id, *epoch, entries, &[])? {
-                Ok(outcome) => Applied::Guard(outcome),
-                Err(rejection) => return Ok(Err(rejection)),
-            },
+            } => {
+                let page = Page {
+                    operation_id,
+                    epoch: *epoch,
+                    generation: 0,
+                    entries,
+                    removed: &[],
+                };
+                match self.import(w, tenant, page)? {
+                    Ok(outcome) => Applied::Guard(outcome),
+                    Err(rejection) => return Ok(Err(rejection)),
+                }
+            }
             Command::ImportChanges {
                 tenant,
                 operation_id,
                 epoch,
                 page,
-            } => match self.import(
-                w,
+            } => {
+                let page = Page {
+                    operation_id,
+                    epoch: *epoch,
+                    generation: 0,
+                    entries: &page.entries,
+                    removed: &page.removed,
+                };
+                match self.import(w, tenant, page)? {
+                    Ok(outcome) => Applied::Guard(outcome),
+                    Err(rejection) => return Ok(Err(rejection)),
+                }
+            }
+            Command::ImportPage {
                 tenant,
                 operation_id,
-                *epoch,
-                &page.entries,
-                &page.removed,
-            )? {
-                Ok(outcome) => Applied::Guard(outcome),
-                Err(rejection) => return Ok(Err(rejection)),
-            },
+                epoch,
+                generation,
+                page,
+            } => {
+                let page = Page {
+                    operation_id,
+                    epoch: *epoch,
+                    generation: *generation,
+                    entries: &page.entries,
+                    removed: &page.removed,
+                };
+                match self.import(w, tenant, page)? {
+                    Ok(outcome) => Applied::Guard(outcome),
+                    Err(rejection) => return Ok(Err(rejection)),
+                }
+            }
             Command::TrackChanges {
                 tenant,
                 operation_id,
@@ -766,23 +816,46 @@ impl View<'_> {
     }
 
     /// Writes one page of a move into `w` under the `Importing` guard of the
-    /// move `operation_id` at `epoch`: `entries` as they are at the old home,
-    /// and deletions of the tenant's `removed` keys. A store that moved past
-    /// that move refuses (a value); an entry or key that is not the tenant's
-    /// movable data is a rejection.
+    /// move `page.operation_id` at `page.epoch`: `page.entries` as they are at
+    /// the old home, and deletions of the tenant's `page.removed` keys. A store
+    /// that moved past that move refuses (a value), and so does one where a
+    /// driver of a later generation imported under that guard; an entry or key
+    /// that is not the tenant's movable data is a rejection.
     fn import(
         &self,
         w: &mut Writes,
         tenant: &TenantId,
-        operation_id: &str,
-        epoch: u64,
-        entries: &[ExportEntry],
-        removed: &[Vec<u8>],
+        page: Page<'_>,
     ) -> Result<Result<GuardOutcome, Rejection>, Error> {
+        let Page {
+            operation_id,
+            epoch,
+            generation,
+            entries,
+            removed,
+        } = page;
+        let driver_key = keys::import_driver(tenant);
+        let newest = self
+            .get::<ImportDriver>(&driver_key)?
+            .filter(|d| d.operation_id == operation_id && d.epoch == epoch);
+        if let Some(newest) = newest.as_ref().filter(|d| d.generation > generation) {
+            return Ok(Ok(GuardOutcome::Superseded {
+                generation: newest.generation,
+            }));
+        }
         let outcome = self.guard_for_import(w, tenant, operation_id, epoch)?;
         let GuardOutcome::Accepted { guard, .. } = outcome else {
             return Ok(Ok(outcome));
         };
+        // Generation 0 (the commands of older logs) writes what it always did.
+        if generation > newest.map_or(0, |d| d.generation) {
+            let driver = ImportDriver {
+                operation_id: operation_id.to_owned(),
+                epoch,
+                generation,
+            };
+            w.put(driver_key, &driver);
+        }
         for (index, entry) in entries.iter().enumerate() {
             if self.has_settled(tenant, entry)? {
                 continue;
@@ -1184,6 +1257,10 @@ impl View<'_> {
         // that carried them: ownership at that very epoch (`OwnImported`, the
         // only way there) releases them, any other change drops them.
         if let Some(TenantGuard::Importing { epoch, .. }) = &current {
+            // The generations counted under that guard end with it.
+            if current.as_ref() != Some(&wanted) {
+                w.remove(&keys::import_driver(tenant));
+            }
             if wanted == (TenantGuard::Owned { epoch: *epoch }) {
                 // Everything left, as logs written before `ReleaseHeld`
                 // expect; the server pages them out first.

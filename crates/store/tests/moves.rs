@@ -1,7 +1,9 @@
 //! Store tests of tenant moves through the public handle, on real sled: guards
 //! scoped by epoch and operation (a stale fence or import is refused as a value
 //! and changes nothing; ownership at a later epoch lifts a fence, also after a
-//! restart), and export pages sized by bytes (any tenant can travel).
+//! restart), imports scoped by the driver's lease generation too (a superseded
+//! driver's page is refused), and export pages sized by bytes (any tenant can
+//! travel).
 
 mod common;
 
@@ -90,6 +92,24 @@ fn import(operation_id: &str, epoch: u64, entries: Vec<keyhold_store::ExportEntr
     }
 }
 
+/// A page imported by the move's driver at lease `generation`.
+fn import_page(
+    operation_id: &str,
+    generation: u64,
+    entries: Vec<keyhold_store::ExportEntry>,
+) -> Command {
+    Command::ImportPage {
+        tenant: tenant(),
+        operation_id: operation_id.into(),
+        epoch: 1,
+        generation,
+        page: keyhold_store::ChangePage {
+            entries,
+            removed: vec![],
+        },
+    }
+}
+
 fn own(epoch: u64) -> Command {
     Command::Own {
         tenant: tenant(),
@@ -168,6 +188,67 @@ async fn an_old_page_replayed_after_the_move_is_refused_and_changes_nothing() {
         new.execute(claim("job")).await.unwrap(),
         Applied::Claim(ClaimOutcome::Replay { .. })
     ));
+}
+
+/// Two drivers of one move (defect N6 of review-d44e5cf): the first's page,
+/// read while the claim was PROCESSING, lands after its successor (lease
+/// generation 2) imported the claim completed. It is refused and changes
+/// nothing; the successor's later pages, and a page of a still later
+/// generation, are accepted; once the move ended (owned at epoch 2) the
+/// generations are gone with the guard and a new move starts from none.
+#[tokio::test]
+async fn a_superseded_drivers_page_is_refused_after_its_successors() {
+    let (old_dir, new_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let old = common::open(old_dir.path()).await;
+    let new = common::open(new_dir.path()).await;
+    let token = match old.execute(claim("job")).await.unwrap() {
+        Applied::Claim(ClaimOutcome::Acquired { token, .. }) => token,
+        other => panic!("{other:?}"),
+    };
+    let processing = export_all(&old, 1 << 20).await.concat();
+    complete(&old, "job", token, 10).await;
+    let completed = export_all(&old, 1 << 20).await.concat();
+    assert_ne!(processing, completed);
+
+    assert!(accepted(&guard(&new, import_page("op1", 1, vec![])).await));
+    assert!(accepted(
+        &guard(&new, import_page("op1", 2, completed.clone())).await
+    ));
+    let before = new.state_for_tests();
+    let late = guard(&new, import_page("op1", 1, processing.clone())).await;
+    assert_eq!(late, GuardOutcome::Superseded { generation: 2 });
+    // Nor does a command without a generation (of an older log) undo it.
+    let unscoped = guard(&new, import("op1", 1, processing.clone())).await;
+    assert_eq!(unscoped, GuardOutcome::Superseded { generation: 2 });
+    assert_eq!(
+        new.state_for_tests(),
+        before,
+        "the refusals changed nothing"
+    );
+
+    assert!(accepted(
+        &guard(&new, import_page("op1", 2, completed.clone())).await
+    ));
+    assert!(accepted(&guard(&new, import_page("op1", 3, vec![])).await));
+    assert_eq!(
+        guard(&new, import_page("op1", 2, vec![])).await,
+        GuardOutcome::Superseded { generation: 3 }
+    );
+    assert!(accepted(&guard(&new, own(2)).await));
+    assert!(matches!(
+        new.execute(claim("job")).await.unwrap(),
+        Applied::Claim(ClaimOutcome::Replay { .. })
+    ));
+    // A later move away and back imports at epoch 3 from generation 1 again.
+    assert!(accepted(&guard(&new, fence("op2", 2)).await));
+    let back = Command::ImportPage {
+        tenant: tenant(),
+        operation_id: "op3".into(),
+        epoch: 3,
+        generation: 1,
+        page: keyhold_store::ChangePage::default(),
+    };
+    assert!(accepted(&guard(&new, back).await));
 }
 
 /// Guards by epoch: a fence is lifted only by ownership at a later epoch (an

@@ -244,6 +244,12 @@ pub(super) fn guard_answer(outcome: GuardOutcome) -> Result<u64, ApiError> {
             Err(ApiError::new(Problem::Conflict)
                 .detail(format!("the store has moved on: {current:?}")))
         }
+        GuardOutcome::Superseded { generation } => {
+            metrics::counter!("keyhold_move_calls_refused_total").increment(1);
+            Err(ApiError::new(Problem::Conflict).detail(format!(
+                "a driver of generation {generation} imports this move now"
+            )))
+        }
     }
 }
 
@@ -523,32 +529,22 @@ pub(super) fn entry_bytes(entry: &ExportEntry) -> usize {
     entry.key.len() + entry.payload.len()
 }
 
-/// What one import command of a page carries: a run of a first-pass page's
-/// entries (`Store::import`), or part of a change page (`Store::import_changes`).
-#[derive(Debug)]
-enum Piece {
-    Entries(Vec<ExportEntry>),
-    Changes(ChangePage),
-}
-
-/// One page of `pass` as import commands of at most
+/// One page of `pass` as the pages of import commands of at most
 /// `MOVE_ONLINE_IMPORT_COMMAND_BYTES_MAX` bytes each in the online passes and
 /// `MOVE_IMPORT_COMMAND_BYTES_MAX` in the fenced one, with their sizes. An
 /// empty page is one empty command: it still sets the tenant's guard for the
 /// move.
-fn import_commands(pass: Pass, bytes: &[u8]) -> Result<Vec<(Piece, usize)>, ApiError> {
+fn import_commands(pass: Pass, bytes: &[u8]) -> Result<Vec<(ChangePage, usize)>, ApiError> {
     let undecodable = |e: keyhold_store::Error| ApiError::invalid("", e.to_string());
     let max = pass.command_bytes_max();
     let mut commands = Vec::new();
     match pass.source() {
         Source::Entries => {
             let entries = ExportEntry::decode_page(bytes).map_err(undecodable)?;
-            for run in split_by_bytes(entries, max, entry_bytes) {
-                let size = run.iter().map(entry_bytes).sum();
-                commands.push((Piece::Entries(run), size));
-            }
-            if commands.is_empty() {
-                commands.push((Piece::Entries(Vec::new()), 0));
+            for entries in split_by_bytes(entries, max, entry_bytes) {
+                let size = entries.iter().map(entry_bytes).sum();
+                let removed = Vec::new();
+                commands.push((ChangePage { entries, removed }, size));
             }
         }
         Source::Changes => {
@@ -556,17 +552,17 @@ fn import_commands(pass: Pass, bytes: &[u8]) -> Result<Vec<(Piece, usize)>, ApiE
             for entries in split_by_bytes(page.entries, max, entry_bytes) {
                 let size = entries.iter().map(entry_bytes).sum();
                 let removed = Vec::new();
-                commands.push((Piece::Changes(ChangePage { entries, removed }), size));
+                commands.push((ChangePage { entries, removed }, size));
             }
             for removed in split_by_bytes(page.removed, max, Vec::len) {
                 let size = removed.iter().map(Vec::len).sum();
                 let entries = Vec::new();
-                commands.push((Piece::Changes(ChangePage { entries, removed }), size));
-            }
-            if commands.is_empty() {
-                commands.push((Piece::Changes(ChangePage::default()), 0));
+                commands.push((ChangePage { entries, removed }, size));
             }
         }
+    }
+    if commands.is_empty() {
+        commands.push((ChangePage::default(), 0));
     }
     Ok(commands)
 }
@@ -620,26 +616,19 @@ async fn import_page(
 ) -> Result<u64, ApiError> {
     let commands = import_commands(pass, bytes)?
         .into_iter()
-        .map(|(piece, size)| {
+        .map(|(page, size)| {
             let due = pacer.queue(size);
-            let (store, operation_id, epoch) =
-                (node.store(), scope.operation_id.clone(), scope.epoch);
+            let (store, operation_id) = (node.store(), scope.operation_id.clone());
+            let (epoch, generation) = (scope.epoch, scope.generation);
             async move {
                 if let Some(due) = due {
                     tokio::time::sleep_until(due.into()).await;
                 }
-                let outcome = match piece {
-                    Piece::Entries(entries) => {
-                        store
-                            .import(tenant.clone(), operation_id, epoch, entries)
-                            .await?
-                    }
-                    Piece::Changes(page) => {
-                        store
-                            .import_changes(tenant.clone(), operation_id, epoch, page)
-                            .await?
-                    }
-                };
+                // The generation goes with every command: the registry check
+                // before the page may be stale by the time it applies.
+                let outcome = store
+                    .import_page(tenant.clone(), operation_id, epoch, generation, page)
+                    .await?;
                 Ok::<_, ApiError>(outcome)
             }
         });
@@ -828,9 +817,8 @@ mod tests {
         let mut carried = Vec::new();
         for (command, size) in commands {
             assert!(size <= MOVE_ONLINE_IMPORT_COMMAND_BYTES_MAX);
-            let Piece::Entries(entries) = command else {
-                panic!("not an import: {command:?}");
-            };
+            assert!(command.removed.is_empty(), "{command:?}");
+            let entries = command.entries;
             assert_eq!(size, entries.iter().map(entry_bytes).sum::<usize>());
             carried.extend(entries);
         }
@@ -847,10 +835,7 @@ mod tests {
         };
         let commands = import_commands(Pass::Changes, &page.encode()).unwrap();
         let mut carried = ChangePage::default();
-        for (command, _) in &commands {
-            let Piece::Changes(page) = command else {
-                panic!("not a change import: {command:?}");
-            };
+        for (page, _) in &commands {
             carried.entries.extend(page.entries.clone());
             carried.removed.extend(page.removed.clone());
         }
