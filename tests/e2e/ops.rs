@@ -391,3 +391,80 @@ fn the_cluster_page_and_the_admin_lists() {
         (Some("a"), Some("b"))
     );
 }
+
+/// The ids of the tenants cluster.json lists.
+fn demo_ids(cluster: &Cluster) -> Vec<String> {
+    cluster
+        .info
+        .tenants
+        .iter()
+        .map(|t| t.tenant_id.clone())
+        .collect()
+}
+
+/// Contract section 11, "Operators work on live state": `up` restarted on its
+/// data dir resumes from the registry's state whatever happened to its demo
+/// tenants. It used to wait for every node to accept each demo tenant's token
+/// from the secrets file, so after a rotation or a deletion it never became
+/// ready. A rotated demo tenant's token is no longer up's to hand out, and a
+/// deleted one is gone: both are left out of cluster.json, with a line saying
+/// why; the others keep their tokens and report their current home.
+#[test]
+fn up_restarts_after_a_demo_tenant_was_rotated_and_after_one_was_deleted() {
+    let mut cluster = Cluster::start("a,b,c", &[]);
+    let admin = cluster.info.admin_token.clone();
+    let a = cluster.api("a");
+    let kept = cluster.tenant("a");
+
+    admin_send(
+        &a,
+        reqwest::Method::POST,
+        "/admin/v1/tenants/demo-b/token",
+        &admin,
+        Some(json!({"grace_seconds": 0})),
+    )
+    .assert_status(200);
+    cluster.terminate();
+    cluster.restart();
+    let ids = demo_ids(&cluster);
+    assert_eq!(ids, vec!["demo-a", "demo-c"], "{}", cluster.stderr_log());
+    assert!(
+        cluster
+            .stderr_log()
+            .lines()
+            .any(|l| l.contains("demo-b") && l.contains("rotated")),
+        "the restart says why demo-b is left out:\n{}",
+        cluster.stderr_log()
+    );
+
+    admin_send(
+        &cluster.api("b"),
+        reqwest::Method::DELETE,
+        "/admin/v1/tenants/demo-c",
+        &admin,
+        None,
+    )
+    .assert_status(200);
+    cluster.terminate();
+    cluster.restart();
+    let ids = demo_ids(&cluster);
+    assert_eq!(ids, vec!["demo-a"], "{}", cluster.stderr_log());
+    assert!(
+        cluster
+            .stderr_log()
+            .lines()
+            .any(|l| l.contains("demo-c") && l.contains("deleted")),
+        "the restart says why demo-c is left out:\n{}",
+        cluster.stderr_log()
+    );
+    // The kept tenant's token still works, through every region.
+    assert_eq!(cluster.tenant("a"), kept);
+    let coid = unique("co");
+    let created = cluster.api("c").expecting("a").create_order(
+        &kept.token,
+        &unique("k"),
+        &order_body(&coid, 10),
+    );
+    assert_order(&created, 201, &coid, 10);
+}
+
