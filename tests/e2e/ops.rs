@@ -468,3 +468,36 @@ fn up_restarts_after_a_demo_tenant_was_rotated_and_after_one_was_deleted() {
     assert_order(&created, 201, &coid, 10);
 }
 
+/// Removing a region group's last voter is a permanent refusal: 409 `conflict`
+/// (docs/api.md), without `Retry-After`, through a node of another region as
+/// through one of its own. It used to answer 503 `store-unavailable` with
+/// `Retry-After: 1` and the leader's 409 quoted in `detail`.
+#[test]
+fn removing_a_regions_last_voter_answers_409() {
+    let cluster = Cluster::start("a,b", &[]);
+    let admin = cluster.info.admin_token.clone();
+    let node = cluster.node("a").node_id;
+    for region in ["b", "a"] {
+        let refused = admin_send(
+            &cluster.api(region),
+            reqwest::Method::POST,
+            &format!("/admin/v1/nodes/{node}/remove"),
+            &admin,
+            None,
+        );
+        let problem = refused.assert_problem(409, "conflict");
+        assert_eq!(refused.header("retry-after"), None, "{problem}");
+        assert!(
+            problem["detail"]
+                .as_str()
+                .is_some_and(|d| d.contains("last voter")),
+            "{problem}"
+        );
+    }
+    // The node is still a member and serves.
+    cluster
+        .api("b")
+        .expecting("a")
+        .find_order(&cluster.tenant("a").token, "nothing")
+        .assert_status(404);
+}
