@@ -5,6 +5,8 @@ mod cmd_admin;
 mod cmd_chaos;
 mod cmd_drill;
 mod cmd_fingerprint;
+mod limits;
+mod log_summary;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -15,6 +17,8 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
 
 /// jemalloc as the process allocator. glibc's malloc keeps memory freed by one
 /// thread in that thread's arena, and a node frees much of what it allocates on
@@ -347,12 +351,28 @@ fn init_tracing(format: LogFormat) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
+    // Repeated WARN and ERROR lines (a retried error) are written once an
+    // interval and summarised (log_summary.rs).
+    let repeats = log_summary::Repeats::default();
+    let summary = log_summary::SummaryLayer {
+        repeats: repeats.clone(),
+    };
     match format {
-        LogFormat::Json => builder.json().flatten_event(true).init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .finish()
+            .with(summary)
+            .init(),
         // Colour codes only help a person at a terminal; in a file or a pipe
         // they are noise that breaks grep.
-        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Text => builder
+            .with_ansi(std::io::stderr().is_terminal())
+            .finish()
+            .with(summary)
+            .init(),
     }
+    repeats.spawn_summaries();
 }
 
 /// Resolves on Ctrl-C or SIGTERM.
