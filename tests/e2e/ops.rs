@@ -561,3 +561,58 @@ fn a_surviving_nodes_log_grows_little_while_a_region_is_down() {
         );
     }
 }
+
+/// One series of a Prometheus text page: its value, if the page has it.
+fn series_value(page: &str, series: &str) -> Option<f64> {
+    page.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// Issue 44, metrics: every node says who it is
+/// (`keyhold_node_info{node_id,region}` 1), its counters exist at 0 from the
+/// start (an alert on `increase(...)` sees the first event), and problem
+/// answers are counted by slug, so 503s can be told apart. Before, there was
+/// no info series, a counter appeared only after its first event, and
+/// `keyhold_http_requests_total` had the status only.
+#[test]
+fn metrics_name_the_node_start_counters_at_zero_and_count_503s_by_slug() {
+    let cluster = Cluster::start("a,b", &[]);
+    let b = cluster.api("b");
+    let node_b = cluster.node("b");
+    let page = b.get("/metrics", None).text();
+    let info = format!(
+        "keyhold_node_info{{node_id=\"{}\",region=\"b\"}}",
+        node_b.node_id
+    );
+    assert_eq!(series_value(&page, &info), Some(1.0), "{info} in:\n{page}");
+    for counter in [
+        "keyhold_handler_panics_total",
+        "keyhold_forward_failures_total",
+        "keyhold_moves_failed_total",
+        "keyhold_lease_refused_total",
+    ] {
+        assert_eq!(
+            series_value(&page, counter),
+            Some(0.0),
+            "{counter} at 0 from the start in:\n{page}"
+        );
+    }
+    let unreachable = "keyhold_http_problems_total{status=\"503\",problem=\"owner-unreachable\"}";
+    assert_eq!(series_value(&page, unreachable), Some(0.0), "{page}");
+
+    // Region a's only node down: demo-a's orders through b answer 503
+    // owner-unreachable, counted under that slug.
+    cluster.control(&format!("/v1/nodes/{}/kill", cluster.node("a").node_id));
+    let token = cluster.tenant("a").token;
+    let refused = poll(Duration::from_secs(20), "a 503 owner-unreachable", || {
+        let rb = b.order_rb(&token, &unique("k"), &order_body(&unique("co"), 1));
+        let r = b.try_send_any(rb, &["a", "b"]).ok()?;
+        (r.slug().as_deref() == Some("owner-unreachable")).then_some(r)
+    });
+    assert_eq!(refused.status, 503);
+    let page = b.get("/metrics", None).text();
+    assert!(
+        series_value(&page, unreachable).is_some_and(|n| n >= 1.0),
+        "{unreachable} counted in:\n{page}"
+    );
+}

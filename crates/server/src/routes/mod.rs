@@ -186,6 +186,9 @@ async fn record_metrics(request: Request, next: Next) -> Response {
     let started = Instant::now();
     let response = next.run(request).await;
     log_failure(&method, &route, &response);
+    if let Some(problem) = response.extensions().get::<Problem>() {
+        crate::metrics::count_problem(*problem, 1);
+    }
     let status = response.status().as_u16().to_string();
     metrics::counter!("keyhold_http_requests_total", "method" => method.clone(), "route" => route.clone(), "status" => status)
         .increment(1);
