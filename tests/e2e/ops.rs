@@ -616,3 +616,69 @@ fn metrics_name_the_node_start_counters_at_zero_and_count_503s_by_slug() {
         "{unreachable} counted in:\n{page}"
     );
 }
+
+/// `keyhold <args>` with `env` added (and KEYHOLD_URL / KEYHOLD_ADMIN_TOKEN
+/// removed unless given); its status, stdout and stderr.
+fn keyhold_cli(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
+    let mut cmd = std::process::Command::new(common::KEYHOLD);
+    cmd.args(args)
+        .env_remove("KEYHOLD_URL")
+        .env_remove("KEYHOLD_ADMIN_TOKEN")
+        .envs(env.iter().copied());
+    let out = cmd.output().expect("run keyhold");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Issue 44, CLI: the admin commands find the cluster without `--url` on
+/// every call: from `KEYHOLD_URL`, or from `--cluster FILE` (cluster.json,
+/// which also gives the admin token); and a refusal that needs `--force`
+/// says `--force`, not the API's `"force": true`. Before, `--url` had
+/// neither, so any cluster off port 7400 needed it every time.
+#[test]
+fn the_cli_finds_the_cluster_from_keyhold_url_or_cluster_json_and_says_force() {
+    let cluster = Cluster::start("a,b", &[]);
+    let cluster_json = cluster.data_dir().join("cluster.json");
+    let cluster_json = cluster_json.to_str().expect("utf-8 path");
+    let url = cluster.region("b").api_url.clone();
+    let admin = cluster.info.admin_token.clone();
+
+    let (ok, stdout, stderr) = keyhold_cli(
+        &["tenant", "show", "--id", "demo-a"],
+        &[("KEYHOLD_URL", &url), ("KEYHOLD_ADMIN_TOKEN", &admin)],
+    );
+    assert!(ok && stdout.contains("demo-a"), "{stdout}\n{stderr}");
+
+    let (ok, stdout, stderr) = keyhold_cli(
+        &[
+            "tenant",
+            "show",
+            "--id",
+            "demo-b",
+            "--cluster",
+            cluster_json,
+        ],
+        &[],
+    );
+    assert!(ok && stdout.contains("demo-b"), "{stdout}\n{stderr}");
+
+    let (ok, stdout, stderr) = keyhold_cli(
+        &[
+            "region",
+            "failover",
+            "--region",
+            "a",
+            "--cluster",
+            cluster_json,
+        ],
+        &[],
+    );
+    assert!(!ok, "a healthy region is refused:\n{stdout}");
+    assert!(
+        stderr.contains("--force") && !stderr.contains("\"force\": true"),
+        "the refusal names the CLI's flag:\n{stderr}"
+    );
+}
