@@ -6,7 +6,8 @@
 
 mod common;
 
-use common::{drill, Cluster};
+use common::{drill, Cluster, KEYHOLD};
+use std::process::Command;
 
 #[test]
 fn drills_of_an_isolated_and_of_a_killed_region_pass_and_report_their_figures() {
@@ -15,4 +16,40 @@ fn drills_of_an_isolated_and_of_a_killed_region_pass_and_report_their_figures() 
         let report = drill::run(&cluster, region, fault);
         drill::assert_passed(&report, to);
     }
+}
+
+/// Contract section 11: the drill takes its tenants from the registry when it
+/// starts, not from cluster.json (whose homes are those of `up`'s start). After
+/// region a's only tenant moved to b, a drill of a tests nothing: it is
+/// refused, non-zero, saying why and where the tenant lives. It used to drill
+/// a anyway, sending demo-a's orders to b, and print PASS.
+#[test]
+fn a_drill_of_a_region_whose_tenants_moved_away_is_refused() {
+    let cluster = Cluster::start("a,b", &[]);
+    drill::move_back(&cluster, "b", "demo-a", "b");
+    let cluster_json = cluster.data_dir().join("cluster.json");
+    let out = Command::new(KEYHOLD)
+        .args(["drill", "--cluster"])
+        .arg(&cluster_json)
+        .args([
+            "--region",
+            "a",
+            "--rate",
+            "20",
+            "--duration",
+            "1s",
+            "--quiet",
+        ])
+        .output()
+        .expect("run keyhold drill");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "refused:\n{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("homes no active tenant in region a")
+            && stderr.contains("demo-a in b")
+            && stderr.contains("keyhold tenant move"),
+        "the refusal says why and the way out:\n{stderr}"
+    );
+    assert!(!stdout.contains("verdict"), "no drill ran:\n{stdout}");
 }

@@ -151,7 +151,11 @@ impl Admin {
         if let Some(to) = to {
             body["to"] = json!(to);
         }
-        let (_, started) = self.call(self.http.post(url).json(&body)).await?;
+        let started = match self.call(self.http.post(url).json(&body)).await {
+            Ok((_, started)) => started,
+            // The API's refusal names its body field; here the flag does that.
+            Err(e) => bail!("{}", cli_wording(&e.to_string())),
+        };
         self.follow(&started, format!("{region} failover")).await
     }
 
@@ -196,4 +200,10 @@ impl Admin {
             tokio::time::sleep(Duration::from_millis(MOVE_POLL_MS)).await;
         }
     }
+}
+
+/// A refusal of the admin API in the CLI's words: `send "force": true` (the
+/// API body's field) becomes `add --force`.
+fn cli_wording(refusal: &str) -> String {
+    refusal.replace("send \"force\": true", "add --force")
 }

@@ -5,6 +5,8 @@ mod cmd_admin;
 mod cmd_chaos;
 mod cmd_drill;
 mod cmd_fingerprint;
+mod limits;
+mod log_summary;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -15,6 +17,8 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
 
 /// jemalloc as the process allocator. glibc's malloc keeps memory freed by one
 /// thread in that thread's arena, and a node frees much of what it allocates on
@@ -59,6 +63,7 @@ const LOG_FILTER_DEFAULT: &str =
 enum Command {
     /// Run one node from a TOML config file.
     Serve {
+        /// The node's TOML config file (docs/operations.md lists its keys).
         #[arg(long)]
         config: PathBuf,
     },
@@ -134,8 +139,13 @@ enum Command {
 
 #[derive(clap::Args)]
 struct UpArgs {
+    /// The cluster's directory: stores, logs, secrets and cluster.json. An
+    /// existing one is resumed (same --base-port, --regions and
+    /// --nodes-per-region).
     #[arg(long)]
     data_dir: PathBuf,
+    /// First of the 50 ports the cluster uses on 127.0.0.1 (node APIs from
+    /// here, Raft +10, proxies +20 and +30, payment provider +40, control +41).
     #[arg(long)]
     base_port: u16,
     /// Comma-separated region names.
@@ -239,9 +249,15 @@ impl UpArgs {
 
 #[derive(clap::Args)]
 struct AdminArgs {
-    /// Origin of any node, e.g. http://127.0.0.1:7400.
-    #[arg(long, global = true, default_value = "http://127.0.0.1:7400")]
-    url: String,
+    /// Origin of any node, e.g. http://127.0.0.1:7400. Without it: the first
+    /// region's node of --cluster, else $KEYHOLD_URL, else
+    /// http://127.0.0.1:7400.
+    #[arg(long, global = true)]
+    url: Option<String>,
+    /// A cluster.json written by `keyhold up`: its first region's node is
+    /// the default --url, and its admin token the default --admin-token.
+    #[arg(long, global = true)]
+    cluster: Option<PathBuf>,
     /// The admin token (or set KEYHOLD_ADMIN_TOKEN).
     #[arg(
         long,
@@ -256,8 +272,10 @@ struct AdminArgs {
 enum TenantAction {
     /// Create a tenant homed in a region; prints its token once.
     Create {
+        /// The new tenant's id (letters, digits, `-` and `_`).
         #[arg(long)]
         id: String,
+        /// The region that executes the tenant's requests.
         #[arg(long)]
         home: String,
         /// `zone` (default) or `region`: with `region` every answer waits until
@@ -267,19 +285,23 @@ enum TenantAction {
     },
     /// Show a tenant's home, epoch and state.
     Show {
+        /// The tenant's id.
         #[arg(long)]
         id: String,
     },
     /// Move a tenant to another home region and follow the move to its end.
     Move {
+        /// The tenant's id.
         #[arg(long)]
         id: String,
+        /// The region to become its home.
         #[arg(long)]
         to: String,
     },
     /// Issue a new token (printed once); the old one keeps working for the
     /// grace period (default 24h, at most 7d), then is refused.
     RotateToken {
+        /// The tenant's id.
         #[arg(long)]
         id: String,
         /// How long the old token keeps working, e.g. 1h; 0s ends it at once.
@@ -288,16 +310,20 @@ enum TenantAction {
     },
     /// Change a tenant's rate limits (either or both).
     SetLimits {
+        /// The tenant's id.
         #[arg(long)]
         id: String,
+        /// Requests a second the tenant may send (all kinds); unchanged if absent.
         #[arg(long)]
         requests_per_second: Option<u32>,
+        /// New idempotency keys a second (first attempts); unchanged if absent.
         #[arg(long)]
         new_keys_per_second: Option<u32>,
     },
     /// Delete a tenant: its tokens stop working, every region erases its
     /// records, markers, orders and undelivered events; the id is never reused.
     Delete {
+        /// The tenant's id.
         #[arg(long)]
         id: String,
     },
@@ -309,8 +335,11 @@ enum RegionAction {
     /// copy): its tenants move there with what the copy held, and the loss is
     /// estimated. Refused while the region is healthy unless --force.
     Failover {
+        /// The lost region to fail over.
         #[arg(long)]
         region: String,
+        /// The region to fail over to (it must hold a copy); default: the
+        /// region's standby.
         #[arg(long)]
         to: Option<String>,
         /// Fail over a region that still answers (a drill, or a region that
@@ -330,11 +359,39 @@ fn admin_call(
     args: AdminArgs,
     f: impl AsyncFnOnce(cmd_admin::Admin) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
+    let (url, token) = admin_target(args, std::env::var(URL_ENV).ok())?;
+    let admin = cmd_admin::Admin::new(&url, token)?;
+    runtime()?.block_on(f(admin))
+}
+
+/// The environment variable that gives the admin commands' default `--url`.
+const URL_ENV: &str = "KEYHOLD_URL";
+/// The admin commands' `--url` when nothing else gives one (`keyhold up
+/// --base-port 7400`'s first node, and deploy/local/a.toml's).
+const URL_DEFAULT: &str = "http://127.0.0.1:7400";
+
+/// The node and the admin token an admin command uses: `--url`, else the
+/// first region of `--cluster`, else `env_url` ($KEYHOLD_URL), else
+/// `URL_DEFAULT`; `--admin-token` ($KEYHOLD_ADMIN_TOKEN), else `--cluster`'s.
+/// What is given on the command line wins over the environment.
+fn admin_target(args: AdminArgs, env_url: Option<String>) -> anyhow::Result<(String, String)> {
+    let file = match &args.cluster {
+        Some(path) => Some(
+            keyhold_up::ClusterFile::read(path)
+                .with_context(|| format!("cannot read --cluster {}", path.display()))?,
+        ),
+        None => None,
+    };
+    let url = args
+        .url
+        .or_else(|| Some(file.as_ref()?.regions.first()?.api_url.clone()))
+        .or(env_url)
+        .unwrap_or_else(|| URL_DEFAULT.to_owned());
     let token = args
         .admin_token
-        .context("give --admin-token or set KEYHOLD_ADMIN_TOKEN")?;
-    let admin = cmd_admin::Admin::new(&args.url, token)?;
-    runtime()?.block_on(f(admin))
+        .or_else(|| file.map(|f| f.admin_token))
+        .context("give --admin-token, set KEYHOLD_ADMIN_TOKEN, or give --cluster")?;
+    Ok((url, token))
 }
 
 fn duration(text: &str) -> Result<Duration, String> {
@@ -347,12 +404,28 @@ fn init_tracing(format: LogFormat) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
+    // Repeated WARN and ERROR lines (a retried error) are written once an
+    // interval and summarised (log_summary.rs).
+    let repeats = log_summary::Repeats::default();
+    let summary = log_summary::SummaryLayer {
+        repeats: repeats.clone(),
+    };
     match format {
-        LogFormat::Json => builder.json().flatten_event(true).init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .finish()
+            .with(summary)
+            .init(),
         // Colour codes only help a person at a terminal; in a file or a pipe
         // they are noise that breaks grep.
-        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Text => builder
+            .with_ansi(std::io::stderr().is_terminal())
+            .finish()
+            .with(summary)
+            .init(),
     }
+    repeats.spawn_summaries();
 }
 
 /// Resolves on Ctrl-C or SIGTERM.
@@ -492,8 +565,10 @@ struct LoadgenArgs {
     /// duplicates in groups of 4).
     #[arg(long, default_value = "new=90,replay=5,conflict=5")]
     mix: String,
+    /// Clients sending at once, each waiting for its answer before the next.
     #[arg(long, default_value_t = 16)]
     concurrency: usize,
+    /// How long to send, e.g. 30s.
     #[arg(long, value_parser = duration, default_value = "10s")]
     duration: Duration,
     /// Requests per second across all clients (open loop); closed loop without.
@@ -561,4 +636,81 @@ fn fakepsp(
         keyhold_fakepsp::run(config, listener, shutdown_signal()).await?;
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::CommandFactory;
+
+    /// Every option and argument of every command says what it is in
+    /// `--help` (issue 44: many had no description).
+    #[test]
+    fn every_option_is_described() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{path} --{id}"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "keyhold", &mut missing);
+        assert!(
+            missing.is_empty(),
+            "options without a description: {missing:#?}"
+        );
+    }
+
+    /// `--url` beats `--cluster`, which beats $KEYHOLD_URL, which beats the
+    /// default; the token comes from `--cluster` when not given.
+    #[test]
+    fn the_admin_target_comes_from_the_command_line_then_the_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cluster.json");
+        let file = keyhold_up::ClusterFile {
+            admin_token: "kh_file".into(),
+            regions: vec![keyhold_up::RegionEntry {
+                name: "a".into(),
+                api_url: "http://127.0.0.1:1".into(),
+            }],
+            psp_url: String::new(),
+            control_url: String::new(),
+            tenants: Vec::new(),
+            nodes: Vec::new(),
+            max_standby_lag_ms: 1_000,
+        };
+        std::fs::write(&path, serde_json::to_vec(&file).unwrap()).unwrap();
+        let args = |url: Option<&str>, cluster: bool, token: Option<&str>| super::AdminArgs {
+            url: url.map(str::to_owned),
+            cluster: cluster.then(|| path.clone()),
+            admin_token: token.map(str::to_owned),
+        };
+        let env = || Some("http://127.0.0.1:2".to_owned());
+        let target = |a, e| super::admin_target(a, e).unwrap();
+        assert_eq!(
+            target(args(Some("http://u"), true, Some("kh_t")), env()),
+            ("http://u".into(), "kh_t".into())
+        );
+        assert_eq!(
+            target(args(None, true, None), env()),
+            ("http://127.0.0.1:1".into(), "kh_file".into())
+        );
+        assert_eq!(
+            target(args(None, false, Some("kh_t")), env()),
+            ("http://127.0.0.1:2".into(), "kh_t".into())
+        );
+        assert_eq!(
+            target(args(None, false, Some("kh_t")), None),
+            (super::URL_DEFAULT.into(), "kh_t".into())
+        );
+        assert!(super::admin_target(args(None, false, None), None).is_err());
+    }
 }

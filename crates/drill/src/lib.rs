@@ -100,14 +100,7 @@ pub async fn run(drill: Drill) -> Result<Report, Error> {
             "the cluster has no region {region}"
         )));
     }
-    let tenants: Vec<_> = file.tenants_of(&region).cloned().collect();
-    if tenants.is_empty() {
-        return Err(Error::Invalid(format!(
-            "cluster.json lists no tenant homed in {region}"
-        )));
-    }
     let calls = Calls::new(file)?;
-    let progress = Progress::new(drill.progress);
     // A node of another region to talk to while the drilled one is down.
     let other = calls
         .file
@@ -117,8 +110,11 @@ pub async fn run(drill: Drill) -> Result<Report, Error> {
         .ok_or_else(|| Error::Invalid("a drill needs at least two regions".into()))?
         .api_url
         .clone();
+    let tenants = homed_tenants(&calls, &other, &region).await?;
+    let progress = Progress::new(drill.progress);
     let lag_before = standby_lag(&calls, &other, &region).await;
 
+    let drilled: Vec<String> = tenants.iter().map(|t| t.tenant_id.clone()).collect();
     let mut traffic = Traffic::start(&calls, tenants, drill.rate);
     progress.phase("steady traffic", &traffic);
     sleep_with(&progress, &traffic, drill.duration).await;
@@ -165,6 +161,7 @@ pub async fn run(drill: Drill) -> Result<Report, Error> {
     let verdicts = verify(&calls, &other, &acked, &orphans).await?;
     let lost_acks_after_fault_s = lost_ack_times(&acked, &verdicts, fault_in_effect_at);
     let charges = settle_charges(&calls, &verdicts.present).await?;
+    let tenants_now = tenant_homes(&calls, &other, &drilled).await?;
     progress.finish();
     Ok(Report::new(report::Inputs {
         region,
@@ -186,7 +183,109 @@ pub async fn run(drill: Drill) -> Result<Report, Error> {
         charges,
         max_standby_lag_s: Duration::from_millis(calls.file.max_standby_lag_ms).as_secs_f64(),
         lost_acks_after_fault_s,
+        tenants_now,
+        admin_url: other,
     }))
+}
+
+/// The tenants the registry homes in `region` now (read through `via`, a node
+/// of another region) that cluster.json holds a token for, with their current
+/// home. cluster.json's own homes are those of `up`'s start and go stale after
+/// moves and failovers, so they are never used. Refused, with the reason and
+/// the way out, when there are none: a drill of an empty region tests nothing.
+async fn homed_tenants(
+    calls: &Calls,
+    via: &str,
+    region: &str,
+) -> Result<Vec<cluster::TenantEntry>, Error> {
+    let registry = registry_tenants(calls, via).await?;
+    let live = |t: &&Value| t["state"] == "active" && t["home_region"] == region;
+    let homed: Vec<&str> = registry
+        .iter()
+        .filter(live)
+        .filter_map(|t| t["tenant_id"].as_str())
+        .collect();
+    let tenants: Vec<cluster::TenantEntry> = calls
+        .file
+        .tenants
+        .iter()
+        .filter(|t| homed.contains(&t.tenant_id.as_str()))
+        .map(|t| cluster::TenantEntry {
+            home_region: region.to_owned(),
+            ..t.clone()
+        })
+        .collect();
+    if !tenants.is_empty() {
+        return Ok(tenants);
+    }
+    let known: Vec<String> = calls
+        .file
+        .tenants
+        .iter()
+        .filter_map(|t| {
+            let record = registry
+                .iter()
+                .find(|r| r["tenant_id"] == t.tenant_id.as_str())?;
+            let home = record["home_region"].as_str()?;
+            (record["state"] == "active").then(|| format!("{} in {home}", t.tenant_id))
+        })
+        .collect();
+    let reason = if homed.is_empty() {
+        format!("the registry homes no active tenant in region {region}")
+    } else {
+        format!(
+            "the registry homes {} in region {region}, but cluster.json holds none of their tokens",
+            homed.join(", ")
+        )
+    };
+    let way_out = match calls.file.tenants.first() {
+        Some(t) => format!(
+            "; move one there first, e.g. keyhold tenant move --url {via} --id {} --to {region}",
+            t.tenant_id
+        ),
+        None => String::new(),
+    };
+    Err(Error::Invalid(format!(
+        "{reason}, so a drill of it would test nothing (cluster.json's tenants live in: {}){way_out}",
+        if known.is_empty() {
+            "none of them is active".to_owned()
+        } else {
+            known.join(", ")
+        }
+    )))
+}
+
+/// `GET /admin/v1/tenants` through `via`: the registry's tenants.
+async fn registry_tenants(calls: &Calls, via: &str) -> Result<Vec<Value>, Error> {
+    let answer = calls.admin_get(via, "/admin/v1/tenants").await?;
+    match answer.body["data"].as_array() {
+        Some(data) if answer.status == 200 => Ok(data.clone()),
+        _ => Err(Error::Cluster(format!(
+            "listing the registry's tenants answered {}: {}",
+            answer.status, answer.body
+        ))),
+    }
+}
+
+/// Where each of `ids` lives now, as the registry says.
+async fn tenant_homes(
+    calls: &Calls,
+    via: &str,
+    ids: &[String],
+) -> Result<Vec<report::TenantHome>, Error> {
+    let registry = registry_tenants(calls, via).await?;
+    Ok(ids
+        .iter()
+        .map(|id| report::TenantHome {
+            tenant_id: id.clone(),
+            home_region: registry
+                .iter()
+                .find(|r| r["tenant_id"] == id.as_str())
+                .and_then(|r| r["home_region"].as_str())
+                .unwrap_or("unknown")
+                .to_owned(),
+        })
+        .collect())
 }
 
 /// The drilled region's standby lag from the cluster view, as

@@ -87,6 +87,13 @@ pub struct Orphans {
 }
 
 /// What `Report::new` is made from.
+/// Where a drilled tenant lives after the drill.
+#[derive(Debug, Clone, Serialize)]
+pub struct TenantHome {
+    pub tenant_id: String,
+    pub home_region: String,
+}
+
 pub struct Inputs {
     pub region: String,
     pub to: String,
@@ -107,6 +114,10 @@ pub struct Inputs {
     /// When each lost acknowledged order was acknowledged, in seconds after
     /// the fault took effect.
     pub lost_acks_after_fault_s: Vec<f64>,
+    /// The drilled tenants' homes after the drill (the registry's).
+    pub tenants_now: Vec<TenantHome>,
+    /// The admin URL the move-back commands name (a node of another region).
+    pub admin_url: String,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -141,6 +152,11 @@ pub struct Report {
     /// From the first to the last acknowledgement of a lost order, in seconds:
     /// at most the failover's `estimated_lost.seconds`.
     pub lost_acked_span_s: Option<f64>,
+    /// The drilled tenants' homes after the drill: the failover re-homed
+    /// them, and a second drill of the region would find none.
+    pub tenants_now: Vec<TenantHome>,
+    /// One `keyhold tenant move` per drilled tenant living elsewhere now.
+    pub move_back: Vec<String>,
     pub passed: bool,
     /// Why it did not pass.
     pub failures: Vec<String>,
@@ -203,6 +219,17 @@ impl Report {
             charged: count(&i.orphans, |o| o["charged"] == true),
             with_duplicate: count(&i.orphans, |o| !o["duplicate_of"].is_null()),
         };
+        let move_back = i
+            .tenants_now
+            .iter()
+            .filter(|t| t.home_region != i.region)
+            .map(|t| {
+                format!(
+                    "keyhold tenant move --url {} --id {} --to {}",
+                    i.admin_url, t.tenant_id, i.region
+                )
+            })
+            .collect();
         Report {
             region: i.region,
             to: i.to,
@@ -224,6 +251,8 @@ impl Report {
             max_standby_lag_s: i.max_standby_lag_s,
             lost_acked_after_fault_max_s: lost_max,
             lost_acked_span_s: span,
+            move_back,
+            tenants_now: i.tenants_now,
             passed: failures.is_empty(),
             failures,
         }
@@ -331,6 +360,18 @@ impl Report {
                 self.acknowledged_after_done_in_region.to_string(),
             ),
             (
+                "tenants re-homed",
+                format!("{} by the failover", self.failover_result["tenants"]),
+            ),
+            (
+                "tenants live now in",
+                self.tenants_now
+                    .iter()
+                    .map(|t| format!("{} in {}", t.tenant_id, t.home_region))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            ),
+            (
                 "verdict",
                 if self.passed {
                     "PASS".to_owned()
@@ -341,6 +382,12 @@ impl Report {
         ];
         for (name, value) in rows {
             let _ = writeln!(t, "  {name:<31} {value}");
+        }
+        if !self.move_back.is_empty() {
+            let _ = writeln!(t, "  to move them back to {}:", self.region);
+            for command in &self.move_back {
+                let _ = writeln!(t, "    {command}");
+            }
         }
         t
     }
@@ -375,6 +422,11 @@ mod tests {
             charges,
             max_standby_lag_s: 1.0,
             lost_acks_after_fault_s: vec![0.2],
+            tenants_now: vec![TenantHome {
+                tenant_id: "t1".into(),
+                home_region: "b".into(),
+            }],
+            admin_url: "http://127.0.0.1:1".into(),
         }
     }
 

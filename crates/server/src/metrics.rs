@@ -38,6 +38,81 @@ pub fn handle() -> &'static PrometheusHandle {
     })
 }
 
+/// Every counter a node exports without labels. Each is registered at 0 when
+/// the node starts ([`register_node`]): a counter that appears only at its
+/// first event cannot be seen rising by `increase()` (the handler-panic alert
+/// would miss a node's first panic). A unit test keeps this list equal to the
+/// unlabelled `counter!` calls of the node's sources.
+pub const UNLABELLED_COUNTERS: [&str; 36] = [
+    "keyhold_failover_calls_refused_total",
+    "keyhold_failover_guards_lifted_total",
+    "keyhold_failover_imports_abandoned_total",
+    "keyhold_failover_imports_total",
+    "keyhold_failovers_automatic_total",
+    "keyhold_failovers_started_total",
+    "keyhold_forward_failures_total",
+    "keyhold_forward_misdirected_total",
+    "keyhold_forwarded_total",
+    "keyhold_handler_panics_total",
+    "keyhold_http_request_timeouts_total",
+    "keyhold_http_unread_body_closes_total",
+    "keyhold_lease_refused_total",
+    "keyhold_move_bytes_total",
+    "keyhold_move_calls_refused_total",
+    "keyhold_move_driver_superseded_total",
+    "keyhold_move_driver_takeovers_total",
+    "keyhold_move_guards_lifted_total",
+    "keyhold_move_import_commands_total",
+    "keyhold_move_pages_total",
+    "keyhold_moves_failed_total",
+    "keyhold_moves_started_total",
+    "keyhold_node_credential_refused_total",
+    "keyhold_outbox_unreadable_total",
+    "keyhold_psp_refusals_total",
+    "keyhold_psp_retries_total",
+    "keyhold_reconciliation_orphans_total",
+    "keyhold_reconciliation_reservations_released_total",
+    "keyhold_reconciliations_done_total",
+    "keyhold_region_hop_not_leader_total",
+    "keyhold_region_hops_total",
+    "keyhold_region_unconfirmed_refusals_total",
+    "keyhold_standby_copy_resets_total",
+    "keyhold_sweeper_deferred_total",
+    "keyhold_sweeper_stale_index_total",
+    "keyhold_token_waits_skipped_total",
+];
+
+/// Called once a node starts: `keyhold_node_info{node_id, region}` 1 (what
+/// joins a scrape target to its node and region), every unlabelled counter at
+/// 0, and `keyhold_http_problems_total{status, problem}` at 0 for every slug.
+pub fn register_node(node_id: u64, region: &str) {
+    handle();
+    metrics::gauge!(
+        "keyhold_node_info",
+        "node_id" => node_id.to_string(),
+        "region" => region.to_owned()
+    )
+    .set(1.0);
+    for name in UNLABELLED_COUNTERS {
+        metrics::counter!(name).increment(0);
+    }
+    for problem in keyhold_core::Problem::ALL {
+        count_problem(problem, 0);
+    }
+}
+
+/// `keyhold_http_problems_total{status, problem}`: error answers by slug
+/// (503s by kind: `store-unavailable`, `owner-unreachable`, `tenant-moving`,
+/// `standby-unreachable`).
+pub fn count_problem(problem: keyhold_core::Problem, n: u64) {
+    metrics::counter!(
+        "keyhold_http_problems_total",
+        "status" => problem.status().to_string(),
+        "problem" => problem.slug()
+    )
+    .increment(n);
+}
+
 /// The roles a Raft member can have, as `keyhold_raft_role{role}` labels.
 const RAFT_ROLES: [(ServerState, &str); 4] = [
     (ServerState::Leader, "leader"),
@@ -99,4 +174,51 @@ pub fn record_raft_group(group: &str, raft: &RaftMetrics, members: impl Iterator
         previous.map_or(0, |term| raft.current_term.saturating_sub(term))
     };
     metrics::counter!("keyhold_raft_elections_total", "group" => group).increment(elections);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::UNLABELLED_COUNTERS;
+    use std::collections::BTreeSet;
+    use std::path::Path;
+
+    fn sources(dir: &Path, out: &mut Vec<String>) {
+        for entry in std::fs::read_dir(dir).expect("readable dir") {
+            let path = entry.expect("dir entry").path();
+            if path.is_dir() {
+                sources(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(std::fs::read_to_string(&path).expect("readable source"));
+            }
+        }
+    }
+
+    /// The counters registered at 0 are exactly those the node's crates
+    /// increment without labels: a new counter left out of the list would
+    /// appear only at its first event again.
+    #[test]
+    fn every_unlabelled_counter_is_registered_at_zero() {
+        let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut texts = Vec::new();
+        for name in ["server", "registry", "store"] {
+            sources(&crates.join(name).join("src"), &mut texts);
+        }
+        let mut found = BTreeSet::new();
+        for text in &texts {
+            for (at, _) in text.match_indices("counter!(") {
+                let rest = text[at + "counter!(".len()..].trim_start();
+                let Some(rest) = rest.strip_prefix('"') else {
+                    continue;
+                };
+                let Some((name, after)) = rest.split_once('"') else {
+                    continue;
+                };
+                if name.starts_with("keyhold_") && after.trim_start().starts_with(')') {
+                    found.insert(name.to_owned());
+                }
+            }
+        }
+        let listed: BTreeSet<String> = UNLABELLED_COUNTERS.iter().map(|s| s.to_string()).collect();
+        assert_eq!(found, listed);
+    }
 }

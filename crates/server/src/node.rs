@@ -136,8 +136,9 @@ impl Node {
             .map_err(|e| Error::Config(format!("registry: {e}")))?;
         let tenants = Tenants::default();
         tenants.rebuild(registry.tenants(), registry.applied_index());
-        // Install the recorder before any request can record.
-        crate::metrics::handle();
+        // Install the recorder before any request can record, with the
+        // node's info series and its counters at 0.
+        crate::metrics::register_node(config.node_id, &config.region);
         Ok(Node {
             policy: config.policy(),
             admin_token_sha256: tenants::sha256(&config.admin_token),

@@ -88,6 +88,9 @@ impl IntoResponse for ApiError {
             bytes,
         )
             .into_response();
+        // Read by the access-log and metrics middleware (the slug of an error
+        // answer, without parsing the body).
+        response.extensions_mut().insert(self.problem);
         if let Some(seconds) = self.retry_after_seconds {
             response
                 .headers_mut()

@@ -232,12 +232,14 @@ pub async fn run(
     );
 
     let booted = boot(&cluster, &http, &mut secrets, &up).await;
-    if let Err(e) = booted {
-        cluster.nodes.stop_all().await;
-        let _ = stop_tx.send(());
-        return Err(e);
+    match booted {
+        Ok(live) => cluster.file.tenants = live,
+        Err(e) => {
+            cluster.nodes.stop_all().await;
+            let _ = stop_tx.send(());
+            return Err(e);
+        }
     }
-    cluster.file.tenants = secrets.tenants.clone();
     // The one summary an operator needs after the per-node lines: where to
     // point a browser, a client and the admin tools. Logged before cluster.json
     // is written, so whoever waits for that file finds the line already there.
@@ -296,13 +298,14 @@ pub async fn run(
     Ok(())
 }
 
-/// Starts every node and waits until the cluster is ready with its demo tenants.
+/// Starts every node and waits until the cluster is ready with its demo
+/// tenants; returns the live ones (what the registry says, not the secrets file).
 async fn boot(
     cluster: &control::Cluster,
     http: &reqwest::Client,
     secrets: &mut layout::Secrets,
     up: &UpConfig,
-) -> Result<(), Error> {
+) -> Result<Vec<TenantEntry>, Error> {
     let deadline = Instant::now() + Duration::from_millis(CLUSTER_READY_WAIT_MS);
     // All at once: a node of a region group may wait for its peers before it
     // listens, so starting one after another could wait on a node not started
@@ -311,8 +314,12 @@ async fn boot(
     futures::future::try_join_all(starts).await?;
     bootstrap::wait_ready(&cluster.nodes, deadline).await?;
     let plans = cluster.nodes.plans();
-    bootstrap::demo_tenants(http, plans, secrets, &up.data_dir, deadline).await?;
-    bootstrap::wait_tenants_known(http, plans, &secrets.tenants, deadline).await
+    let mut registry =
+        bootstrap::registry_tenants(http, &plans[0], &secrets.admin_token, deadline).await?;
+    bootstrap::demo_tenants(http, plans, secrets, &mut registry, &up.data_dir, deadline).await?;
+    let live = bootstrap::live_demo_tenants(secrets, &registry);
+    bootstrap::wait_tenants_known(http, plans, &live, deadline).await?;
+    Ok(live)
 }
 
 fn port(port: u16) -> SocketAddr {

@@ -245,6 +245,19 @@ impl Nodes {
             .await;
         matches!(sent, Ok(r) if r.status().is_success())
     }
+
+    /// A GET's status and body text, or why it got none.
+    pub async fn probe(&self, url: &str) -> Result<(u16, String), String> {
+        let r = self
+            .http
+            .get(url)
+            .timeout(Duration::from_millis(PROBE_TIMEOUT_MS))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = r.status().as_u16();
+        Ok((status, r.text().await.unwrap_or_default()))
+    }
 }
 
 /// The child's pid when it still runs; clears a slot whose child has exited.

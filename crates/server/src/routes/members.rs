@@ -251,6 +251,15 @@ async fn read_answer(response: reqwest::Response) -> Result<Option<Standing>, Ap
     }
     let status = response.status();
     let text = response.text().await.unwrap_or_default();
+    if status.is_client_error() {
+        // The leader refused the change for good (the last voter, a node of
+        // another region): its answer is passed on as it is, since a 503
+        // would have automation retry a permanent refusal forever.
+        return Err(leader_refusal(&text).unwrap_or_else(|| {
+            ApiError::new(Problem::Conflict)
+                .detail(format!("the group's leader answered {status}: {text}"))
+        }));
+    }
     if status != StatusCode::OK {
         return Err(ApiError::new(Problem::StoreUnavailable)
             .detail(format!("the group's leader answered {status}: {text}")));
@@ -259,6 +268,19 @@ async fn read_answer(response: reqwest::Response) -> Result<Option<Standing>, Ap
         ApiError::new(Problem::StoreUnavailable).detail(format!("unreadable answer: {e}"))
     })?;
     Ok(Some(standing))
+}
+
+/// The problem a group's leader refused a change with (its `type` ends in the
+/// slug), with the leader's detail.
+fn leader_refusal(text: &str) -> Option<ApiError> {
+    let body: serde_json::Value = serde_json::from_str(text).ok()?;
+    let slug = body["type"].as_str()?.rsplit('/').next()?;
+    let problem = Problem::ALL.iter().find(|p| p.slug() == slug)?;
+    let error = ApiError::new(*problem);
+    Some(match body["detail"].as_str() {
+        Some(detail) => error.detail(detail.to_owned()),
+        None => error,
+    })
 }
 
 /// Why a group's leader did not apply a change.

@@ -129,7 +129,9 @@ pub fn router(node: Arc<Node>) -> Router {
             KEYHOLD_REGION,
             region,
         ))
-        .layer(TraceLayer::new_for_http())
+        // Failures are logged by `record_metrics` with route and slug, at
+        // WARN for 503s: tower_http's own line was an ERROR without either.
+        .layer(TraceLayer::new_for_http().on_failure(()))
         .with_state(node)
 }
 
@@ -183,12 +185,43 @@ async fn record_metrics(request: Request, next: Next) -> Response {
     let method = request.method().as_str().to_owned();
     let started = Instant::now();
     let response = next.run(request).await;
+    log_failure(&method, &route, &response);
+    if let Some(problem) = response.extensions().get::<Problem>() {
+        crate::metrics::count_problem(*problem, 1);
+    }
     let status = response.status().as_u16().to_string();
     metrics::counter!("keyhold_http_requests_total", "method" => method.clone(), "route" => route.clone(), "status" => status)
         .increment(1);
     metrics::histogram!("keyhold_http_request_duration_seconds", "method" => method, "route" => route)
         .record(started.elapsed().as_secs_f64());
     response
+}
+
+/// The one log line of a 5xx answer, with its route and slug (`forwarded`: an
+/// answer another node gave, which logged it). 503s are expected while a
+/// region, its standby or the registry is away, and retried by clients: WARN,
+/// summarised with their repeats by the binary's log layer; a 500 is a bug:
+/// ERROR. 4xx answers are the client's business and are not logged.
+fn log_failure(method: &str, route: &str, response: &Response) {
+    let status = response.status().as_u16();
+    if status < 500 {
+        return;
+    }
+    if route == "/readyz" {
+        // A readiness probe's 503 is its answer, polled by every orchestrator
+        // while a node starts or its region is cut off: not a failure.
+        tracing::debug!(status, "not ready");
+        return;
+    }
+    let slug = response
+        .extensions()
+        .get::<Problem>()
+        .map_or("forwarded", |p| p.slug());
+    if status == 500 {
+        tracing::error!(method, route, status, slug, "answered 500");
+    } else {
+        tracing::warn!(method, route, status, slug, "answered 5xx");
+    }
 }
 
 /// 415 unless the body is declared as JSON (`application/json` or any

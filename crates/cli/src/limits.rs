@@ -1,0 +1,17 @@
+//! The limits of the `keyhold` binary itself (the libraries keep their own),
+//! named with their unit, and the relations between them checked at compile
+//! time.
+
+/// A WARN or ERROR line from one place in the code is written at most once per
+/// this interval; the repeats are counted and summarised in one line when it
+/// ends (a region that is down makes openraft retry, and log, thousands of
+/// times a second).
+pub const LOG_REPEAT_INTERVAL_MS: u64 = 10_000;
+/// Places in the code whose repeats are counted at once; lines from further
+/// places are written unsummarised (the table cannot grow without bound).
+pub const LOG_REPEAT_PLACES_MAX: usize = 1_024;
+/// Bytes of a summarised line's first message quoted in its summary.
+pub const LOG_SUMMARY_MESSAGE_BYTES_MAX: usize = 300;
+
+const _: () = assert!(LOG_REPEAT_INTERVAL_MS >= 1_000);
+const _: () = assert!(LOG_SUMMARY_MESSAGE_BYTES_MAX > 0);
