@@ -203,20 +203,21 @@ pub const REGION_APPEND_BYTES_MAX: usize = 16 * 128 * 1024;
 /// failures (a caller's own request bound, 30 s in the server, is longer still).
 pub const REGION_WRITE_WAIT_MS: u64 = 20_000;
 /// Upkeep commands (`Command::lane`) queued alone while the leader's latest
-/// entry is still on its way to a learner (a standby region's copy, a round
-/// trip away) wait for a client's command to share their entry, at most this
-/// long: openraft 0.9 sends a member one AppendEntries at a time, so an entry
-/// of upkeep alone sent just before a client's command holds that command a
-/// whole inter-region round trip (a region-survival write waits for its
-/// standby). Longer than the slowest such round trip the timing is sized for
+/// entry is still on its way to a follower (another voter of the region, one
+/// log flush away, or a standby region's learner, a round trip away) wait for
+/// a client's command to share their entry, at most this long: openraft 0.9
+/// sends a member one AppendEntries at a time, so an entry of upkeep alone
+/// sent just before a client's command holds that command a whole round (a
+/// follower's flush for every new order of a three-node region at one client,
+/// an inter-region round trip for a region-survival write). Longer than the slowest such round trip the timing is sized for
 /// (300 ms, the registry's `INTER_REGION_RTT_MS_MAX`) and shorter than one
 /// RPC's timeout, so a learner that stopped answering holds upkeep no longer
 /// than openraft waits for it anyway.
 pub const UPKEEP_RIDE_WAIT_MS: u64 = 400;
-/// Once every learner holds the leader's log, upkeep waits this much longer
+/// Once every follower holds the leader's log, upkeep waits this much longer
 /// for the client command that usually follows the answer just given.
 pub const UPKEEP_RIDE_GRACE_MS: u64 = 5;
-/// A learner further behind than this (entries) is catching up, not one
+/// A follower further behind than this (entries) is catching up, not one
 /// round trip away: upkeep does not wait for it.
 pub const UPKEEP_RIDE_LAG_ENTRIES_MAX: u64 = REGION_APPEND_ENTRIES_MAX;
 /// How long starting a single-voter region group waits for this node to lead it

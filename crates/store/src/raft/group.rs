@@ -13,8 +13,9 @@
 //! queue up and form the next, so one log fsync carries many commands under load,
 //! although openraft 0.9 flushes once per `client_write` (see `CommandBatch`).
 //! Upkeep commands that arrive alone (`Command::lane`: the relay's effects,
-//! sweeps) while the last entry is still on its way to a learner in another
-//! region wait briefly for a client's command to share their entry
+//! sweeps) while the last entry is still on its way to a follower (another
+//! voter of the region, or a learner in another region) wait briefly for a
+//! client's command to share their entry
 //! (`ride_along`): openraft sends a member one AppendEntries at a time, and an
 //! entry of upkeep alone would hold the next client entry a round trip.
 //!
@@ -906,68 +907,90 @@ fn take_queued(jobs: &mut mpsc::Receiver<Job>, entry: &mut Gathering) {
     }
 }
 
-/// Where the leader's stream to its learners stands (`stream_to_learners`).
+/// Where the leader's stream to its followers (the region's other voters and
+/// a standby's learners) stands (`stream_to_followers`).
 #[derive(Debug, PartialEq, Eq)]
-enum LearnerStream {
-    /// No learner one round trip away: none at all, one far behind (catching
+enum FollowerStream {
+    /// No follower one round trip away: none at all, one far behind (catching
     /// up) or not replicated to, or this member does not lead.
     Absent,
-    /// A learner has not yet matched the leader's last entry: an AppendEntries
+    /// A follower has not yet matched the leader's last entry: an AppendEntries
     /// is on its way to it, and a new entry would wait for its answer.
     Busy,
-    /// Every learner holds the leader's last entry.
+    /// Every follower holds the leader's last entry.
     Idle,
 }
 
-fn stream_to_learners(metrics: &openraft::RaftMetrics<NodeId, NodeInfo>) -> LearnerStream {
+fn stream_to_followers(metrics: &openraft::RaftMetrics<NodeId, NodeInfo>) -> FollowerStream {
     let Some(replication) = metrics.replication.as_ref() else {
-        return LearnerStream::Absent;
+        return FollowerStream::Absent;
     };
-    let learners = metrics.membership_config.membership().learner_ids();
-    let matched = learners.map(|id| replication.get(&id).copied().flatten().map(|l| l.index));
-    learner_stream(metrics.last_log_index.unwrap_or(0), matched)
+    follower_stream(
+        metrics.last_log_index.unwrap_or(0),
+        waited_for(metrics.id, replication),
+    )
 }
 
-/// `stream_to_learners` on the leader's last log index and each learner's
+/// The matched index of each member that `ride_along` waits for: every one
+/// the leader replicates to, voter or learner (the leader's own progress is
+/// its log's flush, which no AppendEntries holds up). openraft 0.9 sends a
+/// voter of the region one AppendEntries at a time as it does a standby's
+/// learner, so an upkeep entry sent alone to the region's followers held the
+/// next client entry one replication round, at one client on every order
+/// (issue 40).
+fn waited_for(
+    leader: NodeId,
+    replication: &BTreeMap<NodeId, Option<openraft::LogId<NodeId>>>,
+) -> Vec<Option<u64>> {
+    replication
+        .iter()
+        .filter(|(id, _)| **id != leader)
+        .map(|(_, matched)| matched.map(|l| l.index))
+        .collect()
+}
+
+/// `stream_to_followers` on the leader's last log index and each follower's
 /// matched index (`None`: not replicated to yet).
-fn learner_stream(last: u64, matched: impl IntoIterator<Item = Option<u64>>) -> LearnerStream {
+fn follower_stream(last: u64, matched: impl IntoIterator<Item = Option<u64>>) -> FollowerStream {
     let mut learners = 0usize;
     let mut busy = false;
     for matched in matched {
         learners += 1;
         let Some(matched) = matched else {
-            return LearnerStream::Absent;
+            return FollowerStream::Absent;
         };
         if matched + UPKEEP_RIDE_LAG_ENTRIES_MAX < last {
-            return LearnerStream::Absent;
+            return FollowerStream::Absent;
         }
         busy |= matched < last;
     }
     match (learners, busy) {
-        (0, _) => LearnerStream::Absent,
-        (_, true) => LearnerStream::Busy,
-        (_, false) => LearnerStream::Idle,
+        (0, _) => FollowerStream::Absent,
+        (_, true) => FollowerStream::Busy,
+        (_, false) => FollowerStream::Idle,
     }
 }
 
-/// With only upkeep commands in `entry` (`Command::lane`) and a learner one
+/// With only upkeep commands in `entry` (`Command::lane`) and a follower one
 /// round trip away, waits for a client's command to share their entry: while
-/// an AppendEntries is on its way to a learner, and `UPKEEP_RIDE_GRACE_MS`
-/// after the learners hold everything, at most `UPKEEP_RIDE_WAIT_MS` in all.
-/// Returns at once without learners. openraft 0.9 sends a member one
-/// AppendEntries at a time, so an entry of upkeep alone (a relay round, just
-/// after the order it delivers) sent to a standby right before a client's
-/// command would hold that command a whole inter-region round trip.
+/// an AppendEntries is on its way to a follower, and `UPKEEP_RIDE_GRACE_MS`
+/// after the followers hold everything, at most `UPKEEP_RIDE_WAIT_MS` in all.
+/// Returns at once without followers (a single voter). openraft 0.9 sends a
+/// member one AppendEntries at a time, so an entry of upkeep alone (a relay
+/// round, just after the order it delivers) sent right before a client's
+/// command would hold that command a whole round trip: an inter-region one
+/// to a standby, and one replication round (a follower's log flush) to the
+/// region's other voters.
 async fn ride_along(raft: &RegionRaft, jobs: &mut mpsc::Receiver<Job>, entry: &mut Gathering) {
     let mut metrics = raft.metrics();
     let deadline = tokio::time::Instant::now() + Duration::from_millis(UPKEEP_RIDE_WAIT_MS);
     let mut grace: Option<tokio::time::Instant> = None;
     loop {
-        let stream = stream_to_learners(&metrics.borrow_and_update());
+        let stream = stream_to_followers(&metrics.borrow_and_update());
         let until = match stream {
-            LearnerStream::Absent => return,
-            LearnerStream::Busy => deadline,
-            LearnerStream::Idle => *grace.get_or_insert_with(|| {
+            FollowerStream::Absent => return,
+            FollowerStream::Busy => deadline,
+            FollowerStream::Idle => *grace.get_or_insert_with(|| {
                 deadline
                     .min(tokio::time::Instant::now() + Duration::from_millis(UPKEEP_RIDE_GRACE_MS))
             }),
@@ -1176,8 +1199,8 @@ fn fail(stats: &CommitStats, pending: &mut Vec<Job>) {
 #[cfg(test)]
 mod tests {
     use super::{
-        answered_within, confirmed_within, held_by_majority, learner_stream, take_queued,
-        Gathering, LearnerStream, Written,
+        answered_within, confirmed_within, follower_stream, held_by_majority, take_queued,
+        waited_for, FollowerStream, Gathering, Written,
     };
     use crate::command::Command;
     use crate::limits::{
@@ -1193,7 +1216,7 @@ mod tests {
     use keyhold_raftlog::limits::{APPEND_ENVELOPE_BYTES_MAX, RPC_BODY_BYTES_MAX};
     use openraft::raft::AppendEntriesRequest;
     use openraft::{CommittedLeaderId, EntryPayload, LogId, Vote};
-    use std::collections::VecDeque;
+    use std::collections::{BTreeMap, VecDeque};
     use std::time::{Duration, Instant};
     use tokio::sync::{mpsc, oneshot};
 
@@ -1375,14 +1398,14 @@ mod tests {
         );
     }
 
-    /// Upkeep waits only for learners one round trip away: every learner
+    /// Upkeep waits only for followers one round trip away: every follower
     /// replicated to and within one append of the leader's last entry.
     #[test]
-    fn upkeep_waits_for_a_learner_one_append_behind_and_for_no_other() {
-        use LearnerStream::{Absent, Busy, Idle};
+    fn upkeep_waits_for_a_follower_one_append_behind_and_for_no_other() {
+        use FollowerStream::{Absent, Busy, Idle};
         let far = 100 - UPKEEP_RIDE_LAG_ENTRIES_MAX - 1;
         let edge = 100 - UPKEEP_RIDE_LAG_ENTRIES_MAX;
-        let cases: &[(&[Option<u64>], LearnerStream)] = &[
+        let cases: &[(&[Option<u64>], FollowerStream)] = &[
             (&[], Absent),
             (&[Some(100)], Idle),
             (&[Some(100), Some(100)], Idle),
@@ -1396,11 +1419,42 @@ mod tests {
         ];
         for (matched, stream) in cases {
             assert_eq!(
-                learner_stream(100, matched.iter().copied()),
+                follower_stream(100, matched.iter().copied()),
                 *stream,
                 "{matched:?}"
             );
         }
+    }
+
+    /// Upkeep waits for a voter of its own region as for a learner: openraft
+    /// sends a voter one AppendEntries at a time too, so an upkeep entry sent
+    /// alone held the next client entry a whole replication round (issue 40).
+    /// The leader's own progress is not waited for.
+    #[test]
+    fn upkeep_waits_for_a_voter_one_append_behind() {
+        use FollowerStream::{Absent, Busy, Idle};
+        let at = |index: u64| {
+            Some(openraft::LogId::new(
+                openraft::CommittedLeaderId::new(1, 1),
+                index,
+            ))
+        };
+        let voters = |leader, a, b| BTreeMap::from([(1, leader), (2, a), (3, b)]);
+        let cases = [
+            (voters(at(100), at(99), at(100)), Busy),
+            (voters(at(100), at(100), at(100)), Idle),
+            (voters(at(99), at(100), at(100)), Idle),
+            (voters(at(100), None, at(100)), Absent),
+        ];
+        for (replication, stream) in cases {
+            assert_eq!(
+                follower_stream(100, waited_for(1, &replication)),
+                stream,
+                "{replication:?}"
+            );
+        }
+        let alone = BTreeMap::from([(1, at(100))]);
+        assert_eq!(follower_stream(100, waited_for(1, &alone)), Absent);
     }
 
     #[test]
