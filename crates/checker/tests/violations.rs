@@ -127,6 +127,10 @@ fn acquired(token: &str, recovery: bool) -> Outcome {
     )
 }
 
+fn acquired_body(token: &str) -> Value {
+    json!({"state": "PROCESSING", "owner_token": token, "recovery": true})
+}
+
 fn claim_replay(body: &str) -> Value {
     json!({"state": "SUCCEEDED", "response": {"status": 200, "headers": {},
         "body": serde_json::from_str::<Value>(body).unwrap()}, "resource_id": null})
@@ -840,6 +844,10 @@ fn a_lost_claim_completion_listed_as_an_orphan_passes() {
     let verdict = c.verdict();
     assert!(verdict.ok, "{}", verdict.summary());
     assert_eq!(verdict.stats.claims_lost_allowed, 1);
+    // The final claim acquired it afresh: its body is no completion's.
+    c.state.claim_replays[0].body = acquired_body("t3");
+    let verdict = c.verdict();
+    assert!(verdict.ok, "{}", verdict.summary());
     // Acknowledged after the bound: not excused.
     c.state.failovers[0].cut_ms = 0;
     c.state.failovers[0].max_standby_lag_ms = 100;
