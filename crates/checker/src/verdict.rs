@@ -101,6 +101,27 @@ pub struct Stats {
     pub claims_lost_allowed: u64,
 }
 
+impl LossReport {
+    /// One line for people (the verdict's summary, `keyhold chaos`'s seed line).
+    pub fn line(&self) -> String {
+        format!(
+            "failover {} -> {}: {} acknowledged orders lost ({} listed as orphans, {} orphans \
+             listed), newest sent {} ms after the cut (bound {} ms), span {} ms (estimate {})",
+            self.region,
+            self.to,
+            self.orders_lost,
+            self.orders_lost_orphaned,
+            self.orphans_listed
+                .map_or("no report".to_owned(), |n| n.to_string()),
+            self.newest_lost_after_cut_ms,
+            self.bound_ms - self.cut_ms,
+            self.lost_span_ms,
+            self.estimated_lost_ms
+                .map_or("none".to_owned(), |ms| format!("{ms} ms")),
+        )
+    }
+}
+
 /// One failover's loss against its bounds, for the report.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LossReport {
@@ -187,23 +208,7 @@ impl Verdict {
             },
         );
         for l in &self.losses {
-            let _ = write!(
-                out,
-                "\n  failover {} -> {}: {} acknowledged orders lost ({} listed as orphans, \
-                 {} orphans listed), newest acknowledged {} ms after the cut (bound {} ms), \
-                 span {} ms (estimate {})",
-                l.region,
-                l.to,
-                l.orders_lost,
-                l.orders_lost_orphaned,
-                l.orphans_listed
-                    .map_or("no report".to_owned(), |n| n.to_string()),
-                l.newest_lost_after_cut_ms,
-                l.bound_ms - l.cut_ms,
-                l.lost_span_ms,
-                l.estimated_lost_ms
-                    .map_or("none".to_owned(), |ms| format!("{ms} ms")),
-            );
+            let _ = write!(out, "\n  {}", l.line());
         }
         let mut shown: BTreeMap<Kind, usize> = BTreeMap::new();
         for v in &self.violations {
