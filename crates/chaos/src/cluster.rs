@@ -1,8 +1,8 @@
 //! The cluster under test and the faults done to it: `keyhold up` started as a
 //! child process on a data dir and a free port range. The whole cluster is
 //! killed with SIGKILL (`up` and, with it, every node) and started again on the
-//! same dir and ports; single nodes are killed and started, and regions
-//! isolated and healed, through `up`'s control API. [`Control`] names what the
+//! same dir and ports; single nodes are killed, started, isolated and healed,
+//! and regions isolated and healed, through `up`'s control API. [`Control`] names what the
 //! fault layer needs.
 
 use crate::limits::{
@@ -40,6 +40,12 @@ pub trait Control {
     fn isolate(
         &mut self,
         region: usize,
+        link: Link,
+    ) -> impl std::future::Future<Output = Result<(), Error>> + Send;
+    /// Cut one node off from every other node, or heal it.
+    fn isolate_node(
+        &mut self,
+        node: u64,
         link: Link,
     ) -> impl std::future::Future<Output = Result<(), Error>> + Send;
 }
@@ -136,6 +142,13 @@ impl UpProcess {
         if let Some(ms) = self.options.inter_region_rtt_ms {
             cmd.arg("--inter-region-rtt").arg(format!("{ms}ms"));
         }
+        if self.options.nodes_per_region != 1 {
+            cmd.arg("--nodes-per-region")
+                .arg(self.options.nodes_per_region.to_string());
+        }
+        if let Some(ms) = self.options.auto_failover_after_ms {
+            cmd.arg("--auto-failover-after").arg(format!("{ms}ms"));
+        }
         cmd.stdin(Stdio::null())
             .stdout(std::fs::File::create(self.log(n, "stdout"))?)
             .stderr(std::fs::File::create(self.log(n, "stderr"))?)
@@ -220,5 +233,13 @@ impl Control for UpProcess {
         };
         let name = crate::plan::REGIONS[region];
         self.control(&format!("/v1/regions/{name}/{action}")).await
+    }
+
+    async fn isolate_node(&mut self, node: u64, link: Link) -> Result<(), Error> {
+        let action = match link {
+            Link::Cut => "isolate",
+            Link::Healed => "heal",
+        };
+        self.control(&format!("/v1/nodes/{node}/{action}")).await
     }
 }

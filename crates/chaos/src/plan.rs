@@ -3,11 +3,20 @@
 //! bodies, regions, client timeouts, pauses) at the same offsets, and the same
 //! faults at the same offsets. Only the interleaving the machine produces
 //! differs between two runs of one seed.
+//!
+//! What issue 37 added (3-node regions, node isolation, standby loss,
+//! failovers, reads after steps) is drawn from a second stream of the same
+//! seed, so the first stream, and with it every seed's earlier clients and
+//! faults, is what it was: the seeds pinned in tests/e2e/chaos.rs still play
+//! the part they were chosen for.
 
 use crate::limits::{
-    CLIENTS, CLIENT_TIMEOUT_MS_MAX, DOWN_MS_MAX, DUPLICATES_MAX, FAULTS_MAX, FAULTS_MIN,
+    AUTO_FAILOVER_AFTER_MS, CLIENTS, CLIENT_TIMEOUT_MS_MAX, DOWN_MS_MAX, DUPLICATES_MAX,
+    FAILOVER_AT_MS_MAX, FAILOVER_AT_MS_MIN, FAILOVER_REQUEST_DELAY_MS_MAX, FAULTS_MAX, FAULTS_MIN,
     FAULT_START_MS, ISOLATE_MS_MAX, ISOLATE_MS_MIN, ITEMS_MAX, KILLS_MAX, LEASE_MS_MAX,
-    LEASE_MS_MIN, STEPS_PER_CLIENT_MAX, STEPS_PER_CLIENT_MIN, TRAFFIC_MS,
+    LEASE_MS_MIN, NODES_PER_REGION_REPLICATED, NODE_ISOLATE_MS_MAX, NODE_ISOLATE_MS_MIN,
+    READ_AFTER_STEP_PERCENT, REPLICATED_SEED_ONE_IN, STANDBY_LOSS_MS_MAX, STANDBY_LOSS_MS_MIN,
+    STEPS_PER_CLIENT_MAX, STEPS_PER_CLIENT_MIN, TRAFFIC_MS,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -16,12 +25,50 @@ use serde::{Deserialize, Serialize};
 /// The local cluster's regions; each has one demo tenant, `demo-<region>`.
 pub const REGIONS: [&str; 3] = ["a", "b", "c"];
 
+/// Region `region`'s standby (`keyhold up`'s default: the next region).
+pub fn standby_of(region: usize) -> usize {
+    (region + 1) % REGIONS.len()
+}
+
+/// XORed into the seed for the second stream (what issue 37 added).
+const SECOND_STREAM: u64 = 0x3737_3737_5eed_0037;
+
+fn one() -> usize {
+    1
+}
+
 /// Options `keyhold up` is started with (the same at every restart).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ClusterOptions {
     pub psp_drop_response_rate: f64,
     pub psp_decline_rate: f64,
     pub inter_region_rtt_ms: Option<u64>,
+    /// `--nodes-per-region` (1 or 3).
+    #[serde(default = "one")]
+    pub nodes_per_region: usize,
+    /// `--auto-failover-after`, only in seeds whose failover the cluster makes.
+    #[serde(default)]
+    pub auto_failover_after_ms: Option<u64>,
+}
+
+impl ClusterOptions {
+    /// The node ids of region `REGIONS[region]` (`up`: node `k` is in region
+    /// `k % R`, ids from 1).
+    pub fn nodes_of(&self, region: usize) -> Vec<u64> {
+        (0..self.nodes_per_region)
+            .map(|k| (k * REGIONS.len() + region + 1) as u64)
+            .collect()
+    }
+}
+
+/// A read-back after a client step: one of the orders the client saw
+/// acknowledged so far (`pick` modulo their number), by id or by
+/// client_order_id, through region `region`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadBack {
+    pub pick: u32,
+    pub region: usize,
+    pub by_id: bool,
 }
 
 /// One order a step sends: its tenant (index into [`REGIONS`]: `demo-<region>`),
@@ -120,6 +167,47 @@ pub enum Fault {
     /// Cut a region off from the others (both ways, registry included) and
     /// heal it after `for_ms`, through `up`'s control API.
     Isolate { region: usize, for_ms: u64 },
+    /// Cut one node from every other node (its region's included) and heal
+    /// it after `for_ms` (`POST /v1/nodes/{id}/isolate`, `/heal`).
+    IsolateNode { node: u64, for_ms: u64 },
+    /// Lose region `standby_of`'s standby (region `standby_of(standby_of)`):
+    /// cut it off or kill its nodes for `for_ms`, then heal or start it.
+    StandbyLoss {
+        standby_of: usize,
+        cut: Cut,
+        for_ms: u64,
+    },
+    /// Cut region `region` off (isolate or kill every node), fail it over to
+    /// its standby (by hand `request_after_ms` after the cut, or by the
+    /// cluster's `--auto-failover-after`), wait for `done`, bring the region
+    /// back and wait for its reconciliation's orphans. The demo tenant stays
+    /// in its new home.
+    Failover {
+        region: usize,
+        mode: FailoverMode,
+        cut: Cut,
+        request_after_ms: u64,
+    },
+}
+
+/// How a region is cut off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Cut {
+    /// `POST /v1/regions/{r}/isolate`, later `/heal`.
+    Isolate,
+    /// SIGKILL of every node of the region, later started again.
+    Kill,
+}
+
+/// Who starts a failover.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailoverMode {
+    /// `POST /admin/v1/regions/{r}/failover`.
+    Manual,
+    /// The cluster, `--auto-failover-after` after the region stopped being ready.
+    Auto,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -145,6 +233,16 @@ impl Fault {
             Fault::OutboxReplay => "outbox_replay",
             Fault::Move { .. } => "move",
             Fault::Isolate { .. } => "isolate",
+            Fault::IsolateNode { .. } => "isolate_node",
+            Fault::StandbyLoss { .. } => "standby_loss",
+            Fault::Failover {
+                mode: FailoverMode::Manual,
+                ..
+            } => "failover_manual",
+            Fault::Failover {
+                mode: FailoverMode::Auto,
+                ..
+            } => "failover_auto",
         }
     }
 }
@@ -155,6 +253,9 @@ pub struct Plan {
     pub cluster: ClusterOptions,
     pub clients: Vec<Vec<Timed<Step>>>,
     pub faults: Vec<Timed<Fault>>,
+    /// Per client, per step: the read-back after it, if any.
+    #[serde(default)]
+    pub reads: Vec<Vec<Option<ReadBack>>>,
 }
 
 fn pick<T: Copy>(rng: &mut StdRng, items: &[T]) -> T {
@@ -169,12 +270,14 @@ impl Plan {
     /// The plan of `seed`.
     pub fn new(seed: u64) -> Plan {
         let mut rng = StdRng::seed_from_u64(seed);
-        let cluster = ClusterOptions {
+        let mut cluster = ClusterOptions {
             psp_drop_response_rate: pick(&mut rng, &[0.0, 0.1, 0.3]),
             psp_decline_rate: pick(&mut rng, &[0.0, 0.1, 0.25]),
             inter_region_rtt_ms: pick(&mut rng, &[None, Some(10), Some(40)]),
+            nodes_per_region: 1,
+            auto_failover_after_ms: None,
         };
-        let clients = (0..CLIENTS)
+        let clients: Vec<Vec<Timed<Step>>> = (0..CLIENTS)
             .map(|c| client_steps(&mut rng, seed, c))
             .collect();
         let mut faults = Vec::new();
@@ -209,18 +312,86 @@ impl Plan {
             };
             faults.push(Timed { at_ms, what: fault });
         }
+        let mut second = StdRng::seed_from_u64(seed ^ SECOND_STREAM);
+        if second.gen_range(0..REPLICATED_SEED_ONE_IN) == 0 {
+            cluster.nodes_per_region = NODES_PER_REGION_REPLICATED;
+        }
+        faults.push(new_fault(&mut second, &mut cluster));
         faults.sort_by_key(|f| f.at_ms);
+        let reads = clients
+            .iter()
+            .map(|steps| {
+                steps
+                    .iter()
+                    .map(|_| {
+                        (second.gen_range(0..100) < READ_AFTER_STEP_PERCENT).then(|| ReadBack {
+                            pick: second.gen(),
+                            region: region(&mut second),
+                            by_id: second.gen_bool(0.5),
+                        })
+                    })
+                    .collect()
+            })
+            .collect();
         Plan {
             seed,
             cluster,
             clients,
             faults,
+            reads,
         }
     }
 
     pub fn requests_planned(&self) -> usize {
         self.clients.iter().map(Vec::len).sum()
     }
+}
+
+/// One fault of a kind issue 37 added; an automatic failover also sets the
+/// cluster's `--auto-failover-after`.
+fn new_fault(rng: &mut StdRng, cluster: &mut ClusterOptions) -> Timed<Fault> {
+    let cut = |rng: &mut StdRng| {
+        if rng.gen_bool(0.5) {
+            Cut::Isolate
+        } else {
+            Cut::Kill
+        }
+    };
+    let (at_ms, fault) = match rng.gen_range(0..7) {
+        0 | 1 => (
+            rng.gen_range(FAULT_START_MS..TRAFFIC_MS),
+            Fault::IsolateNode {
+                node: rng.gen_range(1..=(cluster.nodes_per_region * REGIONS.len()) as u64),
+                for_ms: rng.gen_range(NODE_ISOLATE_MS_MIN..=NODE_ISOLATE_MS_MAX),
+            },
+        ),
+        2 | 3 => (
+            rng.gen_range(FAULT_START_MS..TRAFFIC_MS),
+            Fault::StandbyLoss {
+                standby_of: region(rng),
+                cut: cut(rng),
+                for_ms: rng.gen_range(STANDBY_LOSS_MS_MIN..=STANDBY_LOSS_MS_MAX),
+            },
+        ),
+        roll => {
+            let mode = if roll == 6 {
+                cluster.auto_failover_after_ms = Some(AUTO_FAILOVER_AFTER_MS);
+                FailoverMode::Auto
+            } else {
+                FailoverMode::Manual
+            };
+            (
+                rng.gen_range(FAILOVER_AT_MS_MIN..=FAILOVER_AT_MS_MAX),
+                Fault::Failover {
+                    region: region(rng),
+                    mode,
+                    cut: cut(rng),
+                    request_after_ms: rng.gen_range(0..=FAILOVER_REQUEST_DELAY_MS_MAX),
+                },
+            )
+        }
+    };
+    Timed { at_ms, what: fault }
 }
 
 fn client_steps(rng: &mut StdRng, seed: u64, client: u32) -> Vec<Timed<Step>> {
@@ -300,6 +471,7 @@ fn order(rng: &mut StdRng, name: &mut impl FnMut(&str) -> String) -> OrderSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limits::NEW_FAULTS_PER_SEED;
 
     #[test]
     fn one_seed_gives_one_plan() {
@@ -323,7 +495,32 @@ mod tests {
                 .filter(|f| matches!(f.what, Fault::Kill { .. }))
                 .count();
             assert!(kills <= KILLS_MAX);
-            assert!((FAULTS_MIN..=FAULTS_MAX).contains(&plan.faults.len()));
+            assert!((FAULTS_MIN..=FAULTS_MAX + NEW_FAULTS_PER_SEED).contains(&plan.faults.len()));
+            assert_eq!(plan.reads.len(), plan.clients.len());
+            for (reads, steps) in plan.reads.iter().zip(&plan.clients) {
+                assert_eq!(reads.len(), steps.len());
+            }
+            let failovers = plan
+                .faults
+                .iter()
+                .filter(|f| matches!(f.what, Fault::Failover { .. }))
+                .count();
+            assert!(failovers <= 1);
+            let auto = plan.faults.iter().any(|f| {
+                matches!(
+                    f.what,
+                    Fault::Failover {
+                        mode: FailoverMode::Auto,
+                        ..
+                    }
+                )
+            });
+            assert_eq!(auto, plan.cluster.auto_failover_after_ms.is_some());
+            for f in &plan.faults {
+                if let Fault::IsolateNode { node, .. } = f.what {
+                    assert!(node >= 1 && node as usize <= plan.cluster.nodes_per_region * 3);
+                }
+            }
             for steps in &plan.clients {
                 assert!((STEPS_PER_CLIENT_MIN..=STEPS_PER_CLIENT_MAX).contains(&steps.len()));
                 for (i, step) in steps.iter().enumerate() {
@@ -364,6 +561,10 @@ mod tests {
             "isolate",
             "move",
             "outbox_replay",
+            "isolate_node",
+            "standby_loss",
+            "failover_manual",
+            "failover_auto",
             "new",
             "retry",
             "conflict",
@@ -374,6 +575,46 @@ mod tests {
         ] {
             assert!(kinds.contains(k), "{k} never planned: {kinds:?}");
         }
+    }
+
+    /// The second stream leaves the first alone: seed 106 still kills the
+    /// cluster 268 ms after a move (tests/e2e/chaos.rs pins it for that).
+    #[test]
+    fn the_first_stream_is_unchanged() {
+        let plan = Plan::new(106);
+        let old: Vec<&Timed<Fault>> = plan
+            .faults
+            .iter()
+            .filter(|f| {
+                !matches!(
+                    f.what,
+                    Fault::IsolateNode { .. } | Fault::StandbyLoss { .. } | Fault::Failover { .. }
+                )
+            })
+            .collect();
+        let at_move = old.iter().find(|f| matches!(f.what, Fault::Move { .. }));
+        let at_kill = old.iter().find(|f| {
+            matches!(
+                f.what,
+                Fault::Kill {
+                    target: KillTarget::Cluster,
+                    ..
+                }
+            )
+        });
+        let (Some(m), Some(k)) = (at_move, at_kill) else {
+            panic!("seed 106 lost its move or kill: {:?}", plan.faults);
+        };
+        assert_eq!(k.at_ms - m.at_ms, 268, "{:?}", plan.faults);
+    }
+
+    #[test]
+    fn replicated_regions_name_their_nodes() {
+        let mut o = Plan::new(1).cluster;
+        o.nodes_per_region = 3;
+        assert_eq!(o.nodes_of(1), vec![2, 5, 8]);
+        o.nodes_per_region = 1;
+        assert_eq!(o.nodes_of(2), vec![3]);
     }
 
     #[test]

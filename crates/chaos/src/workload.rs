@@ -1,12 +1,15 @@
 //! The client side of a run: each client executes its planned steps at their
 //! offsets, sends every request to the planned region's node, and records each
 //! request and its fate in the shared history (a refused connection is `fail`,
-//! any other transport error or a client timeout is `unknown`).
+//! any other transport error or a client timeout is `unknown`). After a step
+//! the plan may have it read back one of the orders it saw acknowledged, by id
+//! or by client_order_id, through a planned region: the checker judges those
+//! reads (a 404 or another order is a stale read).
 
 use crate::limits::{
     RECONNECT_PAUSE_MS, REQUEST_TIMEOUT_MS, TAKEOVER_ATTEMPTS_MAX, TAKEOVER_RETRY_MS,
 };
-use crate::plan::{OrderSpec, Step, Timed, REGIONS};
+use crate::plan::{OrderSpec, ReadBack, Step, Timed, REGIONS};
 use keyhold_checker::history::{Outcome, Recorder, Request, Sender};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -36,7 +39,8 @@ struct Call<'a> {
     region: usize,
     path: &'a str,
     key: Option<&'a str>,
-    body: String,
+    /// `Some`: a POST of this JSON; `None`: a GET.
+    body: Option<String>,
     timeout_ms: Option<u64>,
     request: Request,
 }
@@ -50,15 +54,19 @@ impl Env {
             region: REGIONS[call.region],
         };
         let pending = self.recorder.invoke(&sender, call.request);
-        let mut builder = self
-            .http
-            .post(format!("{}{}", self.api_urls[call.region], call.path))
-            .bearer_auth(&self.tokens[call.tenant])
-            .header("content-type", "application/json")
-            .timeout(Duration::from_millis(
-                call.timeout_ms.unwrap_or(REQUEST_TIMEOUT_MS),
-            ))
-            .body(call.body);
+        let url = format!("{}{}", self.api_urls[call.region], call.path);
+        let mut builder = match call.body {
+            Some(body) => self
+                .http
+                .post(url)
+                .header("content-type", "application/json")
+                .body(body),
+            None => self.http.get(url),
+        }
+        .bearer_auth(&self.tokens[call.tenant])
+        .timeout(Duration::from_millis(
+            call.timeout_ms.unwrap_or(REQUEST_TIMEOUT_MS),
+        ));
         if let Some(key) = call.key {
             builder = builder.header("idempotency-key", key);
         }
@@ -105,7 +113,7 @@ impl Env {
             region,
             path: "/v1/orders",
             key: Some(&order.key),
-            body: body.clone(),
+            body: Some(body.clone()),
             timeout_ms,
             request: Request::CreateOrder {
                 key: order.key.clone(),
@@ -139,7 +147,7 @@ impl Env {
             region,
             path: "/v1/claims",
             key: None,
-            body,
+            body: Some(body),
             timeout_ms: None,
             request: Request::Claim {
                 operation: CLAIM_OPERATION.to_owned(),
@@ -176,7 +184,7 @@ impl Env {
             region,
             path: "/v1/claims/complete",
             key: None,
-            body,
+            body: Some(body),
             timeout_ms: None,
             request: Request::CompleteClaim {
                 operation: CLAIM_OPERATION.to_owned(),
@@ -184,6 +192,60 @@ impl Env {
                 owner_token: owner_token.to_owned(),
                 outcome: "SUCCEEDED".to_owned(),
                 response_body,
+            },
+        })
+        .await
+    }
+}
+
+/// An order a client saw acknowledged: tenant, order id, client_order_id.
+#[derive(Debug, Clone)]
+struct Acked {
+    tenant: usize,
+    order_id: String,
+    client_order_id: String,
+}
+
+/// The order an answer acknowledges (200 or 201 naming an order id).
+fn acked(tenant: usize, outcome: &Outcome) -> Option<Acked> {
+    if !matches!(
+        outcome,
+        Outcome::Ok {
+            status: 200 | 201,
+            ..
+        }
+    ) {
+        return None;
+    }
+    let json = outcome.json()?;
+    Some(Acked {
+        tenant,
+        order_id: json["order_id"].as_str()?.to_owned(),
+        client_order_id: json["client_order_id"].as_str()?.to_owned(),
+    })
+}
+
+impl Env {
+    /// Reads an acknowledged order back through region `region`.
+    async fn read(&self, client: u32, order: &Acked, region: usize, by_id: bool) -> Outcome {
+        // Order ids are `ord_` and hex; client_order_ids are the plan's
+        // `s<seed>-c<client>-o<n>`: neither needs escaping.
+        let path = if by_id {
+            format!("/v1/orders/{}", order.order_id)
+        } else {
+            format!("/v1/orders?client_order_id={}", order.client_order_id)
+        };
+        self.call(Call {
+            client,
+            tenant: order.tenant,
+            region,
+            path: &path,
+            key: None,
+            body: None,
+            timeout_ms: None,
+            request: Request::ReadOrder {
+                order_id: by_id.then(|| order.order_id.clone()),
+                client_order_id: (!by_id).then(|| order.client_order_id.clone()),
             },
         })
         .await
@@ -254,22 +316,36 @@ async fn claim_job(env: &Env, job: Job<'_>) {
         .await;
 }
 
-/// Runs one client's steps at their offsets from `started`.
-pub async fn run_client(env: Arc<Env>, client: u32, steps: Vec<Timed<Step>>, started: Instant) {
+/// Runs one client's steps at their offsets from `started`, each followed by
+/// its planned read-back (`reads[i]`), if any.
+pub async fn run_client(
+    env: Arc<Env>,
+    client: u32,
+    steps: Vec<Timed<Step>>,
+    reads: Vec<Option<ReadBack>>,
+    started: Instant,
+) {
     let mut orders: BTreeMap<usize, OrderSpec> = BTreeMap::new();
+    let mut seen: Vec<Acked> = Vec::new();
     for (i, step) in steps.into_iter().enumerate() {
         tokio::time::sleep_until((started + Duration::from_millis(step.at_ms)).into()).await;
+        // What the step's order requests answered: (tenant, outcome).
+        let mut answers: Vec<(usize, Outcome)> = Vec::new();
         match step.what {
             Step::New {
                 order,
                 region,
                 timeout_ms,
             } => {
-                env.order(client, &order, region, timeout_ms).await;
+                answers.push((
+                    order.tenant,
+                    env.order(client, &order, region, timeout_ms).await,
+                ));
                 orders.insert(i, order);
             }
             Step::Retry { of, region } => {
-                env.order(client, &orders[&of], region, None).await;
+                let order = &orders[&of];
+                answers.push((order.tenant, env.order(client, order, region, None).await));
             }
             Step::Conflict { of, region } => {
                 let mut changed = orders[&of].clone();
@@ -279,7 +355,7 @@ pub async fn run_client(env: Arc<Env>, client: u32, steps: Vec<Timed<Step>>, sta
             Step::NewKeySameOrder { of, key, region } => {
                 let mut again = orders[&of].clone();
                 again.key = key;
-                env.order(client, &again, region, None).await;
+                answers.push((again.tenant, env.order(client, &again, region, None).await));
             }
             Step::NewKeyChangedOrder { of, key, region } => {
                 let mut changed = orders[&of].clone();
@@ -293,7 +369,11 @@ pub async fn run_client(env: Arc<Env>, client: u32, steps: Vec<Timed<Step>>, sta
                     let (env, order) = (env.clone(), order.clone());
                     set.spawn(async move { env.order(client, &order, region, None).await });
                 }
-                while set.join_next().await.is_some() {}
+                while let Some(joined) = set.join_next().await {
+                    if let Ok(outcome) = joined {
+                        answers.push((order.tenant, outcome));
+                    }
+                }
                 orders.insert(i, order);
             }
             Step::ClaimJob {
@@ -313,6 +393,17 @@ pub async fn run_client(env: Arc<Env>, client: u32, steps: Vec<Timed<Step>>, sta
                 };
                 claim_job(&env, job).await;
             }
+        }
+        for (tenant, outcome) in &answers {
+            if let Some(order) = acked(*tenant, outcome) {
+                if !seen.iter().any(|s| s.order_id == order.order_id) {
+                    seen.push(order);
+                }
+            }
+        }
+        if let (Some(Some(read)), false) = (reads.get(i), seen.is_empty()) {
+            let order = &seen[read.pick as usize % seen.len()];
+            env.read(client, order, read.region, read.by_id).await;
         }
     }
 }

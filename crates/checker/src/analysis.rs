@@ -11,10 +11,20 @@
 //!
 //! `unknown` ops may or may not have happened: they never count as
 //! acknowledgements, but an order they may have created is allowed to exist.
+//!
+//! Reads during the run: an order acknowledged before a read was sent must read
+//! back as itself; 404 or another order is a stale read. Losses: an
+//! acknowledged order may be missing at the end only if a failover of the run
+//! lost it, its lost region's reconciliation lists it as an orphan, and it was
+//! acknowledged no later than `max_standby_lag` after the cut; the lost orders
+//! of one failover must also span no more than its `estimated_lost.seconds`.
+//! Such an allowed loss excuses what follows from it (a retry that executed
+//! the key again in the new home, a replay that differs, a read of 404 after
+//! the failover), and nothing else.
 
 use crate::history::{History, Op, Outcome, Request};
 use crate::state::{Charge, Downstream, FinalState, Read, Reservation};
-use crate::verdict::{Kind, Stats, Verdict, Violation};
+use crate::verdict::{Kind, LossReport, Stats, Verdict, Violation};
 use keyhold_fingerprint::Spec;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -109,6 +119,295 @@ fn violation(kind: Kind, detail: String, ops: Vec<u64>) -> Violation {
     Violation { kind, detail, ops }
 }
 
+/// Acknowledged orders and claim completions that a failover lost within its
+/// bounds, listed by its reconciliation.
+#[derive(Default)]
+struct Allowed {
+    /// (tenant, order id).
+    orders: BTreeSet<(String, String)>,
+    /// (tenant, claim key).
+    claims: BTreeSet<(String, String)>,
+}
+
+impl Allowed {
+    fn order(&self, tenant: &str, order_id: &str) -> bool {
+        self.orders
+            .contains(&(tenant.to_owned(), order_id.to_owned()))
+    }
+
+    /// Whether an answer names an order that is an allowed loss.
+    fn answer(&self, tenant: &str, outcome: &Outcome) -> bool {
+        outcome
+            .json()
+            .and_then(|j| str_field(&j, "order_id").map(str::to_owned))
+            .is_some_and(|id| self.order(tenant, &id))
+    }
+}
+
+/// The earliest acknowledgement of each order: (tenant, order id) → op.
+fn first_acks<'h>(
+    orders: &Orders<'_>,
+    ops: &BTreeMap<u64, &'h Op>,
+) -> BTreeMap<(String, String), &'h Op> {
+    let mut first: BTreeMap<(String, String), &Op> = BTreeMap::new();
+    for ((tenant, _), acked) in &orders.acked {
+        for (id, op) in acked {
+            let Some(op) = ops.get(op) else { continue };
+            let entry = first
+                .entry(((*tenant).to_owned(), id.clone()))
+                .or_insert(op);
+            if op.invoked_ms < entry.invoked_ms {
+                *entry = op;
+            }
+        }
+    }
+    first
+}
+
+/// Which missing acknowledged orders (and claim completions) the run's
+/// failovers excuse, with each failover's loss against its bounds.
+fn check_losses(
+    history: &History,
+    orders: &Orders<'_>,
+    state: &FinalState,
+    stats: &mut Stats,
+    out: &mut Vec<Violation>,
+) -> (Allowed, Vec<LossReport>) {
+    let ops: BTreeMap<u64, &Op> = history.ops.iter().map(|op| (op.id, op)).collect();
+    let first = first_acks(orders, &ops);
+    let mut allowed = Allowed::default();
+    let mut reports: Vec<LossReport> = state
+        .failovers
+        .iter()
+        .map(|f| LossReport {
+            region: f.region.clone(),
+            to: f.to.clone(),
+            cut_ms: f.cut_ms,
+            bound_ms: f.cut_ms + f.max_standby_lag_ms,
+            orphans_listed: f.orphans.as_ref().map(|o| o.len() as u64),
+            estimated_lost_ms: f.estimated_lost_ms,
+            estimated_lost_commands: f.estimated_lost_commands,
+            ..LossReport::default()
+        })
+        .collect();
+    // Per failover: the acknowledgements of its allowed losses.
+    let mut lost_acks: Vec<Vec<&Op>> = vec![Vec::new(); state.failovers.len()];
+    for lookup in &state.by_order_id {
+        if lookup.read != Read::Absent {
+            continue;
+        }
+        let key = (lookup.tenant.clone(), lookup.order_id.clone());
+        let Some(ack) = first.get(&key) else { continue };
+        stats.orders_lost += 1;
+        let orphaned = state.failovers.iter().position(|f| {
+            f.orphans.as_ref().is_some_and(|orphans| {
+                orphans.iter().any(|o| {
+                    o.kind == "order"
+                        && o.tenant_id == lookup.tenant
+                        && o.order_id.as_deref() == Some(lookup.order_id.as_str())
+                })
+            })
+        });
+        // Not an orphan of any failover: check_order_ids reports it missing.
+        let Some(i) = orphaned else { continue };
+        let report = &mut reports[i];
+        report.orders_lost += 1;
+        report.orders_lost_orphaned += 1;
+        if ack.invoked_ms > report.bound_ms {
+            out.push(violation(
+                Kind::LossBeyondBound,
+                format!(
+                    "order {} was lost by the failover of {}, but its acknowledgement was sent \
+                     {} ms after the cut, later than max_standby_lag ({} ms)",
+                    lookup.order_id,
+                    report.region,
+                    ack.invoked_ms - report.cut_ms,
+                    report.bound_ms - report.cut_ms
+                ),
+                vec![ack.id],
+            ));
+            continue;
+        }
+        stats.orders_lost_allowed += 1;
+        lost_acks[i].push(ack);
+        allowed.orders.insert(key);
+    }
+    for (report, acks) in reports.iter_mut().zip(&lost_acks) {
+        let (Some(first_sent), Some(last_answered)) = (
+            acks.iter().map(|a| a.invoked_ms).min(),
+            acks.iter().map(|a| a.completed_ms).max(),
+        ) else {
+            continue;
+        };
+        let last_sent = acks.iter().map(|a| a.invoked_ms).max().unwrap_or(0);
+        let first_answered = acks.iter().map(|a| a.completed_ms).min().unwrap_or(0);
+        report.lost_span_ms = last_answered - first_sent;
+        report.newest_lost_after_cut_ms = last_sent.saturating_sub(report.cut_ms);
+        // The server acknowledged each between its sending and its answer:
+        // the span is certainly at least this.
+        let span_at_least = last_sent.saturating_sub(first_answered);
+        if let Some(estimate) = report.estimated_lost_ms {
+            if span_at_least > estimate {
+                out.push(violation(
+                    Kind::LossBeyondBound,
+                    format!(
+                        "the failover of {} lost orders acknowledged over at least {span_at_least} \
+                         ms, more than its estimated_lost.seconds ({estimate} ms)",
+                        report.region
+                    ),
+                    acks.iter().map(|a| a.id).collect(),
+                ));
+            }
+        }
+    }
+    // Claims: a completion acknowledged, then a new claim of the scope at the
+    // end acquired it afresh; excused as an orphan of kind `claim`.
+    for r in state.claim_replays.iter().filter(|r| r.status != 200) {
+        let completion = history.ops.iter().find(|op| {
+            matches!(op.outcome, Outcome::Ok { status: 200, .. })
+                && op.tenant == r.tenant
+                && matches!(&op.request, Request::CompleteClaim { operation, key, outcome, .. }
+                    if *operation == r.operation && *key == r.key
+                        && FINAL_OUTCOMES.contains(&outcome.as_str()))
+        });
+        let Some(completion) = completion else {
+            continue;
+        };
+        let excused = state.failovers.iter().any(|f| {
+            completion.invoked_ms <= f.cut_ms + f.max_standby_lag_ms
+                && f.orphans.as_ref().is_some_and(|orphans| {
+                    orphans.iter().any(|o| {
+                        o.kind == "claim"
+                            && o.tenant_id == r.tenant
+                            && o.idempotency_key.as_deref() == Some(r.key.as_str())
+                    })
+                })
+        });
+        if excused {
+            stats.claims_lost_allowed += 1;
+            allowed.claims.insert((r.tenant.clone(), r.key.clone()));
+        }
+    }
+    (allowed, reports)
+}
+
+/// Reads during the run: an order acknowledged before the read was sent reads
+/// back as itself (by id: the same immutable fields; by client_order_id: one of
+/// the orders acknowledged for it), unless it is an allowed loss.
+fn check_reads(
+    history: &History,
+    orders: &Orders<'_>,
+    allowed: &Allowed,
+    stats: &mut Stats,
+    out: &mut Vec<Violation>,
+) {
+    let ops: BTreeMap<u64, &Op> = history.ops.iter().map(|op| (op.id, op)).collect();
+    let first = first_acks(orders, &ops);
+    for read in &history.ops {
+        let Request::ReadOrder {
+            order_id,
+            client_order_id,
+        } = &read.request
+        else {
+            continue;
+        };
+        let tenant = read.tenant.as_str();
+        let Some((status @ (200 | 404), _)) = read.outcome.answer() else {
+            continue;
+        };
+        let body = read.outcome.json().unwrap_or(Value::Null);
+        let answered = str_field(&body, "order_id").unwrap_or_default();
+        // Orders acknowledged (answered) before this read was sent.
+        let expected: Vec<(&str, u64)> = match (order_id, client_order_id) {
+            (Some(id), _) => first
+                .get(&(tenant.to_owned(), id.clone()))
+                .filter(|ack| ack.completed_ms <= read.invoked_ms)
+                .map(|ack| (id.as_str(), ack.id))
+                .into_iter()
+                .collect(),
+            (None, Some(coid)) => orders
+                .acked
+                .get(&(tenant, coid.as_str()))
+                .map(|acked| {
+                    acked
+                        .iter()
+                        .filter(|(_, op)| {
+                            ops.get(op)
+                                .is_some_and(|op| op.completed_ms <= read.invoked_ms)
+                        })
+                        .map(|(id, op)| (id.as_str(), *op))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            (None, None) => Vec::new(),
+        };
+        if expected.is_empty() {
+            continue;
+        }
+        stats.reads_checked += 1;
+        // Another order for the client_order_id is fine if it too was
+        // acknowledged (a retry after a loss made it again).
+        let all_acked = |id: &str| match client_order_id {
+            Some(coid) => orders
+                .acked
+                .get(&(tenant, coid.as_str()))
+                .is_some_and(|a| a.iter().any(|(a, _)| a == id)),
+            None => false,
+        };
+        let current = status == 200
+            && (expected.iter().any(|(id, _)| *id == answered) || all_acked(answered));
+        if current {
+            if let (Some(id), Some((acked, op))) = (
+                order_id,
+                order_id
+                    .as_ref()
+                    .and_then(|id| orders.acked_bodies.get(&(tenant, id.clone()))),
+            ) {
+                let changed: Vec<&str> = IMMUTABLE_ORDER_FIELDS
+                    .iter()
+                    .copied()
+                    .filter(|f| body.get(f) != acked.get(f))
+                    .collect();
+                if !changed.is_empty() {
+                    out.push(violation(
+                        Kind::AckedChanged,
+                        format!("a read of order {id} shows other fields: {changed:?}"),
+                        vec![*op, read.id],
+                    ));
+                }
+            }
+            continue;
+        }
+        if expected.iter().all(|(id, _)| allowed.order(tenant, id)) {
+            continue;
+        }
+        let what = if status == 404 {
+            "404".to_owned()
+        } else {
+            format!("order {answered}")
+        };
+        let asked = match (order_id, client_order_id) {
+            (Some(id), _) => format!("order {id}"),
+            (None, Some(coid)) => format!("client_order_id {coid:?}"),
+            (None, None) => unreachable!("expected is empty without either"),
+        };
+        out.push(violation(
+            Kind::StaleRead,
+            format!(
+                "a read of {asked} of {tenant} through region {} answered {what} after {:?} \
+                 had been acknowledged",
+                read.region,
+                expected.iter().map(|(id, _)| *id).collect::<Vec<_>>()
+            ),
+            expected
+                .iter()
+                .map(|(_, op)| *op)
+                .chain(std::iter::once(read.id))
+                .collect(),
+        ));
+    }
+}
+
 /// Judges the history against the final state.
 pub fn check(history: &History, state: &FinalState) -> Verdict {
     let orders = index(history);
@@ -126,14 +425,18 @@ pub fn check(history: &History, state: &FinalState) -> Verdict {
             Outcome::Unknown { .. } => stats.ops_unknown += 1,
         }
     }
-    check_keys(&orders, state, &mut stats, &mut out);
-    let found = check_client_order_ids(&orders, state, &mut stats, &mut out);
-    check_order_ids(&orders, state, &mut out);
+    let (allowed, losses) = check_losses(history, &orders, state, &mut stats, &mut out);
+    check_keys(&orders, state, &allowed, &mut stats, &mut out);
+    let found = check_client_order_ids(&orders, state, &allowed, &mut stats, &mut out);
+    check_order_ids(&orders, state, &allowed, &mut out);
+    check_reads(history, &orders, &allowed, &mut stats, &mut out);
     if let Some(downstream) = &state.downstream {
         check_downstream(&orders, &found, downstream, &mut stats, &mut out);
     }
-    check_claims(history, state, &mut stats, &mut out);
-    Verdict::new(stats, out)
+    check_claims(history, state, &allowed, &mut stats, &mut out);
+    let mut verdict = Verdict::new(stats, out);
+    verdict.losses = losses;
+    verdict
 }
 
 /// How many orders found at the end still wait for downstream work (status,
@@ -160,6 +463,7 @@ pub fn downstream_pending(history: &History, state: &FinalState) -> usize {
 fn check_keys(
     orders: &Orders<'_>,
     state: &FinalState,
+    allowed: &Allowed,
     stats: &mut Stats,
     out: &mut Vec<Violation>,
 ) {
@@ -169,7 +473,8 @@ fn check_keys(
         .map(|r| ((r.tenant.as_str(), r.key.as_str()), r))
         .collect();
     for ((tenant, key), ops) in &orders.by_key {
-        let executed: Vec<&OrderOp<'_>> = ops
+        let lost = |o: &OrderOp<'_>| allowed.answer(tenant, &o.op.outcome);
+        let all_executed: Vec<&OrderOp<'_>> = ops
             .iter()
             .filter(|o| {
                 matches!(
@@ -182,6 +487,13 @@ fn check_keys(
                 )
             })
             .collect();
+        // An execution a failover lost within its bounds may be followed by
+        // another in the new home (a retry): only the survivors count.
+        let mut executed: Vec<&OrderOp<'_>> =
+            all_executed.iter().copied().filter(|o| !lost(o)).collect();
+        if executed.is_empty() {
+            executed = all_executed;
+        }
         if executed.len() > 1 {
             out.push(violation(
                 Kind::Duplicate,
@@ -211,8 +523,9 @@ fn check_keys(
                 continue;
             };
             let same_request = o.fingerprint == first.fingerprint;
+            let either_lost = lost(first) || lost(o);
             match (status, same_request) {
-                (201, true) if body != first_body => out.push(violation(
+                (201, true) if body != first_body && !either_lost => out.push(violation(
                     Kind::ReplayDiffers,
                     format!("key {key:?}: a replay differs from the first answer"),
                     vec![first.op.id, o.op.id],
@@ -236,6 +549,7 @@ fn check_keys(
         }
         match final_replays.get(&(*tenant, *key)) {
             None => {}
+            Some(_) if lost(first) => stats.order_replays_checked += 1,
             Some(r) => {
                 stats.order_replays_checked += 1;
                 if r.status == 201 && !r.replayed {
@@ -267,12 +581,19 @@ fn check_keys(
 fn check_client_order_ids<'s>(
     orders: &Orders<'_>,
     state: &'s FinalState,
+    allowed: &Allowed,
     stats: &mut Stats,
     out: &mut Vec<Violation>,
 ) -> Vec<(&'s str, &'s Value)> {
     let mut found = Vec::new();
     for ((tenant, coid), acked) in &orders.acked {
-        let ids: BTreeSet<&str> = acked.iter().map(|(id, _)| id.as_str()).collect();
+        // A lost order and the one a retry then made in the new home are two
+        // ids for one client_order_id: the reconciliation lists the pair.
+        let ids: BTreeSet<&str> = acked
+            .iter()
+            .map(|(id, _)| id.as_str())
+            .filter(|id| !allowed.order(tenant, id))
+            .collect();
         stats.orders_acked += 1;
         if ids.len() > 1 {
             out.push(violation(
@@ -286,13 +607,14 @@ fn check_client_order_ids<'s>(
         let key = (lookup.tenant.as_str(), lookup.client_order_id.as_str());
         let acked = orders.acked.get(&key);
         let acked_ops = || acked.map_or(Vec::new(), |a| a.iter().map(|(_, op)| *op).collect());
+        let all_lost = acked.is_some_and(|a| a.iter().all(|(id, _)| allowed.order(key.0, id)));
         match &lookup.read {
             Read::Unreadable { reason } => out.push(violation(
                 Kind::Unreadable,
                 format!("client_order_id {:?}: {reason}", lookup.client_order_id),
                 acked_ops(),
             )),
-            Read::Absent if acked.is_some() => out.push(violation(
+            Read::Absent if acked.is_some() && !all_lost => out.push(violation(
                 Kind::AckedMissing,
                 format!(
                     "client_order_id {:?} of {} was acknowledged but has no order",
@@ -306,7 +628,7 @@ fn check_client_order_ids<'s>(
                 found.push((lookup.tenant.as_str(), body));
                 let id = str_field(body, "order_id").unwrap_or_default();
                 if let Some(acked) = acked {
-                    if !acked.iter().any(|(a, _)| a == id) {
+                    if !acked.iter().any(|(a, _)| a == id) && !all_lost {
                         out.push(violation(
                             Kind::Duplicate,
                             format!(
@@ -346,7 +668,12 @@ fn order_matches_request(order: &Value, request: &str) -> bool {
 }
 
 /// Per acknowledged order id: still there, with the fields it was acknowledged with.
-fn check_order_ids(orders: &Orders<'_>, state: &FinalState, out: &mut Vec<Violation>) {
+fn check_order_ids(
+    orders: &Orders<'_>,
+    state: &FinalState,
+    allowed: &Allowed,
+    out: &mut Vec<Violation>,
+) {
     for lookup in &state.by_order_id {
         let Some((acked, op)) = orders
             .acked_bodies
@@ -360,11 +687,17 @@ fn check_order_ids(orders: &Orders<'_>, state: &FinalState, out: &mut Vec<Violat
                 format!("order {}: {reason}", lookup.order_id),
                 vec![*op],
             )),
+            Read::Absent if allowed.order(&lookup.tenant, &lookup.order_id) => {}
             Read::Absent => out.push(violation(
                 Kind::AckedMissing,
                 format!(
-                    "order {} was acknowledged but is not found",
-                    lookup.order_id
+                    "order {} was acknowledged but is not found{}",
+                    lookup.order_id,
+                    if state.failovers.is_empty() {
+                        ""
+                    } else {
+                        " (and no failover's reconciliation lists it)"
+                    }
                 ),
                 vec![*op],
             )),
@@ -536,6 +869,7 @@ const FINAL_OUTCOMES: [&str; 2] = ["SUCCEEDED", "FAILED_FINAL"];
 fn check_claims(
     history: &History,
     state: &FinalState,
+    lost_claims: &Allowed,
     stats: &mut Stats,
     out: &mut Vec<Violation>,
 ) {
@@ -580,7 +914,7 @@ fn check_claims(
                     op,
                 ));
             }
-            Request::CreateOrder { .. } => {}
+            Request::CreateOrder { .. } | Request::ReadOrder { .. } => {}
         }
     }
     let final_replays: BTreeMap<Scope<'_>, _> = state
@@ -660,6 +994,14 @@ fn check_claims(
         let Some(first) = finals.first() else {
             continue;
         };
+        // A completion a failover lost: the new home holds the claim as it
+        // was before, so the final claim may acquire it afresh.
+        if lost_claims
+            .claims
+            .contains(&(scope.0.to_owned(), key.to_owned()))
+        {
+            continue;
+        }
         if r.status != 200 {
             out.push(violation(
                 Kind::AckedMissing,

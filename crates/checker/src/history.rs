@@ -64,6 +64,16 @@ pub enum Request {
         /// The `response.body` JSON text sent.
         response_body: String,
     },
+    /// `GET /v1/orders/{order_id}` (with `order_id`) or `GET
+    /// /v1/orders?client_order_id=X`: a client reading back an order it saw
+    /// acknowledged, while faults run. A 404 or another order is a stale read
+    /// unless the order is an allowed loss of a failover.
+    ReadOrder {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        order_id: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        client_order_id: Option<String>,
+    },
 }
 
 /// What became of a request.
@@ -181,7 +191,9 @@ impl Recorder {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn now_ms(&self) -> u64 {
+    /// Milliseconds since the history began: faults are timed on this clock
+    /// too, so the analysis can compare an acknowledgement with a cut.
+    pub fn now_ms(&self) -> u64 {
         self.started.elapsed().as_millis() as u64
     }
 

@@ -324,6 +324,8 @@ pub async fn read(
                     completed.insert((op.tenant.clone(), operation.clone(), key.clone()));
                 }
             }
+            // Reads name orders the history acknowledged elsewhere.
+            Request::ReadOrder { .. } => {}
         }
     }
     let coids: Vec<(String, String)> = coids.into_iter().collect();

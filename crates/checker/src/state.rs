@@ -1,7 +1,9 @@
 //! The final state of a cluster as the reader found it through the public and
 //! admin APIs: orders by client_order_id and by id, the checker's own replays of
 //! acknowledged keys and claims, the payment provider's charges and the
-//! inventory reservations. Plain data, so the analysis is tested without servers.
+//! inventory reservations; and the failovers the run made with the orphans
+//! their reconciliations listed. Plain data, so the analysis is tested without
+//! servers.
 
 use serde::{Deserialize, Serialize};
 
@@ -80,6 +82,48 @@ pub struct FinalState {
     /// `None`: the downstream effects were not read (no provider or admin
     /// token given); their checks are skipped and the verdict says so.
     pub downstream: Option<Downstream>,
+    /// Failovers the run made (filled in by the runner that made them, not by
+    /// the reader): the only thing that excuses an acknowledged order missing.
+    #[serde(default)]
+    pub failovers: Vec<Failover>,
+}
+
+/// One failover of a region the run cut off, and what the lost region's
+/// reconciliation listed once it was back. Times are on the history's clock.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Failover {
+    /// The region failed over (cut off, then failed over to `to`).
+    pub region: String,
+    pub to: String,
+    /// When the cut was in place: the control call that isolated or killed the
+    /// region had answered. The fault began no later than this, so an
+    /// acknowledgement sent after `cut_ms + max_standby_lag_ms` is certainly
+    /// later than the region may acknowledge what a failover then loses.
+    pub cut_ms: u64,
+    pub max_standby_lag_ms: u64,
+    /// The failover result's `estimated_lost` (`seconds` in milliseconds);
+    /// `None` when the result did not carry one.
+    pub estimated_lost_ms: Option<u64>,
+    pub estimated_lost_commands: Option<u64>,
+    /// The reconciliation's orphans; `None` when it never reported `done`
+    /// (then no loss is excused).
+    pub orphans: Option<Vec<Orphan>>,
+}
+
+/// One orphan of `GET /admin/v1/regions/{r}/reconciliation`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Orphan {
+    pub tenant_id: String,
+    /// `order` or `claim`.
+    pub kind: String,
+    #[serde(default)]
+    pub idempotency_key: Option<String>,
+    #[serde(default)]
+    pub order_id: Option<String>,
+    #[serde(default)]
+    pub client_order_id: Option<String>,
+    #[serde(default)]
+    pub duplicate_of: Option<String>,
 }
 
 /// The downstream effects: charges and reservations.

@@ -33,6 +33,14 @@ pub enum Kind {
     Unsettled,
     /// The final state could not be read.
     Unreadable,
+    /// A read during the run answered an order acknowledged before it was
+    /// sent with 404 or with another order (a node answering from state it
+    /// cannot show is current: review N2), and the order is no allowed loss.
+    StaleRead,
+    /// An acknowledged order a failover lost, listed among the orphans, but
+    /// acknowledged after the cut plus `max_standby_lag`, or lost orders
+    /// spanning more than the failover's `estimated_lost.seconds`.
+    LossBeyondBound,
 }
 
 impl Kind {
@@ -49,6 +57,8 @@ impl Kind {
             Kind::FencedOwnerCompleted => "fenced_owner_completed",
             Kind::Unsettled => "unsettled",
             Kind::Unreadable => "unreadable",
+            Kind::StaleRead => "stale_read",
+            Kind::LossBeyondBound => "loss_beyond_bound",
         }
     }
 }
@@ -77,6 +87,65 @@ pub struct Stats {
     pub reservations_checked: u64,
     /// Whether charges and reservations were read and checked.
     pub downstream_checked: bool,
+    /// Reads during the run (200 or 404 answers) judged against the history.
+    #[serde(default)]
+    pub reads_checked: u64,
+    /// Acknowledged orders missing at the end, and of them those excused as a
+    /// failover's loss (an orphan, acknowledged within the bound).
+    #[serde(default)]
+    pub orders_lost: u64,
+    #[serde(default)]
+    pub orders_lost_allowed: u64,
+    /// Acknowledged claim completions lost and excused the same way.
+    #[serde(default)]
+    pub claims_lost_allowed: u64,
+}
+
+impl LossReport {
+    /// One line for people (the verdict's summary, `keyhold chaos`'s seed line).
+    pub fn line(&self) -> String {
+        format!(
+            "failover {} -> {}: {} acknowledged orders lost ({} listed as orphans, {} orphans \
+             listed), newest sent {} ms after the cut (bound {} ms), span {} ms (estimate {})",
+            self.region,
+            self.to,
+            self.orders_lost,
+            self.orders_lost_orphaned,
+            self.orphans_listed
+                .map_or("no report".to_owned(), |n| n.to_string()),
+            self.newest_lost_after_cut_ms,
+            self.bound_ms - self.cut_ms,
+            self.lost_span_ms,
+            self.estimated_lost_ms
+                .map_or("none".to_owned(), |ms| format!("{ms} ms")),
+        )
+    }
+}
+
+/// One failover's loss against its bounds, for the report.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LossReport {
+    pub region: String,
+    pub to: String,
+    /// History ms of the cut, and the latest acknowledgement a loss may have:
+    /// `cut_ms + max_standby_lag`.
+    pub cut_ms: u64,
+    pub bound_ms: u64,
+    /// Acknowledged orders of the failed region's tenants that are gone, and
+    /// of them those the reconciliation listed as orphans.
+    pub orders_lost: u64,
+    pub orders_lost_orphaned: u64,
+    /// Orphans the reconciliation listed (orders and claims); `None`: it never
+    /// reported `done`.
+    pub orphans_listed: Option<u64>,
+    /// How long after the cut the newest lost order's acknowledgement was
+    /// sent at the latest (0 when it was sent before the cut).
+    pub newest_lost_after_cut_ms: u64,
+    /// The span of the lost orders' acknowledgements as the clients saw them
+    /// (first sent to last answered), and the failover's estimate.
+    pub lost_span_ms: u64,
+    pub estimated_lost_ms: Option<u64>,
+    pub estimated_lost_commands: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -86,6 +155,9 @@ pub struct Verdict {
     /// Per kind, how many.
     pub counts: BTreeMap<String, u64>,
     pub violations: Vec<Violation>,
+    /// Per failover of the run, its loss against its bounds.
+    #[serde(default)]
+    pub losses: Vec<LossReport>,
 }
 
 impl Verdict {
@@ -100,6 +172,7 @@ impl Verdict {
             stats,
             counts,
             violations,
+            losses: Vec::new(),
         }
     }
 
@@ -112,7 +185,8 @@ impl Verdict {
         let s = &self.stats;
         let mut out = format!(
             "checker: {} — {} ops ({} answered, {} failed, {} unknown), {} keys, \
-             {} orders acknowledged, {} found, {} replays checked, {} claim scopes, {}",
+             {} orders acknowledged, {} found, {} replays checked, {} reads checked, \
+             {} claim scopes, {}",
             if self.ok { "OK" } else { "VIOLATIONS" },
             s.ops,
             s.ops_ok,
@@ -122,6 +196,7 @@ impl Verdict {
             s.orders_acked,
             s.orders_found,
             s.order_replays_checked,
+            s.reads_checked,
             s.claim_scopes,
             if s.downstream_checked {
                 format!(
@@ -132,6 +207,9 @@ impl Verdict {
                 "downstream not checked".to_owned()
             },
         );
+        for l in &self.losses {
+            let _ = write!(out, "\n  {}", l.line());
+        }
         let mut shown: BTreeMap<Kind, usize> = BTreeMap::new();
         for v in &self.violations {
             let n = shown.entry(v.kind).or_insert(0);

@@ -4,8 +4,8 @@
 
 use keyhold_checker::history::{History, Op, Outcome, Request};
 use keyhold_checker::state::{
-    ByClientOrderId, ByOrderId, Charge, ClaimReplay, Downstream, FinalState, OrderReplay, Read,
-    Reservation,
+    ByClientOrderId, ByOrderId, Charge, ClaimReplay, Downstream, Failover, FinalState, OrderReplay,
+    Orphan, Read, Reservation,
 };
 use keyhold_checker::{check, Kind, Verdict};
 use serde_json::{json, Value};
@@ -125,6 +125,10 @@ fn acquired(token: &str, recovery: bool) -> Outcome {
         false,
         &json!({"state": "PROCESSING", "owner_token": token, "recovery": recovery}),
     )
+}
+
+fn acquired_body(token: &str) -> Value {
+    json!({"state": "PROCESSING", "owner_token": token, "recovery": true})
 }
 
 fn claim_replay(body: &str) -> Value {
@@ -576,4 +580,276 @@ fn without_downstream_its_checks_are_skipped_and_said_so() {
     let verdict = c.verdict();
     assert!(verdict.ok, "{}", verdict.summary());
     assert!(verdict.summary().contains("downstream not checked"));
+}
+
+fn read_by_id(id: &str) -> Request {
+    Request::ReadOrder {
+        order_id: Some(id.into()),
+        client_order_id: None,
+    }
+}
+
+fn read_by_coid(coid: &str) -> Request {
+    Request::ReadOrder {
+        order_id: None,
+        client_order_id: Some(coid.into()),
+    }
+}
+
+#[test]
+fn reads_that_show_the_acknowledged_order_pass() {
+    let mut c = good();
+    c.push(
+        800,
+        read_by_id("ord_1"),
+        ok(200, false, &order("ord_1", "c1", 100, "PAID")),
+    );
+    c.push(
+        810,
+        read_by_coid("c2"),
+        ok(200, false, &order("ord_2", "c2", 200, "PAID")),
+    );
+    // Sent before the acknowledgement was answered: nothing to expect yet.
+    c.push(
+        45,
+        read_by_coid("c2"),
+        ok(404, false, &json!({"type": "x/not-found"})),
+    );
+    // A 503 says "not now", nothing about the data.
+    c.push(
+        820,
+        read_by_id("ord_1"),
+        ok(503, false, &json!({"type": "x/store-unavailable"})),
+    );
+    let verdict = c.verdict();
+    assert!(verdict.ok, "{}", verdict.summary());
+    assert_eq!(verdict.stats.reads_checked, 2);
+}
+
+/// Review N2: a region leader cut off from its peers answers from its own,
+/// stale state; an order acknowledged through the new leader reads as 404.
+#[test]
+fn a_stale_read_of_an_acknowledged_order_answering_404() {
+    let mut c = good();
+    c.push(
+        800,
+        read_by_id("ord_1"),
+        ok(404, false, &json!({"type": "x/not-found"})),
+    );
+    assert_caught(&c, Kind::StaleRead);
+}
+
+#[test]
+fn a_stale_read_by_client_order_id_answering_another_order() {
+    let mut c = good();
+    c.push(
+        800,
+        read_by_coid("c1"),
+        ok(200, false, &order("ord_9", "c1", 100, "PAID")),
+    );
+    assert_caught(&c, Kind::StaleRead);
+}
+
+#[test]
+fn a_read_by_id_showing_other_fields() {
+    let mut c = good();
+    c.push(
+        800,
+        read_by_id("ord_1"),
+        ok(200, false, &order("ord_1", "c1", 101, "PAID")),
+    );
+    assert_caught(&c, Kind::AckedChanged);
+}
+
+/// `good()` plus a failover of region a cut off at 1,200 ms: order c4
+/// (ord_4) was acknowledged at 1,000 ms and lost; a retry of its key after the
+/// failover made ord_5 in the new home; the reconciliation lists ord_4 as an
+/// orphan with `duplicate_of` ord_5.
+fn failover_case() -> Case {
+    let mut c = good();
+    let b4 = request_body("c4", 400);
+    let o4 = order("ord_4", "c4", 400, "CONFIRMED");
+    let o5 = order("ord_5", "c4", 400, "CONFIRMED");
+    c.order(1_000, "k4", &b4, ok(201, false, &o4));
+    c.push(1_100, read_by_id("ord_4"), ok(200, false, &o4));
+    c.order(5_000, "k4", &b4, ok(201, false, &o5));
+    c.push(
+        6_000,
+        read_by_id("ord_4"),
+        ok(404, false, &json!({"type": "x/not-found"})),
+    );
+    c.push(6_100, read_by_coid("c4"), ok(200, false, &o5));
+    let paid5 = order("ord_5", "c4", 400, "PAID");
+    c.state.by_client_order_id.push(ByClientOrderId {
+        tenant: T.into(),
+        client_order_id: "c4".into(),
+        read: Read::Found {
+            body: paid5.clone(),
+        },
+    });
+    c.state.by_order_id.push(ByOrderId {
+        tenant: T.into(),
+        order_id: "ord_4".into(),
+        read: Read::Absent,
+    });
+    c.state.by_order_id.push(ByOrderId {
+        tenant: T.into(),
+        order_id: "ord_5".into(),
+        read: Read::Found { body: paid5 },
+    });
+    c.state.order_replays.push(OrderReplay {
+        tenant: T.into(),
+        key: "k4".into(),
+        status: 201,
+        replayed: true,
+        body: o5.to_string(),
+    });
+    let d = c.downstream();
+    d.charges.push(Charge {
+        order_id: "ord_5".into(),
+        status: "succeeded".into(),
+        amount: 400,
+    });
+    for line in 0..2 {
+        d.reservations.push(Reservation {
+            order_id: "ord_5".into(),
+            line: Some(line),
+            sku: "a".into(),
+            quantity: 1,
+        });
+    }
+    c.state.failovers.push(Failover {
+        region: "a".into(),
+        to: "b".into(),
+        cut_ms: 1_200,
+        max_standby_lag_ms: 1_000,
+        estimated_lost_ms: Some(1_500),
+        estimated_lost_commands: Some(3),
+        orphans: Some(vec![orphan("ord_4", "c4", "k4")]),
+    });
+    c
+}
+
+fn orphan(id: &str, coid: &str, key: &str) -> Orphan {
+    Orphan {
+        tenant_id: T.into(),
+        kind: "order".into(),
+        idempotency_key: Some(key.into()),
+        order_id: Some(id.into()),
+        client_order_id: Some(coid.into()),
+        duplicate_of: None,
+    }
+}
+
+#[test]
+fn a_loss_within_the_bound_listed_as_an_orphan_passes() {
+    let verdict = failover_case().verdict();
+    assert!(verdict.ok, "{}", verdict.summary());
+    assert_eq!(verdict.stats.orders_lost, 1);
+    assert_eq!(verdict.stats.orders_lost_allowed, 1);
+    let loss = &verdict.losses[0];
+    assert_eq!((loss.orders_lost, loss.orders_lost_orphaned), (1, 1));
+    assert_eq!((loss.bound_ms, loss.orphans_listed), (2_200, Some(1)));
+    assert!(verdict
+        .summary()
+        .contains("failover a -> b: 1 acknowledged orders lost"));
+}
+
+#[test]
+fn a_lost_order_not_listed_as_an_orphan() {
+    let mut c = failover_case();
+    c.state.failovers[0].orphans = Some(Vec::new());
+    assert_caught(&c, Kind::AckedMissing);
+    // Nor without a reconciliation report at all.
+    c.state.failovers[0].orphans = None;
+    assert_caught(&c, Kind::AckedMissing);
+}
+
+#[test]
+fn a_lost_order_acknowledged_after_the_cut_plus_max_standby_lag() {
+    let mut c = failover_case();
+    // The cut 1 ms after 0: the bound (1,001 ms) is before k4's 1,000 ms + 5.
+    c.state.failovers[0].cut_ms = 0;
+    c.state.failovers[0].max_standby_lag_ms = 999;
+    assert_caught(&c, Kind::LossBeyondBound);
+}
+
+#[test]
+fn lost_orders_spanning_more_than_the_estimate() {
+    let mut c = failover_case();
+    let b6 = request_body("c6", 600);
+    let o6 = order("ord_6", "c6", 600, "CONFIRMED");
+    c.order(300, "k6", &b6, ok(201, false, &o6));
+    c.state.by_client_order_id.push(ByClientOrderId {
+        tenant: T.into(),
+        client_order_id: "c6".into(),
+        read: Read::Absent,
+    });
+    c.state.by_order_id.push(ByOrderId {
+        tenant: T.into(),
+        order_id: "ord_6".into(),
+        read: Read::Absent,
+    });
+    c.state.order_replays.push(OrderReplay {
+        tenant: T.into(),
+        key: "k6".into(),
+        status: 201,
+        replayed: false,
+        body: order("ord_7", "c6", 600, "CONFIRMED").to_string(),
+    });
+    c.state.failovers[0]
+        .orphans
+        .as_mut()
+        .unwrap()
+        .push(orphan("ord_6", "c6", "k6"));
+    // 300..1,005 ms: within an estimate of 1.5 s, beyond one of 0.5 s.
+    let verdict = c.verdict();
+    assert!(verdict.ok, "{}", verdict.summary());
+    c.state.failovers[0].estimated_lost_ms = Some(500);
+    assert_caught(&c, Kind::LossBeyondBound);
+}
+
+#[test]
+fn a_lost_order_excuses_nothing_of_another_order() {
+    let mut c = failover_case();
+    // ord_1 was never lost: its read as 404 after the failover is stale.
+    c.push(
+        6_200,
+        read_by_id("ord_1"),
+        ok(404, false, &json!({"type": "x/not-found"})),
+    );
+    assert_caught(&c, Kind::StaleRead);
+}
+
+#[test]
+fn a_lost_claim_completion_listed_as_an_orphan_passes() {
+    let mut c = good();
+    c.state.claim_replays[0].status = 201;
+    c.state.failovers.push(Failover {
+        region: "a".into(),
+        to: "b".into(),
+        cut_ms: 400,
+        max_standby_lag_ms: 1_000,
+        estimated_lost_ms: Some(1_000),
+        estimated_lost_commands: None,
+        orphans: Some(vec![Orphan {
+            tenant_id: T.into(),
+            kind: "claim".into(),
+            idempotency_key: Some("w1".into()),
+            order_id: None,
+            client_order_id: None,
+            duplicate_of: None,
+        }]),
+    });
+    let verdict = c.verdict();
+    assert!(verdict.ok, "{}", verdict.summary());
+    assert_eq!(verdict.stats.claims_lost_allowed, 1);
+    // The final claim acquired it afresh: its body is no completion's.
+    c.state.claim_replays[0].body = acquired_body("t3");
+    let verdict = c.verdict();
+    assert!(verdict.ok, "{}", verdict.summary());
+    // Acknowledged after the bound: not excused.
+    c.state.failovers[0].cut_ms = 0;
+    c.state.failovers[0].max_standby_lag_ms = 100;
+    assert_caught(&c, Kind::AckedMissing);
 }
