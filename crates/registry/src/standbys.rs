@@ -7,7 +7,11 @@
 //!
 //! The decision is the registry's: a region cut off from the registry majority
 //! cannot commit `MarkStandbyLost`, so it cannot decide on its own to run
-//! unprotected (it stays protected: its writes answer 503). Only regions whose
+//! unprotected (it stays protected: its writes answer 503). Nor can a region
+//! being failed over: the failover's driver counts on the region staying
+//! protected once its standby's copies stopped confirming (it waits
+//! `max_standby_lag`, not the region's whole lease), so `MarkStandbyLost` is
+//! refused while a failover from the region runs. Only regions whose
 //! standby is lost are kept (`RegistryState::standby_lost`, region → since when,
 //! by the requester's clock); every other region's standby streams.
 
@@ -53,6 +57,12 @@ impl RegistryState {
         now_ms: u64,
     ) -> Result<Response, Rejection> {
         self.known_region(region)?;
+        if let Some(op) = self.failover_running_from(region) {
+            return Err(Rejection::RegionFailingOver {
+                region: region.to_string(),
+                operation_id: op.operation_id.clone(),
+            });
+        }
         // A region already recorded lost keeps its first time (a replay, or a
         // second leader's report, changes nothing).
         self.standby_lost
@@ -80,7 +90,7 @@ impl RegistryState {
 #[cfg(test)]
 mod tests {
     use super::StandbyState;
-    use crate::state::{RegistryState, Request, Response};
+    use crate::state::{RegistryState, Rejection, Request, Response};
 
     fn with_region(name: &str) -> RegistryState {
         let mut state = RegistryState::default();
@@ -116,6 +126,38 @@ mod tests {
         assert_eq!(state.apply(&streaming), Response::Ok);
         assert_eq!(state.apply(&streaming), Response::Ok);
         assert_eq!(state.standby_state("a"), StandbyState::Streaming);
+    }
+
+    #[test]
+    fn a_region_being_failed_over_cannot_have_its_standby_recorded_lost() {
+        let mut state = with_region("a");
+        let added = state.apply(&Request::AddRegion {
+            name: "b".into(),
+            now_ms: 1,
+        });
+        assert_eq!(added, Response::Ok);
+        let begun = state.apply(&Request::BeginFailover {
+            operation_id: "f1".into(),
+            region: "a".into(),
+            to: "b".into(),
+            now_ms: 5,
+        });
+        assert!(begun.rejection().is_none(), "{begun:?}");
+        let lost = Request::MarkStandbyLost {
+            region: "a".into(),
+            now_ms: 10,
+        };
+        assert!(matches!(
+            state.apply(&lost).rejection(),
+            Some(Rejection::RegionFailingOver { .. })
+        ));
+        assert_eq!(state.standby_state("a"), StandbyState::Streaming);
+        // Another region's standby may still be recorded lost.
+        let other = Request::MarkStandbyLost {
+            region: "b".into(),
+            now_ms: 10,
+        };
+        assert_eq!(state.apply(&other), Response::Ok);
     }
 
     #[test]
