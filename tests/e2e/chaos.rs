@@ -79,7 +79,9 @@ fn an_isolation_that_cuts_a_forwarded_completion_is_judged_right() {
 /// the 200-seed run of issue 37 with a stale read: `GET
 /// /v1/orders?client_order_id=s1106-c2-o3` through region a answered 404
 /// about 0.5 s after node 1 listened again, for an order acknowledged
-/// 2.5 s earlier that the final read found. Cause open (docs/reliability.md).
+/// 2.5 s earlier that the final read found: node 1 came back as the leader of
+/// its old term and counted itself ready before it applied its log again
+/// (fixed: `raft::group::Opened`; docs/reliability.md).
 const RESTART_STALE_READ_SEED: u64 = 1106;
 
 #[test]

@@ -75,11 +75,12 @@ pub enum Bootstrap {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Leadership {
     /// It leads, and has applied an entry of its own term, so every entry committed
-    /// before its election is in the region tree: reads here see every
-    /// acknowledged command.
+    /// before its election is in the region tree (and, restarted as the leader of
+    /// the term it led, the whole log it opened with: `Opened`): reads here see
+    /// every acknowledged command.
     Ready,
-    /// It leads but has not yet applied an entry of its own term: reads could miss
-    /// a command its predecessor acknowledged.
+    /// It leads but has not yet applied an entry of its own term (or the log it
+    /// opened with): reads could miss a command acknowledged before.
     Elected,
     /// It leads by its own account, but no majority confirmed it within
     /// `REGION_READ_LEASE_MS` (`confirmed.rs`): it may have been cut off and
@@ -150,6 +151,29 @@ struct Inner {
     /// When each member last answered an AppendEntries (`None`: the network
     /// notes no answers, as in-process test networks).
     contacts: Option<Contacts>,
+    /// The term and log this replica opened with.
+    opened: Opened,
+}
+
+/// The term and last log index a replica opened with. openraft 0.9 restarts a
+/// member that led its term as the leader of that same term, without a new
+/// first entry; the entries a crash took out of its region tree (applied, not
+/// yet flushed) are applied again only once they commit anew. Until then an
+/// entry of its term is applied (one from before the crash), yet the tree
+/// lacks acknowledged commands: chaos seed 1106 read one as 404.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Opened {
+    term: u64,
+    last_log_index: u64,
+}
+
+impl Opened {
+    /// Whether a leader of `current_term` that applied up to `applied_index`
+    /// holds every entry this replica's log held when it opened in its tree:
+    /// in a later term its own first entry, applied, comes after them all.
+    fn applied_since(self, current_term: u64, applied_index: u64) -> bool {
+        current_term != self.term || applied_index >= self.last_log_index
+    }
 }
 
 /// One entry this member's writer appended.
@@ -342,6 +366,13 @@ impl RegionGroup {
         let raft = RegionRaft::new(member.node, config, network, log, state_machine.clone())
             .await
             .map_err(|e| Error::Raft(e.to_string()))?;
+        let opened = {
+            let m = raft.metrics().borrow().clone();
+            Opened {
+                term: m.current_term,
+                last_log_index: m.last_log_index.unwrap_or(0),
+            }
+        };
         // The group's ticker times the elections (`election.rs`).
         raft.runtime_config().elect(false);
         // Only a pristine replica is initialized: openraft refuses the others anyway,
@@ -385,6 +416,7 @@ impl RegionGroup {
                 written,
                 confirmed,
                 contacts,
+                opened,
             }),
         })
     }
@@ -406,7 +438,13 @@ impl RegionGroup {
             return Leadership::Follower(None);
         }
         let applied_term = m.last_applied.map(|id| id.leader_id.get_term());
-        if applied_term != Some(m.current_term) {
+        let applied_index = m.last_applied.map_or(0, |id| id.index);
+        if applied_term != Some(m.current_term)
+            || !self
+                .inner
+                .opened
+                .applied_since(m.current_term, applied_index)
+        {
             return Leadership::Elected;
         }
         if self
@@ -1200,8 +1238,25 @@ fn fail(stats: &CommitStats, pending: &mut Vec<Job>) {
 mod tests {
     use super::{
         answered_within, confirmed_within, follower_stream, held_by_majority, take_queued,
-        waited_for, FollowerStream, Gathering, Written,
+        waited_for, FollowerStream, Gathering, Opened, Written,
     };
+
+    #[test]
+    fn a_leader_restarted_in_its_term_reads_only_once_it_applied_the_log_it_opened_with() {
+        // Chaos seed 1106: the leader of term 7 crashed with entries up to 40
+        // in its log, applied up to 31 in its flushed tree; openraft restarts
+        // it as the leader of term 7.
+        let opened = Opened {
+            term: 7,
+            last_log_index: 40,
+        };
+        assert!(!opened.applied_since(7, 31));
+        assert!(!opened.applied_since(7, 39));
+        assert!(opened.applied_since(7, 40));
+        assert!(opened.applied_since(7, 41));
+        // Elected in a later term, its first entry comes after the whole log.
+        assert!(opened.applied_since(8, 31));
+    }
     use crate::command::Command;
     use crate::limits::{
         BATCH_BYTES_MAX, ENTRY_BYTES_MAX, ENTRY_COMMANDS_BYTES_MAX, QUEUE_COMMANDS_MAX,
