@@ -3,26 +3,10 @@
 //!
 //! `BeginFailover` fenced the failed region in the registry: from its commit on
 //! none of that region's nodes can renew its lease (`lease.rs`), so within
-//! `REGION_LEASE_MS` it executes nothing more. Before the driver reads any
-//! copy, the failed region must have stopped acknowledging, and it waits for
-//! whichever of two proofs comes first (`fence_over`):
-//! - **the standby's grant** (contract section 11, "Fast automatic failover";
-//!   design brief, stage 5): the driver first *seals* the copies, promoting
-//!   every copy on this region's nodes (`seal_copies`), so that none of them
-//!   answers the failed region's appends any more. The region's leader answers
-//!   a write only while a majority of its standby's copies answered an append
-//!   it sent within `max_standby_lag` (`survival.rs`), and a sealed majority
-//!   meets every majority; so `max_standby_lag` after the seal (plus
-//!   `FAILOVER_GRANT_MARGIN_MS` for clock rates) it acknowledges nothing more,
-//!   lease or not. This holds only while the region is protected: with its
-//!   standby recorded lost it answered without confirmations, and the
-//!   registry refuses to record it lost once the failover began
-//!   (`standbys.rs`);
-//! - **the lease**: `REGION_LEASE_MS` plus `FAILOVER_LEASE_MARGIN_MS` (clock
-//!   rates and the moment between the registry leader's commit and its apply)
-//!   after the driver first saw the failover, whatever the copies did.
-//!
-//! From then on no copy can grow, and the region that lost its tenants cannot
+//! `REGION_LEASE_MS` it executes nothing more. The driver therefore waits the
+//! lease out (plus `FAILOVER_LEASE_MARGIN_MS` for clock rates and the moment
+//! between the registry leader's commit and its apply) before it reads any copy:
+//! from then on no copy can grow, and the region that lost its tenants cannot
 //! acknowledge anything new for them. Then it asks every node of this region
 //! where its copy of the failed region's store stands, has the best one
 //! (`choose_copy`: the latest last log id, term first, among the answers of a
@@ -46,8 +30,8 @@
 
 use crate::limits::{
     FAILOVER_CHECK_MS, FAILOVER_COPY_TIMEOUT_MS, FAILOVER_DRIVE_ATTEMPTS_MAX,
-    FAILOVER_GRANT_DRIFT_DIVISOR, FAILOVER_GRANT_MARGIN_MS, FAILOVER_HEALTH_PROBE_MS,
-    FAILOVER_IMPORT_TIMEOUT_MS, FAILOVER_LEASE_MARGIN_MS, LOST_BOUND_MARGIN_MS, REGION_LEASE_MS,
+    FAILOVER_HEALTH_PROBE_MS, FAILOVER_IMPORT_TIMEOUT_MS, FAILOVER_LEASE_MARGIN_MS,
+    LOST_BOUND_MARGIN_MS, REGION_LEASE_MS,
 };
 use crate::node::{now, Node};
 use keyhold_registry::{
@@ -103,133 +87,38 @@ struct Imported {
     events: u64,
 }
 
-/// What the driver knows of one running failover.
-#[derive(Debug, Clone, Copy)]
-struct Seen {
-    /// When this node first saw it (the lease proof counts from here).
-    first: Instant,
-    /// When a majority of this region's copies answered that they are sealed.
-    sealed: Option<Instant>,
-    /// Attempts that failed.
-    failures: u32,
-}
-
 /// Until `stop`: every `FAILOVER_CHECK_MS`, on the leader of this region's
-/// store, drives the running failovers to this region whose fence is over
-/// (`fence_over`), one at a time.
+/// store, drives the running failovers to this region whose fence wait is
+/// over, one at a time.
 pub async fn run(node: Arc<Node>, stop: watch::Receiver<bool>) {
     let mut ticker = crate::Ticker::new(Duration::from_millis(FAILOVER_CHECK_MS), stop);
-    let mut seen: HashMap<String, Seen> = HashMap::new();
+    // When this node first saw each failover, and how many attempts failed.
+    let mut seen: HashMap<String, (Instant, u32)> = HashMap::new();
     while ticker.tick().await {
         let running = failovers_to(&node);
         seen.retain(|id, _| running.iter().any(|op| &op.operation_id == id));
         for op in running {
-            let mut state = *seen.entry(op.operation_id.clone()).or_insert(Seen {
-                first: Instant::now(),
-                sealed: None,
-                failures: 0,
-            });
-            if !node.leads_region() {
-                continue;
-            }
-            let protected = !node
-                .registry()
-                .read(|s| s.standby_state(&op.from).is_lost());
-            if protected && state.sealed.is_none() {
-                match seal_copies(&node, &op.from).await {
-                    Ok(at) => {
-                        tracing::info!(
-                            operation = %op.operation_id, from = %op.from,
-                            "standby copies sealed; waiting max_standby_lag"
-                        );
-                        state.sealed = Some(at);
-                    }
-                    Err(error) => tracing::warn!(
-                        operation = %op.operation_id, error,
-                        "standby copies not sealed yet; the lease wait still holds"
-                    ),
-                }
-                seen.insert(op.operation_id.clone(), state);
-            }
-            let wait = grant_wait(node.config().max_standby_lag);
-            if !fence_over(&state, protected, wait, Instant::now()) {
+            let (first_seen, failures) = *seen
+                .entry(op.operation_id.clone())
+                .or_insert((Instant::now(), 0));
+            if !node.leads_region()
+                || first_seen.elapsed() < Duration::from_millis(FAILOVER_FENCE_WAIT_MS)
+            {
                 continue;
             }
             match drive(&node, &op).await {
                 Ok(()) => {}
-                Err(error) if state.failures + 1 >= FAILOVER_DRIVE_ATTEMPTS_MAX => {
+                Err(error) if failures + 1 >= FAILOVER_DRIVE_ATTEMPTS_MAX => {
                     tracing::error!(operation = %op.operation_id, error, "failover failed");
                     fail(&node, &op, error).await;
                 }
                 Err(error) => {
                     tracing::warn!(operation = %op.operation_id, error, "failover step failed; retrying");
-                    state.failures += 1;
-                    seen.insert(op.operation_id.clone(), state);
+                    seen.insert(op.operation_id.clone(), (first_seen, failures + 1));
                 }
             }
         }
     }
-}
-
-/// How long after the seal a protected region acknowledges nothing more:
-/// `max_standby_lag`, with room for its clock running slow and the seal's
-/// transit.
-pub fn grant_wait(max_standby_lag: Duration) -> Duration {
-    max_standby_lag
-        + max_standby_lag / FAILOVER_GRANT_DRIFT_DIVISOR as u32
-        + Duration::from_millis(FAILOVER_GRANT_MARGIN_MS)
-}
-
-/// Whether the failed region acknowledges nothing more (see the module docs):
-/// `grant_wait` after its copies were sealed while it was protected, or the
-/// lease wait after the failover was first seen.
-fn fence_over(seen: &Seen, protected: bool, grant_wait: Duration, now: Instant) -> bool {
-    let lease_over =
-        now.duration_since(seen.first) >= Duration::from_millis(FAILOVER_FENCE_WAIT_MS);
-    let grant_over = protected
-        && seen
-            .sealed
-            .is_some_and(|sealed| now.duration_since(sealed) >= grant_wait);
-    lease_over || grant_over
-}
-
-/// Promotes the copy of `region` on every node of this region at once, so
-/// that none answers `region`'s appends any more; answers when a majority did
-/// (the time their answers were all in), or why not. A promoted copy stays so
-/// until the failover ends (`copies.rs` resets it then).
-async fn seal_copies(node: &Node, region: &str) -> Result<Instant, String> {
-    let members = node.region_nodes(node.region());
-    let asks = members.iter().map(|(id, info)| async move {
-        let url = format!(
-            "http://{}/internal/v1/failover/{region}/promote",
-            info.api_addr
-        );
-        let answer = node
-            .http()
-            .post(url)
-            .header(NODE_CREDENTIAL_HEADER, node.credentials().current())
-            .timeout(Duration::from_millis(FAILOVER_COPY_TIMEOUT_MS))
-            .send()
-            .await;
-        match answer {
-            Ok(r) if r.status().is_success() => Ok(()),
-            Ok(r) => Err(format!("node {id}: {}", r.status())),
-            Err(e) => Err(format!("node {id}: {e}")),
-        }
-    });
-    let answers = futures::future::join_all(asks).await;
-    let at = Instant::now();
-    let sealed = answers.iter().filter(|a| a.is_ok()).count();
-    let majority = members.len() / 2 + 1;
-    if sealed >= majority {
-        return Ok(at);
-    }
-    let errors: Vec<String> = answers.into_iter().filter_map(Result::err).collect();
-    Err(format!(
-        "{sealed} of {} copies sealed, a majority ({majority}) must be: {}",
-        members.len(),
-        errors.join("; ")
-    ))
 }
 
 /// The running failovers whose target is this node's region.
@@ -551,37 +440,7 @@ async fn begin_automatic(node: &Node, region: &str, down_for: Duration) {
 
 #[cfg(test)]
 mod tests {
-    use super::{
-        choose_copy, fence_over, lost_bound, CopyPosition, Protection, Seen, FAILOVER_FENCE_WAIT_MS,
-    };
-    use std::time::Instant;
-
-    #[test]
-    fn a_sealed_protected_region_is_fenced_after_the_grant_and_otherwise_after_the_lease() {
-        let t0 = Instant::now();
-        let ms = Duration::from_millis;
-        let grant = super::grant_wait(ms(1_000));
-        assert_eq!(grant, ms(1_300));
-        let lease = ms(FAILOVER_FENCE_WAIT_MS);
-        let unsealed = Seen {
-            first: t0,
-            sealed: None,
-            failures: 0,
-        };
-        let sealed = Seen {
-            sealed: Some(t0 + ms(300)),
-            ..unsealed
-        };
-        // Sealed and protected: the grant's wait after the seal.
-        assert!(!fence_over(&sealed, true, grant, t0 + ms(1_599)));
-        assert!(fence_over(&sealed, true, grant, t0 + ms(1_600)));
-        // Unprotected (its standby recorded lost), a seal proves nothing.
-        assert!(!fence_over(&sealed, false, grant, t0 + lease - ms(1)));
-        assert!(fence_over(&sealed, false, grant, t0 + lease));
-        // Not sealed: the lease alone.
-        assert!(!fence_over(&unsealed, true, grant, t0 + lease - ms(1)));
-        assert!(fence_over(&unsealed, true, grant, t0 + lease));
-    }
+    use super::{choose_copy, lost_bound, CopyPosition, Protection};
     use crate::limits::LOST_BOUND_MARGIN_MS;
     use std::time::Duration;
 

@@ -230,23 +230,6 @@ pub const FAILOVER_CHECK_MS: u64 = 500;
 /// covers the moment between the registry leader's commit of the fence and its
 /// apply, and clocks that run at slightly different rates.
 pub const FAILOVER_LEASE_MARGIN_MS: u64 = 1_000;
-/// Waited beyond `max_standby_lag` after a failover sealed the failed region's
-/// standby copies before it reads one (`failover::grant_wait`): the seal's
-/// answers' transit and scheduling. The region's leader times its standby's
-/// answers by its own clock, which may run slower than the driver's: that
-/// part grows with the lag (`FAILOVER_GRANT_DRIFT_DIVISOR`).
-pub const FAILOVER_GRANT_MARGIN_MS: u64 = 250;
-/// The clock rate drift the grant's wait allows for: 1/20 of
-/// `max_standby_lag` (5 %, far beyond what NTP-disciplined clocks drift).
-pub const FAILOVER_GRANT_DRIFT_DIVISOR: u64 = 20;
-// With the default lag the grant's proof comes long before the lease's: the
-// point of sealing the copies.
-const _: () = assert!(
-    MAX_STANDBY_LAG_MS_DEFAULT
-        + MAX_STANDBY_LAG_MS_DEFAULT / FAILOVER_GRANT_DRIFT_DIVISOR
-        + FAILOVER_GRANT_MARGIN_MS
-        < (REGION_LEASE_MS + FAILOVER_LEASE_MARGIN_MS) / 4
-);
 /// Added to a failover's bound on the span of what it lost
 /// (`failover::lost_bound`): the delivery of the copy's newest entry after the
 /// region appended it, and the copies' answers' transit.
@@ -259,15 +242,14 @@ pub const FAILOVER_IMPORT_TIMEOUT_MS: u64 = 600_000;
 /// Attempts of a failover before the driver fails it (each a whole run, one
 /// `FAILOVER_CHECK_MS` apart at least).
 pub const FAILOVER_DRIVE_ATTEMPTS_MAX: u32 = 20;
-/// The shortest `auto_failover_after` (contract section 11, "Fast automatic
-/// failover"): a few health probes, so that one slow probe never starts a
-/// failover. A registry leader change does not make a region unready (its
-/// lease outlasts an election), and a failover begun for a region that was
-/// only slow to answer loses at most what its standby lacked
-/// (`max_standby_lag`), as any failover: it is safe, not free.
-pub const AUTO_FAILOVER_AFTER_MS_MIN: u64 = 2_000;
-const _: () = assert!(AUTO_FAILOVER_AFTER_MS_MIN >= 2 * FAILOVER_HEALTH_PROBE_MS);
-const _: () = assert!(AUTO_FAILOVER_AFTER_MS_MIN >= 4 * FAILOVER_CHECK_MS);
+/// The shortest `auto_failover_after`: a region's lease, a registry election
+/// and a few health probes, so that a registry leader change or a slow probe
+/// never starts a failover.
+pub const AUTO_FAILOVER_AFTER_MS_MIN: u64 = 15_000;
+const _: () = assert!(
+    AUTO_FAILOVER_AFTER_MS_MIN
+        > REGION_LEASE_MS + keyhold_registry::limits::ELECTION_TIMEOUT_MAX_MS_DEFAULT
+);
 /// How long the admin route waits for a node of the region to fail over to say
 /// it is ready (a ready region is healthy: refused unless forced).
 pub const FAILOVER_HEALTH_PROBE_MS: u64 = 1_000;

@@ -61,10 +61,7 @@ async fn run_local(node: &Node, tenant: &Tenant, request: Request, next: Next) -
         Ok(true) => {
             let response = next.run(request).await;
             // An answer is given only inside the lease: a failover waits the
-            // lease out before it commits, or, while this region's standby
-            // streamed, seals the standby's copies and waits
-            // `max_standby_lag`, past which every write answer here is held
-            // (`survival::hold`); either way nothing this region executed is
+            // lease out before it commits, so nothing this region executed is
             // acknowledged after the failover is done. The command may have
             // taken effect; the client's retry finds it, or the region's
             // reconciliation lists it.
