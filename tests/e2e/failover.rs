@@ -154,9 +154,15 @@ fn an_isolated_region_failed_over_hands_its_tenants_to_its_standby_and_acknowled
         "failover done {:.1} s after the isolation",
         (done_at - isolated_at).as_secs_f64()
     );
-    // Keep the direct client going a little past done: a must acknowledge
-    // nothing from now on.
-    std::thread::sleep(Duration::from_secs(2));
+    // Keep the direct client going past done, and past a's whole lease (the
+    // failover may be done before it ends: it waits the standby's grant, not
+    // the lease): a must acknowledge nothing from now on.
+    let lease_over = isolated_at + Duration::from_secs(11);
+    std::thread::sleep(
+        lease_over
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_secs(2)),
+    );
     stop.store(true, Ordering::Relaxed);
     writer.join().unwrap();
     let acks = acks.lock().unwrap().clone();

@@ -165,7 +165,7 @@ struct UpArgs {
     #[arg(long, value_parser = duration)]
     psp_key_retention: Option<Duration>,
     /// Fail a region over to its standby on its own once none of its nodes
-    /// has been ready this long (at least 15s; unset: by hand only).
+    /// has been ready this long (at least 2s; unset: by hand only).
     #[arg(long, value_parser = duration)]
     auto_failover_after: Option<Duration>,
     /// A region acknowledges a write only while its standby has confirmed

@@ -421,8 +421,8 @@ impl Config {
         if let Some(after) = self.auto_failover_after {
             if after < Duration::from_millis(limits::AUTO_FAILOVER_AFTER_MS_MIN) {
                 return Err(Error::Config(format!(
-                    "auto_failover_after must be at least {} s",
-                    limits::AUTO_FAILOVER_AFTER_MS_MIN / 1000
+                    "auto_failover_after must be at least {} ms",
+                    limits::AUTO_FAILOVER_AFTER_MS_MIN
                 )));
             }
         }
@@ -576,9 +576,12 @@ mod tests {
     fn automatic_failover_is_off_by_default_and_never_shorter_than_its_minimum() {
         let mut c = Config::new("eu", "/tmp/x".into(), "0123456789abcdef0123".into());
         assert_eq!(c.auto_failover_after, None);
-        c.auto_failover_after = Some(Duration::from_secs(5));
+        c.auto_failover_after = Some(Duration::from_millis(1_999));
         let e = c.validate().unwrap_err().to_string();
         assert!(e.contains("auto_failover_after"), "{e}");
+        // The contract's shortest value (section 11, "Fast automatic failover").
+        c.auto_failover_after = Some(Duration::from_secs(2));
+        c.validate().unwrap();
         c.auto_failover_after = Some(Duration::from_secs(30));
         c.validate().unwrap();
         let back = Config::from_toml(&c.to_toml().unwrap()).unwrap();

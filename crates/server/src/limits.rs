@@ -242,14 +242,15 @@ pub const FAILOVER_IMPORT_TIMEOUT_MS: u64 = 600_000;
 /// Attempts of a failover before the driver fails it (each a whole run, one
 /// `FAILOVER_CHECK_MS` apart at least).
 pub const FAILOVER_DRIVE_ATTEMPTS_MAX: u32 = 20;
-/// The shortest `auto_failover_after`: a region's lease, a registry election
-/// and a few health probes, so that a registry leader change or a slow probe
-/// never starts a failover.
-pub const AUTO_FAILOVER_AFTER_MS_MIN: u64 = 15_000;
-const _: () = assert!(
-    AUTO_FAILOVER_AFTER_MS_MIN
-        > REGION_LEASE_MS + keyhold_registry::limits::ELECTION_TIMEOUT_MAX_MS_DEFAULT
-);
+/// The shortest `auto_failover_after` (contract section 11, "Fast automatic
+/// failover"): a few health probes, so that one slow probe never starts a
+/// failover. A registry leader change does not make a region unready (its
+/// lease outlasts an election). A failover begun for a region that was only
+/// slow to answer is safe, not free: the driver waits the region's lease out
+/// before it promotes a copy, and the region loses what its standby lacked.
+pub const AUTO_FAILOVER_AFTER_MS_MIN: u64 = 2_000;
+const _: () = assert!(AUTO_FAILOVER_AFTER_MS_MIN >= 2 * FAILOVER_HEALTH_PROBE_MS);
+const _: () = assert!(AUTO_FAILOVER_AFTER_MS_MIN >= 4 * FAILOVER_CHECK_MS);
 /// How long the admin route waits for a node of the region to fail over to say
 /// it is ready (a ready region is healthy: refused unless forced).
 pub const FAILOVER_HEALTH_PROBE_MS: u64 = 1_000;
