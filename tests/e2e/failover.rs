@@ -61,23 +61,6 @@ fn a_failover_is_refused_when_the_target_holds_no_copy_or_the_region_is_healthy(
         .assert_status(201);
 }
 
-/// Waits until region `region`'s standby lags by no command (cluster view
-/// through c).
-fn standby_caught_up(cluster: &Cluster, region: &str) {
-    common::poll(Duration::from_secs(20), "the standby caught up", || {
-        let view = cluster
-            .api("c")
-            .get("/admin/v1/cluster", Some(&cluster.info.admin_token))
-            .json();
-        let lag = view["regions"]
-            .as_array()?
-            .iter()
-            .find(|r| r["name"] == region)?["replication_lag"]
-            .clone();
-        (lag["commands"] == 0).then_some(())
-    });
-}
-
 /// What the client talking straight to a's node saw: each acknowledged
 /// order's key, client order id and the instant its answer arrived.
 type Acks = Arc<Mutex<Vec<(String, String, Instant)>>>;
@@ -100,7 +83,7 @@ fn an_isolated_region_failed_over_hands_its_tenants_to_its_standby_and_acknowled
     }
     // The standby has them all before the fault (the lag is measured, not
     // assumed: this is the no-loss case).
-    standby_caught_up(&cluster, "a");
+    cluster.standby_caught_up("a");
 
     // A client keeps writing straight to a's node through the isolation.
     let acks: Acks = Arc::default();
@@ -213,7 +196,7 @@ fn with_auto_failover_a_killed_region_is_failed_over_to_its_standby_on_its_own()
     let (key, body) = (unique("k"), order_body(&unique("co"), 3));
     let first = c.expecting("a").create_order(&tenant.token, &key, &body);
     first.assert_status(201);
-    standby_caught_up(&cluster, "a");
+    cluster.standby_caught_up("a");
     let killed = Instant::now();
     cluster.control(&format!("/v1/nodes/{}/kill", cluster.node("a").node_id));
     // Nobody asks for the failover: b's leader begins it once a has not been

@@ -34,22 +34,6 @@ const RETRY_PAUSE: Duration = Duration::from_millis(100);
 /// it owns its tenant.
 const DIRECT_WRITES_FOR: Duration = Duration::from_secs(11);
 
-/// Waits until a's standby lags by no command (cluster view through c).
-fn standby_caught_up(cluster: &Cluster) {
-    common::poll(Duration::from_secs(20), "a's standby caught up", || {
-        let view = cluster
-            .api("c")
-            .get("/admin/v1/cluster", Some(&cluster.info.admin_token))
-            .json();
-        let lag = view["regions"]
-            .as_array()?
-            .iter()
-            .find(|r| r["name"] == "a")?["replication_lag"]
-            .clone();
-        (lag["commands"] == 0).then_some(())
-    });
-}
-
 /// Retries one new order of a's tenant (one key) through b and c in turn
 /// until it is accepted; answers how long after `fault` that was and the
 /// region that executed it.
@@ -57,13 +41,15 @@ fn accepted_again(cluster: &Cluster, fault: Instant) -> (Duration, String) {
     let tenant = cluster.tenant("a");
     let (key, body) = (unique("k"), order_body(&unique("co"), 2));
     let vias = [cluster.api("b"), cluster.api("c")];
-    for attempt in 0.. {
+    let mut attempt = 0;
+    loop {
         assert!(
             fault.elapsed() < 3 * WINDOW_MAX,
             "no order accepted {:?} after the fault",
             fault.elapsed()
         );
         let via = &vias[attempt % 2];
+        attempt += 1;
         let rb = via
             .order_rb(&tenant.token, &key, &body)
             .timeout(ATTEMPT_TIMEOUT);
@@ -75,7 +61,6 @@ fn accepted_again(cluster: &Cluster, fault: Instant) -> (Duration, String) {
         }
         std::thread::sleep(RETRY_PAUSE);
     }
-    unreachable!()
 }
 
 /// The automatic failover of a, once done (through c).
@@ -101,7 +86,7 @@ fn a_killed_region_s_tenant_is_served_again_within_ten_seconds() {
     let (key, body) = (unique("k"), order_body(&unique("co"), 3));
     let first = c.expecting("a").create_order(&tenant.token, &key, &body);
     first.assert_status(201);
-    standby_caught_up(&cluster);
+    cluster.standby_caught_up("a");
 
     let nodes: Vec<u64> = cluster
         .info
@@ -137,7 +122,7 @@ fn an_isolated_region_is_failed_over_within_ten_seconds_and_acknowledges_nothing
     let started = SystemTime::now();
     a.create_order(&tenant.token, &unique("k"), &order_body(&unique("co"), 1))
         .assert_status(201);
-    standby_caught_up(&cluster);
+    cluster.standby_caught_up("a");
 
     // A client keeps writing straight to a's node, new orders, and notes when
     // each acknowledgement a executed arrived.

@@ -198,6 +198,23 @@ enum StartError {
 }
 
 impl Cluster {
+    /// Waits until region `region`'s standby lags by no command (cluster view
+    /// through region c).
+    pub fn standby_caught_up(&self, region: &str) {
+        poll(Duration::from_secs(20), "the standby caught up", || {
+            let view = self
+                .api("c")
+                .get("/admin/v1/cluster", Some(&self.info.admin_token))
+                .json();
+            let lag = view["regions"]
+                .as_array()?
+                .iter()
+                .find(|r| r["name"] == region)?["replication_lag"]
+                .clone();
+            (lag["commands"] == 0).then_some(())
+        });
+    }
+
     /// `keyhold up --regions <regions> <extra...>` on a fresh dir and free ports.
     pub fn start(regions: &str, extra: &[&str]) -> Cluster {
         let tmp = tempfile::Builder::new()
