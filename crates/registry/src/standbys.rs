@@ -8,10 +8,10 @@
 //! The decision is the registry's: a region cut off from the registry majority
 //! cannot commit `MarkStandbyLost`, so it cannot decide on its own to run
 //! unprotected (it stays protected: its writes answer 503). Nor can a region
-//! being failed over: the failover's driver counts on the region staying
-//! protected once its standby's copies stopped confirming (it waits
-//! `max_standby_lag`, not the region's whole lease), so `MarkStandbyLost` is
-//! refused while a failover from the region runs. Only regions whose
+//! being failed over: its losses are bounded by `max_standby_lag` only while
+//! it stays protected (`estimated_lost`, and a failover that would wait the
+//! standby's grant instead of the lease; see docs/benchmarks.md), so
+//! `MarkStandbyLost` is refused while a failover from the region runs. Only regions whose
 //! standby is lost are kept (`RegistryState::standby_lost`, region → since when,
 //! by the requester's clock); every other region's standby streams.
 
