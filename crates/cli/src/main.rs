@@ -532,7 +532,10 @@ fn serve(path: PathBuf, log: LogFormat) -> anyhow::Result<()> {
     init_tracing(log);
     let text = std::fs::read_to_string(&path)
         .with_context(|| format!("cannot read config {}", path.display()))?;
-    let config = Config::from_toml(&text).with_context(|| format!("in {}", path.display()))?;
+    let mut config = Config::from_toml(&text).with_context(|| format!("in {}", path.display()))?;
+    config
+        .take_from_host(&keyhold_server::config::Host::current()?)
+        .with_context(|| format!("in {}", path.display()))?;
     config.validate()?;
     runtime()?.block_on(async move {
         let listener = tokio::net::TcpListener::bind(&config.listen)

@@ -27,6 +27,12 @@ pub struct Config {
     /// This node's id in the registry group; unique in the cluster, never reused.
     #[serde(default = "d_node_id")]
     pub node_id: u64,
+    /// Take the node id from the host name instead of `node_id`: the number
+    /// that ends it (a StatefulSet pod `keyhold-a-2` has ordinal 2) times
+    /// `stride`, plus `offset`. So one config serves every pod of a region,
+    /// and the image needs no shell to fill it in (`Config::take_from_host`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_id_from_hostname: Option<NodeIdFromHostname>,
     /// Address of this node's Raft listener (registry replication).
     #[serde(default = "d_raft_listen")]
     pub raft_listen: String,
@@ -34,8 +40,13 @@ pub struct Config {
     /// id creates the group. Empty: this node alone (a one-node cluster).
     #[serde(default)]
     pub members: Vec<Member>,
-    /// Bearer token of the admin API.
+    /// Bearer token of the admin API (at least 16 characters).
+    #[serde(default)]
     pub admin_token: String,
+    /// Name of an environment variable holding the admin token instead (a
+    /// Kubernetes Secret, say), so the config file carries no secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admin_token_env: Option<String>,
     /// File holding the cluster's node credential(s): the secret every inter-node
     /// call carries (Raft, forwarding, move copy). One per line; the first is sent,
     /// all are accepted, so a rotation lists the new and the old one for a while.
@@ -148,6 +159,38 @@ pub struct Config {
     /// records it lost. What a failover can lose is bounded by it.
     #[serde(default = "d_max_standby_lag", with = "humantime_serde_compat")]
     pub max_standby_lag: Duration,
+}
+
+/// `node_id = ordinal * stride + offset`, the ordinal ending the host name.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct NodeIdFromHostname {
+    pub stride: u64,
+    pub offset: u64,
+}
+
+/// What a node's config may take from where it runs: environment variables
+/// and the host name. An input, so tests give their own.
+pub struct Host<'a> {
+    pub name: String,
+    pub var: &'a dyn Fn(&str) -> Option<String>,
+}
+
+impl Host<'static> {
+    /// This process's host: `HOSTNAME` (set by container runtimes to the pod's
+    /// name), else the kernel's host name.
+    pub fn current() -> Result<Host<'static>, Error> {
+        let name = match std::env::var("HOSTNAME") {
+            Ok(name) if !name.is_empty() => name,
+            _ => std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|n| n.trim().to_owned())
+                .map_err(|e| Error::Config(format!("cannot read the host name: {e}")))?,
+        };
+        Ok(Host {
+            name,
+            var: &|name| std::env::var(name).ok(),
+        })
+    }
 }
 
 /// How a node with an empty data dir enters its groups.
@@ -282,6 +325,34 @@ mod humantime_serde_option {
     }
 }
 
+/// Checks a node's advertised address (`members`' `api_addr` and `raft_addr`,
+/// a node added with `POST /admin/v1/nodes`): `host:port`, the host an IP
+/// address (IPv6 in brackets) or a DNS name, such as a Kubernetes pod's
+/// `keyhold-a-0.keyhold-a`. Other nodes dial it as written.
+pub fn check_node_address(addr: &str) -> Result<(), String> {
+    if addr.parse::<std::net::SocketAddr>().is_ok() {
+        return Ok(());
+    }
+    let Some((host, port)) = addr.rsplit_once(':') else {
+        return Err(format!("{addr:?} is not an address (host:port)"));
+    };
+    if port.parse::<u16>().is_err() {
+        return Err(format!("{addr:?} is not an address (host:port): no port"));
+    }
+    let label_ok = |label: &str| {
+        (1..=63).contains(&label.len())
+            && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+            && !label.starts_with('-')
+            && !label.ends_with('-')
+    };
+    if host.len() > 253 || !host.split('.').all(label_ok) {
+        return Err(format!(
+            "{addr:?} is not an address (host:port): {host:?} is neither an IP address nor a DNS name"
+        ));
+    }
+    Ok(())
+}
+
 /// Parses `3s`, `500ms`, `48h`, `30d` and combinations like `1h30m`.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text.trim()).map_err(|e| {
@@ -298,9 +369,11 @@ impl Config {
             data_dir,
             listen: d_listen(),
             node_id: d_node_id(),
+            node_id_from_hostname: None,
             raft_listen: d_raft_listen(),
             members: Vec::new(),
             admin_token,
+            admin_token_env: None,
             node_credential_file: None,
             node_credential_env: None,
             response_ttl: d_response_ttl(),
@@ -342,7 +415,67 @@ impl Config {
         if config.regions.is_empty() {
             config.regions = vec![config.region.clone()];
         }
+        if config.node_id_from_hostname.is_some() {
+            // Two sources of one id: refuse rather than pick one silently.
+            let table: toml::Table =
+                toml::from_str(text).map_err(|e| Error::Config(e.to_string()))?;
+            if table.contains_key("node_id") {
+                return Err(Error::Config(
+                    "set node_id or node_id_from_hostname, not both".into(),
+                ));
+            }
+        }
         Ok(config)
+    }
+
+    /// Fills in what the config takes from where the node runs: the node id
+    /// from the host name (`node_id_from_hostname`) and the admin token from
+    /// the environment (`admin_token_env`). Idempotent; `keyhold serve` calls
+    /// it before `validate`.
+    pub fn take_from_host(&mut self, host: &Host) -> Result<(), Error> {
+        if let Some(rule) = self.node_id_from_hostname {
+            let digits: String = host
+                .name
+                .chars()
+                .rev()
+                .take_while(char::is_ascii_digit)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            let ordinal: u64 = digits.parse().map_err(|_| {
+                Error::Config(format!(
+                    "node_id_from_hostname: the host name {:?} does not end in a number \
+                     (a StatefulSet pod's ordinal)",
+                    host.name
+                ))
+            })?;
+            self.node_id = ordinal
+                .checked_mul(rule.stride)
+                .and_then(|id| id.checked_add(rule.offset))
+                .filter(|id| *id > 0)
+                .ok_or_else(|| {
+                    Error::Config(format!(
+                        "node_id_from_hostname: ordinal {ordinal} * {} + {} is no node id",
+                        rule.stride, rule.offset
+                    ))
+                })?;
+        }
+        if let Some(var) = &self.admin_token_env {
+            if !self.admin_token.is_empty() {
+                return Err(Error::Config(
+                    "set admin_token or admin_token_env, not both".into(),
+                ));
+            }
+            self.admin_token = (host.var)(var).ok_or_else(|| {
+                Error::Config(format!(
+                    "admin_token_env names {var}, which is unset or not UTF-8"
+                ))
+            })?;
+            // Taken: the config now reads like one with the token written in.
+            self.admin_token_env = None;
+        }
+        Ok(())
     }
 
     /// The node credentials: read from `node_credential_file` or
@@ -396,7 +529,9 @@ impl Config {
         }
         if self.admin_token.len() < 16 {
             return Err(Error::Config(
-                "admin_token must be at least 16 characters".into(),
+                "admin_token (or the variable admin_token_env names) must be at least 16 \
+                 characters"
+                    .into(),
             ));
         }
         if self.node_credential_file.is_some() && self.node_credential_env.is_some() {
@@ -480,6 +615,12 @@ impl Config {
             // A node that is not among the first members joins later as a
             // registry learner (added by the leader) and serves the API by
             // forwarding to its region's store node.
+            for m in &self.members {
+                for addr in [&m.api_addr, &m.raft_addr] {
+                    check_node_address(addr)
+                        .map_err(|e| Error::Config(format!("member {}: {e}", m.id)))?;
+                }
+            }
             if let Some(m) = self
                 .members
                 .iter()
@@ -570,6 +711,119 @@ mod tests {
         assert_eq!(back.psp_key_retention, c.psp_key_retention);
         assert_eq!(back.outbound_ip, c.outbound_ip);
         assert_eq!(back.members, c.members);
+    }
+
+    fn host<'a>(name: &str, var: &'a dyn Fn(&str) -> Option<String>) -> Host<'a> {
+        Host {
+            name: name.to_owned(),
+            var,
+        }
+    }
+
+    const POD_CONFIG: &str = r#"
+        region = "b"
+        regions = ["a", "b", "c"]
+        data_dir = "/var/lib/keyhold"
+        admin_token_env = "ADMIN"
+        node_id_from_hostname = { stride = 3, offset = 2 }
+    "#;
+
+    #[test]
+    fn a_pod_takes_its_node_id_from_its_ordinal_and_the_admin_token_from_the_environment() {
+        let env = |name: &str| (name == "ADMIN").then(|| "a-secret-of-twenty-chars".to_owned());
+        let mut c = Config::from_toml(POD_CONFIG).unwrap();
+        c.take_from_host(&host("keyhold-b-2", &env)).unwrap();
+        assert_eq!(c.node_id, 2 * 3 + 2);
+        assert_eq!(c.admin_token, "a-secret-of-twenty-chars");
+        c.validate().unwrap();
+        // Taking twice changes nothing (the token is no longer "from env").
+        c.take_from_host(&host("keyhold-b-2", &env)).unwrap();
+        assert_eq!(
+            (c.node_id, c.admin_token.as_str()),
+            (8, "a-secret-of-twenty-chars")
+        );
+    }
+
+    #[test]
+    fn what_a_pod_cannot_take_from_its_host_is_refused_by_name() {
+        let env = |_: &str| None;
+        let mut c = Config::from_toml(POD_CONFIG).unwrap();
+        let e = c
+            .take_from_host(&host("keyhold-b", &env))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("does not end in a number"), "{e}");
+        let e = c
+            .take_from_host(&host("keyhold-b-0", &env))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("admin_token_env names ADMIN"), "{e}");
+        // Without taking from the host, the token is missing.
+        let e = Config::from_toml(POD_CONFIG)
+            .unwrap()
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("admin_token"), "{e}");
+        // Two sources of one value.
+        let e = Config::from_toml(&format!("node_id = 4\n{POD_CONFIG}"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("node_id or node_id_from_hostname"), "{e}");
+        let env = |_: &str| Some("another-secret-of-20".to_owned());
+        let mut c = Config::from_toml(&format!("admin_token = \"x\"\n{POD_CONFIG}")).unwrap();
+        let e = c
+            .take_from_host(&host("keyhold-b-0", &env))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("admin_token or admin_token_env"), "{e}");
+        // An id of 0 is no node id.
+        let mut c = Config::from_toml(&POD_CONFIG.replace("offset = 2", "offset = 0")).unwrap();
+        let e = c
+            .take_from_host(&host("keyhold-b-0", &env))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("is no node id"), "{e}");
+    }
+
+    #[test]
+    fn node_addresses_are_host_and_port_by_ip_or_dns_name() {
+        for good in [
+            "127.0.0.1:7400",
+            "[::1]:7410",
+            "keyhold-a-0.keyhold-a:7400",
+            "keyhold-a-0.keyhold-a.default.svc.cluster.local:7410",
+            "localhost:1",
+        ] {
+            check_node_address(good).unwrap_or_else(|e| panic!("{good}: {e}"));
+        }
+        for bad in [
+            "keyhold-a-0",
+            "keyhold-a-0:",
+            "keyhold-a-0:http",
+            ":7400",
+            "a..b:7400",
+            "-a:7400",
+            "a_b:7400",
+            "http://a:7400",
+            "a:70000",
+        ] {
+            let e = check_node_address(bad).unwrap_err();
+            assert!(e.contains("is not an address (host:port)"), "{bad}: {e}");
+        }
+        let mut c = Config::new("a", "/tmp/x".into(), "0123456789abcdef0123".into());
+        c.node_credential_env = Some("KEYHOLD_TEST_UNUSED".into());
+        c.members = vec![Member {
+            id: 1,
+            region: "a".into(),
+            api_addr: "keyhold-a-0.keyhold-a:7400".into(),
+            raft_addr: "keyhold-a-0.keyhold-a".into(),
+        }];
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("member 1: \"keyhold-a-0.keyhold-a\" is not an address"),
+            "{e}"
+        );
     }
 
     #[test]

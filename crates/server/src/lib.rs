@@ -135,17 +135,17 @@ pub async fn run_listening(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
     let own = config.members.iter().find(|m| m.id == config.node_id);
+    // A member advertises what its config says (checked by `validate`: an
+    // IP or a DNS name); a node alone advertises where it listens.
     let (api_addr, raft_addr) = match own {
-        Some(m) => (advertised(&m.api_addr)?, advertised(&m.raft_addr)?),
-        None => (listener.local_addr()?, raft_listener.local_addr()?),
+        Some(m) => (m.api_addr.clone(), m.raft_addr.clone()),
+        None => (
+            listener.local_addr()?.to_string(),
+            raft_listener.local_addr()?.to_string(),
+        ),
     };
     let node = Node::open(config, api_addr, raft_addr).await?;
     serve(Arc::new(node), listener, raft_listener, shutdown).await
-}
-
-fn advertised(addr: &str) -> Result<std::net::SocketAddr, Error> {
-    addr.parse()
-        .map_err(|e| Error::Config(format!("member address {addr:?}: {e}")))
 }
 
 /// Serves an opened node on its API and Raft listeners: bootstraps the registry

@@ -19,7 +19,6 @@ use keyhold_store::limits::{
 };
 use keyhold_store::raft::{Bootstrap, GroupOptions, Leadership, Member, Purge};
 use keyhold_store::{GuardOutcome, Store, TenantGuard};
-use std::net::SocketAddr;
 use std::time::Duration;
 use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
@@ -91,12 +90,10 @@ pub enum Placement {
 
 impl Node {
     /// Opens the node's region store and starts its registry replica. The API and
-    /// Raft listeners are bound already (their addresses go into the registry).
-    pub async fn open(
-        config: Config,
-        api_addr: SocketAddr,
-        raft_addr: SocketAddr,
-    ) -> Result<Node, Error> {
+    /// Raft listeners are bound already; `api_addr` and `raft_addr` are where
+    /// the other nodes reach them (`host:port`, an IP or a DNS name), kept in
+    /// the registry.
+    pub async fn open(config: Config, api_addr: String, raft_addr: String) -> Result<Node, Error> {
         config.validate()?;
         let hmac_secret = match &config.fingerprint_hmac_key_env {
             None => None,
@@ -110,11 +107,7 @@ impl Node {
             },
         };
         std::fs::create_dir_all(&config.data_dir)?;
-        let info = NodeInfo::new(
-            config.region.clone(),
-            api_addr.to_string(),
-            raft_addr.to_string(),
-        );
+        let info = NodeInfo::new(config.region.clone(), api_addr, raft_addr);
         let http = reqwest::Client::builder()
             .no_proxy()
             .tcp_nodelay(true)

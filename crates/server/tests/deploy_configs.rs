@@ -1,11 +1,11 @@
 //! The operator-facing configs under deploy/ stay valid: every local node config
 //! (one node per region in `local/`, three per region in `local-3/`) parses and
 //! passes the node's start-up rules, and the Kubernetes ConfigMaps' embedded
-//! node configs do too (with the placeholders filled in as each pod's start
-//! command fills them). The three-node layouts list every member in every
+//! node configs do too (with the id and admin token each pod takes from its
+//! host name and environment). The three-node layouts list every member in every
 //! config, with unique ids and one group of three nodes per region.
 
-use keyhold_server::config::Member;
+use keyhold_server::config::{Host, Member};
 use keyhold_server::Config;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -116,17 +116,6 @@ fn local_three_node_regions_list_every_member_and_make_one_group_of_three_per_re
     layout.check();
 }
 
-/// The text after `prefix` in `text`, up to the first character not a digit.
-fn number_after(text: &str, prefix: &str) -> u64 {
-    let start = text.find(prefix).unwrap_or_else(|| panic!("no {prefix:?}")) + prefix.len();
-    text[start..]
-        .chars()
-        .take_while(char::is_ascii_digit)
-        .collect::<String>()
-        .parse()
-        .unwrap_or_else(|_| panic!("no number after {prefix:?}"))
-}
-
 #[test]
 fn kubernetes_regions_run_three_nodes_each_listing_every_member() {
     let mut layout = Layout::default();
@@ -152,15 +141,26 @@ fn kubernetes_regions_run_three_nodes_each_listing_every_member() {
             .take_while(|l| l.starts_with("    ") || l.is_empty())
             .map(|l| format!("{}\n", l.trim_start()))
             .collect();
-        let block = block.replace("${KEYHOLD_ADMIN_TOKEN}", "a-long-enough-admin-token");
-        // Pod keyhold-<region>-<ordinal> computes its id as the start command says.
-        let offset = number_after(&text, "NODE_ID=$(( ${HOSTNAME##*-} * 3 + ");
+        // Each pod fills in what the config takes from its host: the id from its
+        // name, the admin token from the Secret's variable.
+        let env = |name: &str| {
+            (name == "KEYHOLD_ADMIN_TOKEN").then(|| "a-long-enough-admin-token".to_owned())
+        };
         for ordinal in 0..3 {
-            let id = ordinal * 3 + offset;
-            let toml = block.replace("${KEYHOLD_NODE_ID}", &id.to_string());
-            let config = read_config(&path, &toml);
+            let mut config =
+                Config::from_toml(&block).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let host = Host {
+                name: format!("keyhold-{region}-{ordinal}"),
+                var: &env,
+            };
+            config
+                .take_from_host(&host)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            config
+                .validate()
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let id = config.node_id;
             assert_eq!(config.region, region);
-            assert_eq!(config.node_id, id);
             let me = config
                 .members
                 .iter()

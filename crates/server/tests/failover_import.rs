@@ -159,9 +159,13 @@ async fn start_node(
         ("a" | "b", _) => Some(psp.to_owned()),
         _ => None,
     };
-    let api_addr = listener.local_addr().unwrap();
-    let raft_addr = raft.local_addr().unwrap();
-    let node = Arc::new(Node::open(config, api_addr, raft_addr).await.unwrap());
+    let api_addr = listener.local_addr().unwrap().to_string();
+    let raft_addr = raft.local_addr().unwrap().to_string();
+    let node = Arc::new(
+        Node::open(config, api_addr.clone(), raft_addr)
+            .await
+            .unwrap(),
+    );
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(keyhold_server::serve(
         node.clone(),

@@ -74,9 +74,13 @@ async fn start_node(
     config.raft_listen = member.raft_addr.clone();
     config.members = members.to_vec();
     config.node_credential_file = Some(dir.join("node-credential"));
-    let api_addr = listener.local_addr().unwrap();
-    let raft_addr = raft.local_addr().unwrap();
-    let node = Arc::new(Node::open(config, api_addr, raft_addr).await.unwrap());
+    let api_addr = listener.local_addr().unwrap().to_string();
+    let raft_addr = raft.local_addr().unwrap().to_string();
+    let node = Arc::new(
+        Node::open(config, api_addr.clone(), raft_addr)
+            .await
+            .unwrap(),
+    );
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(keyhold_server::serve(
         node.clone(),

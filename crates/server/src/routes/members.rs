@@ -88,10 +88,8 @@ pub async fn add_node(
             .detail(format!("region {:?} is not registered", request.region)));
     }
     for addr in [&request.api_addr, &request.raft_addr] {
-        if addr.parse::<std::net::SocketAddr>().is_err() {
-            return Err(ApiError::new(Problem::InvalidRequest)
-                .detail(format!("{addr:?} is not an address (host:port)")));
-        }
+        crate::config::check_node_address(addr)
+            .map_err(|e| ApiError::new(Problem::InvalidRequest).detail(e))?;
     }
     let change = Change::Add {
         node_id: request.node_id,
