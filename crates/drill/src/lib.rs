@@ -22,7 +22,7 @@ pub mod traffic;
 
 use cluster::{Calls, ClusterFile};
 use limits::*;
-use report::{Charges, Report, Timings};
+use report::{Charges, Instants, Report, Timings, WallClock};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -115,6 +115,8 @@ pub async fn run(drill: Drill) -> Result<Report, Error> {
     let lag_before = standby_lag(&calls, &other, &region).await;
 
     let drilled: Vec<String> = tenants.iter().map(|t| t.tenant_id.clone()).collect();
+    let clock = WallClock::now();
+    let leaders = LeaderWatch::start(&calls, &other);
     let mut traffic = Traffic::start(&calls, tenants, drill.rate);
     progress.phase("steady traffic", &traffic);
     sleep_with(&progress, &traffic, drill.duration).await;
@@ -136,9 +138,12 @@ pub async fn run(drill: Drill) -> Result<Report, Error> {
 
     progress.phase("return", &traffic);
     heal(&calls, &region, drill.fault).await?;
+    let returned_at = Instant::now();
     progress.phase("reconciliation", &traffic);
     let reconciliation =
         wait_reconciled(&calls, &other, &region, &operation_id, &progress, &traffic).await?;
+    let reconciled_at = Instant::now();
+    let leader_changes = leaders.stop();
 
     progress.phase("draining", &traffic);
     traffic.stop_new().await;
@@ -158,6 +163,24 @@ pub async fn run(drill: Drill) -> Result<Report, Error> {
         .as_array()
         .cloned()
         .unwrap_or_default();
+    let to = done["result"]["to"].as_str().unwrap_or("").to_owned();
+    let instants = Instants {
+        clock,
+        fault: drill.fault,
+        fault_at,
+        failover_requested_at,
+        done_at,
+        returned_at,
+        reconciled_at,
+        leader_changes,
+    };
+    let rehomed = done["result"]["tenants"].as_u64().unwrap_or(0);
+    let (timeline, failures_by_reason) = traffic.with_record(|r| {
+        (
+            report::timeline(r, &instants, &to, rehomed, orphans.len()),
+            report::failures_by_reason(r, fault_at),
+        )
+    });
     let verdicts = verify(&calls, &other, &acked, &orphans).await?;
     let lost_acks_after_fault_s = lost_ack_times(&acked, &verdicts, fault_in_effect_at);
     let charges = settle_charges(&calls, &verdicts.present).await?;
@@ -165,12 +188,14 @@ pub async fn run(drill: Drill) -> Result<Report, Error> {
     progress.finish();
     Ok(Report::new(report::Inputs {
         region,
-        to: done["result"]["to"].as_str().unwrap_or("").to_owned(),
+        to,
         fault: drill.fault,
         operation_id,
         failover: done,
         lag_before_fault: lag_at_fault,
         timings,
+        timeline,
+        failures_by_reason,
         sent: traffic.sent.load(std::sync::atomic::Ordering::Relaxed),
         unanswered: traffic.pending.load(std::sync::atomic::Ordering::Relaxed),
         acked: acked.len() as u64,
@@ -514,6 +539,45 @@ async fn sleep_with(progress: &Progress, traffic: &Traffic, wait: Duration) {
     while Instant::now() < until {
         progress.tick(traffic);
         tokio::time::sleep(Duration::from_millis(POLL_MS).min(until - Instant::now())).await;
+    }
+}
+
+/// Watches the registry's leader through a node of another region, every
+/// `LEADER_POLL_MS`, and records each change it sees.
+struct LeaderWatch {
+    changes: std::sync::Arc<std::sync::Mutex<LeaderChanges>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+type LeaderChanges = Vec<(Instant, Option<u64>, Option<u64>)>;
+
+impl LeaderWatch {
+    fn start(calls: &Calls, via: &str) -> LeaderWatch {
+        let changes: std::sync::Arc<std::sync::Mutex<LeaderChanges>> = Default::default();
+        let (calls, via, record) = (calls.clone(), via.to_owned(), changes.clone());
+        let task = tokio::spawn(async move {
+            let mut last: Option<Option<u64>> = None;
+            loop {
+                // An unanswered view says nothing about the leader: skip it.
+                if let Ok(view) = calls.admin_get(&via, "/admin/v1/cluster").await {
+                    let leader = view.body["registry"]["leader"].as_u64();
+                    if view.status == 200 && last != Some(leader) {
+                        if let Some(before) = last {
+                            let change = (Instant::now(), before, leader);
+                            record.lock().expect("not poisoned").push(change);
+                        }
+                        last = Some(leader);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(LEADER_POLL_MS)).await;
+            }
+        });
+        LeaderWatch { changes, task }
+    }
+
+    fn stop(self) -> LeaderChanges {
+        self.task.abort();
+        std::mem::take(&mut *self.changes.lock().expect("not poisoned"))
     }
 }
 

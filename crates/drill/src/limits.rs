@@ -29,7 +29,11 @@ pub const CHARGES_SETTLE_WAIT_MS: u64 = 30_000;
 pub const ACK_TIME_TOLERANCE_MS: u64 = 200;
 /// Polling period of every wait above.
 pub const POLL_MS: u64 = 250;
+/// How often the registry's leader is read for the timeline (a leader
+/// change shorter than this may go unseen).
+pub const LEADER_POLL_MS: u64 = 250;
 
 const _: () = assert!(RETRY_WAIT_MS < REQUEST_TIMEOUT_MS);
 const _: () = assert!(POLL_MS < AFTER_DONE_MS);
 const _: () = assert!(REQUEST_TIMEOUT_MS < DRAIN_WAIT_MS);
+const _: () = assert!(LEADER_POLL_MS < REQUEST_TIMEOUT_MS);

@@ -2,13 +2,13 @@
 //! table printed at the end (the same report is written as JSON).
 
 use crate::limits::ACK_TIME_TOLERANCE_MS;
-use crate::traffic::Record;
+use crate::traffic::{Failed, Record};
 use crate::{Fault, Verdicts};
 use serde::Serialize;
 use serde_json::Value;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 /// Timings from the drill's client's point of view, in seconds.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -35,7 +35,7 @@ impl Timings {
         let failures: Vec<Instant> = record
             .failures
             .iter()
-            .copied()
+            .map(|f| f.at)
             .filter(|at| *at >= fault_at)
             .collect();
         let first = failures.iter().min().copied();
@@ -48,6 +48,135 @@ impl Timings {
             failover_s: (done_at - failover_requested_at).as_secs_f64(),
         }
     }
+}
+
+/// Turns the drill's instants into wall-clock times: one reading of both
+/// clocks, taken by `run` (an input, so tests choose it).
+#[derive(Debug, Clone, Copy)]
+pub struct WallClock {
+    pub instant: Instant,
+    pub system: SystemTime,
+}
+
+impl WallClock {
+    pub fn now() -> WallClock {
+        WallClock {
+            instant: Instant::now(),
+            system: SystemTime::now(),
+        }
+    }
+
+    /// `at` as UTC, RFC 3339 with milliseconds.
+    fn format(&self, at: Instant) -> String {
+        let system = match at.checked_duration_since(self.instant) {
+            Some(after) => self.system + after,
+            None => self.system - (self.instant - at),
+        };
+        humantime::format_rfc3339_millis(system).to_string()
+    }
+}
+
+/// What happened when during the drill, besides the client's own record.
+#[derive(Debug, Clone)]
+pub struct Instants {
+    pub clock: WallClock,
+    pub fault: Fault,
+    pub fault_at: Instant,
+    pub failover_requested_at: Instant,
+    pub done_at: Instant,
+    pub returned_at: Instant,
+    pub reconciled_at: Instant,
+    /// The registry's leader as a node of another region saw it change:
+    /// when, from, to (`None`: no leader known).
+    pub leader_changes: Vec<(Instant, Option<u64>, Option<u64>)>,
+}
+
+/// One moment of the drill's timeline.
+#[derive(Debug, Clone, Serialize)]
+pub struct Moment {
+    pub what: String,
+    /// Seconds after the fault (negative: before it).
+    pub after_fault_s: f64,
+    /// UTC, RFC 3339.
+    pub at: String,
+}
+
+/// The drill's timeline, in the order things happened: the fault, the
+/// client's first failure, registry leader changes, the failover's request
+/// and end, the client's first success in the new home, its last failure,
+/// the region's return and its reconciliation.
+pub fn timeline(
+    record: &Record,
+    i: &Instants,
+    to: &str,
+    rehomed: u64,
+    orphans: usize,
+) -> Vec<Moment> {
+    let fault = match i.fault {
+        Fault::Kill => "fault: every node of the region killed",
+        Fault::Isolate => "fault: the region isolated",
+    };
+    let mut moments: Vec<(Instant, String)> = vec![
+        (i.fault_at, fault.to_owned()),
+        (i.failover_requested_at, "failover requested".to_owned()),
+        (
+            i.done_at,
+            format!("failover done: {rehomed} tenants re-homed to {to}"),
+        ),
+        (i.returned_at, "the region is back (fault ended)".to_owned()),
+        (
+            i.reconciled_at,
+            format!("reconciliation done: {orphans} orphans listed"),
+        ),
+    ];
+    let after_fault: Vec<&Failed> = record
+        .failures
+        .iter()
+        .filter(|f| f.at >= i.fault_at)
+        .collect();
+    if let Some(first) = after_fault.iter().min_by_key(|f| f.at) {
+        moments.push((first.at, format!("first failed request ({})", first.why)));
+    }
+    if let Some(last) = after_fault.iter().max_by_key(|f| f.at) {
+        moments.push((last.at, format!("last failed request ({})", last.why)));
+    }
+    if let Some(first) = record
+        .acked
+        .iter()
+        .filter(|a| a.at >= i.fault_at && a.executed_in == to)
+        .min_by_key(|a| a.at)
+    {
+        moments.push((first.at, format!("first success in the new home {to}")));
+    }
+    let name = |leader: Option<u64>| leader.map_or("none".to_owned(), |id| format!("node {id}"));
+    for (at, from, into) in &i.leader_changes {
+        moments.push((
+            *at,
+            format!("registry leader {} -> {}", name(*from), name(*into)),
+        ));
+    }
+    moments.sort_by_key(|(at, _)| *at);
+    moments
+        .into_iter()
+        .map(|(at, what)| Moment {
+            what,
+            after_fault_s: match at.checked_duration_since(i.fault_at) {
+                Some(after) => after.as_secs_f64(),
+                None => -(i.fault_at - at).as_secs_f64(),
+            },
+            at: i.clock.format(at),
+        })
+        .collect()
+}
+
+/// The client's failed attempts after the fault, counted by reason (a
+/// problem's slug, a status, or `no answer`).
+pub fn failures_by_reason(record: &Record, fault_at: Instant) -> BTreeMap<String, u64> {
+    let mut counts = BTreeMap::new();
+    for f in record.failures.iter().filter(|f| f.at >= fault_at) {
+        *counts.entry(f.why.clone()).or_default() += 1;
+    }
+    counts
 }
 
 /// Charges per surviving (present) order.
@@ -102,6 +231,8 @@ pub struct Inputs {
     pub failover: Value,
     pub lag_before_fault: Option<Value>,
     pub timings: Timings,
+    pub timeline: Vec<Moment>,
+    pub failures_by_reason: BTreeMap<String, u64>,
     pub sent: u64,
     pub unanswered: u64,
     pub acked: u64,
@@ -130,6 +261,10 @@ pub struct Report {
     pub failover_result: Value,
     pub lag_before_fault: Option<Value>,
     pub timings: Timings,
+    /// What happened when (`timeline`).
+    pub timeline: Vec<Moment>,
+    /// The client's failed attempts after the fault, by reason.
+    pub failures_by_reason: BTreeMap<String, u64>,
     pub orders_sent: u64,
     pub orders_acknowledged: u64,
     /// Never acknowledged by the end (still failing when the drill stopped).
@@ -238,6 +373,8 @@ impl Report {
             failover_result: i.failover["result"].clone(),
             lag_before_fault: i.lag_before_fault,
             timings: i.timings,
+            timeline: i.timeline,
+            failures_by_reason: i.failures_by_reason,
             orders_sent: i.sent,
             orders_acknowledged: i.acked,
             orders_unanswered: i.unanswered,
@@ -383,6 +520,23 @@ impl Report {
         for (name, value) in rows {
             let _ = writeln!(t, "  {name:<31} {value}");
         }
+        if !self.failures_by_reason.is_empty() {
+            let reasons: Vec<String> = self
+                .failures_by_reason
+                .iter()
+                .map(|(why, n)| format!("{why} {n}"))
+                .collect();
+            let _ = writeln!(
+                t,
+                "  {:<31} {}",
+                "failed attempts by reason",
+                reasons.join(", ")
+            );
+        }
+        let _ = writeln!(t, "  timeline (seconds after the fault, UTC):");
+        for m in &self.timeline {
+            let _ = writeln!(t, "    {:+8.2}  {}  {}", m.after_fault_s, m.at, m.what);
+        }
         if !self.move_back.is_empty() {
             let _ = writeln!(t, "  to move them back to {}:", self.region);
             for command in &self.move_back {
@@ -411,6 +565,8 @@ mod tests {
             failover: serde_json::json!({"result": {"at": 7, "estimated_lost": {"commands": 1, "seconds": 0.1}}}),
             lag_before_fault: None,
             timings: Timings::default(),
+            timeline: Vec::new(),
+            failures_by_reason: BTreeMap::new(),
             sent: 10,
             unanswered: 0,
             acked: 10,
@@ -502,15 +658,22 @@ mod tests {
         assert!(!Report::new(inputs(listed, twice, 0)).passed);
     }
 
+    fn failed(at: Instant, why: &str) -> Failed {
+        Failed {
+            at,
+            why: why.to_owned(),
+        }
+    }
+
     #[test]
     fn timings_start_at_the_fault() {
         let t0 = Instant::now();
         let record = Record {
             acked: Vec::new(),
             failures: vec![
-                t0,
-                t0 + Duration::from_millis(1500),
-                t0 + Duration::from_millis(4000),
+                failed(t0, "no answer"),
+                failed(t0 + Duration::from_millis(1500), "store-unavailable"),
+                failed(t0 + Duration::from_millis(4000), "owner-unreachable"),
             ],
             successes: Vec::new(),
         };
@@ -529,5 +692,95 @@ mod tests {
         let per_order = HashMap::from([("o1".to_string(), 1), ("o2".to_string(), 2)]);
         let c = Charges::count(&["o1".into(), "o2".into(), "o3".into()], &per_order);
         assert_eq!((c.exactly_once, c.more_than_once, c.not_charged), (1, 1, 1));
+    }
+
+    fn acked(at: Instant, executed_in: &str) -> crate::traffic::Acked {
+        crate::traffic::Acked {
+            tenant_id: "t1".into(),
+            token: "kh_x".into(),
+            key: "k".into(),
+            client_order_id: "c".into(),
+            order_id: "o".into(),
+            at,
+            executed_in: executed_in.into(),
+        }
+    }
+
+    /// Contract section 11: the drill reports each phase with its time, in
+    /// the order it happened, and its failures by slug.
+    #[test]
+    fn the_timeline_orders_the_phases_and_names_failures_by_slug() {
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        let clock = WallClock {
+            instant: t0,
+            // 2026-12-07T14:00:00Z
+            system: SystemTime::UNIX_EPOCH + Duration::from_secs(1_796_652_000),
+        };
+        let record = Record {
+            acked: vec![
+                acked(ms(500), "a"),
+                acked(ms(4_000), "a"),
+                acked(ms(9_300), "b"),
+            ],
+            failures: vec![
+                failed(ms(200), "no answer"),
+                failed(ms(1_150), "store-unavailable"),
+                failed(ms(3_000), "owner-unreachable"),
+                failed(ms(8_800), "owner-unreachable"),
+            ],
+            successes: Vec::new(),
+        };
+        let instants = Instants {
+            clock,
+            fault: Fault::Isolate,
+            fault_at: ms(1_000),
+            failover_requested_at: ms(1_100),
+            done_at: ms(9_000),
+            returned_at: ms(11_000),
+            reconciled_at: ms(12_500),
+            leader_changes: vec![(ms(2_000), Some(1), None), (ms(2_600), None, Some(2))],
+        };
+        let moments = timeline(&record, &instants, "b", 1, 3);
+        let whats: Vec<&str> = moments.iter().map(|m| m.what.as_str()).collect();
+        assert_eq!(
+            whats,
+            [
+                "fault: the region isolated",
+                "failover requested",
+                "first failed request (store-unavailable)",
+                "registry leader node 1 -> none",
+                "registry leader none -> node 2",
+                "last failed request (owner-unreachable)",
+                "failover done: 1 tenants re-homed to b",
+                "first success in the new home b",
+                "the region is back (fault ended)",
+                "reconciliation done: 3 orphans listed",
+            ]
+        );
+        assert_eq!(moments[0].at, "2026-12-07T14:00:01.000Z");
+        assert!((moments[2].after_fault_s - 0.15).abs() < 1e-6);
+        // The acknowledgement in a at 4.0 s is not the new home's.
+        assert!((moments[7].after_fault_s - 8.3).abs() < 1e-6);
+        let by_reason = failures_by_reason(&record, ms(1_000));
+        assert_eq!(
+            by_reason,
+            BTreeMap::from([
+                ("owner-unreachable".to_owned(), 2),
+                ("store-unavailable".to_owned(), 1)
+            ])
+        );
+        let mut i = inputs(Verdicts::default(), Charges::default(), 0);
+        i.timeline = moments;
+        i.failures_by_reason = by_reason;
+        let table = Report::new(i).table();
+        assert!(
+            table.contains("owner-unreachable 2, store-unavailable 1"),
+            "{table}"
+        );
+        assert!(
+            table.contains("   +8.30  2026-12-07T14:00:09.300Z  first success in the new home b"),
+            "{table}"
+        );
     }
 }

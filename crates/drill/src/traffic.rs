@@ -26,12 +26,20 @@ pub struct Acked {
     pub executed_in: String,
 }
 
+/// An attempt that got no success, and why: the problem's slug (docs/api.md
+/// section 2), the status when the answer was no problem, or `no answer`.
+#[derive(Debug, Clone)]
+pub struct Failed {
+    pub at: Instant,
+    pub why: String,
+}
+
 /// What the traffic recorded so far.
 #[derive(Debug, Default)]
 pub struct Record {
     pub acked: Vec<Acked>,
-    /// Instants of failed attempts (any answer but 200/201, or none).
-    pub failures: Vec<Instant>,
+    /// Failed attempts (any answer but 200/201, or none).
+    pub failures: Vec<Failed>,
     /// Instants of successful attempts.
     pub successes: Vec<Instant>,
 }
@@ -163,37 +171,72 @@ impl Shared {
                 .send()
                 .await;
             let now = Instant::now();
-            if let Ok(response) = answer {
-                let ok = matches!(response.status().as_u16(), 200 | 201);
-                let executed_in = response
-                    .headers()
-                    .get("keyhold-region")
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or("")
-                    .to_owned();
-                let json: Option<serde_json::Value> = response.json().await.ok();
-                let order_id = json
-                    .as_ref()
-                    .and_then(|j| j["order_id"].as_str())
-                    .map(str::to_owned);
-                if let (true, Some(order_id)) = (ok, order_id) {
-                    let mut record = self.record.lock().expect("not poisoned");
-                    record.successes.push(now);
-                    record.acked.push(Acked {
-                        tenant_id: tenant.tenant_id.clone(),
-                        token: tenant.token.clone(),
-                        key,
-                        client_order_id,
-                        order_id,
-                        at: now,
-                        executed_in,
-                    });
-                    self.pending.fetch_sub(1, Ordering::Relaxed);
-                    return;
+            let why = match answer {
+                Err(_) => "no answer".to_owned(),
+                Ok(response) => {
+                    let status = response.status().as_u16();
+                    let executed_in = response
+                        .headers()
+                        .get("keyhold-region")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("")
+                        .to_owned();
+                    let json: Option<serde_json::Value> = response.json().await.ok();
+                    let order_id = json
+                        .as_ref()
+                        .and_then(|j| j["order_id"].as_str())
+                        .map(str::to_owned);
+                    if let (200 | 201, Some(order_id)) = (status, order_id) {
+                        let mut record = self.record.lock().expect("not poisoned");
+                        record.successes.push(now);
+                        record.acked.push(Acked {
+                            tenant_id: tenant.tenant_id.clone(),
+                            token: tenant.token.clone(),
+                            key,
+                            client_order_id,
+                            order_id,
+                            at: now,
+                            executed_in,
+                        });
+                        self.pending.fetch_sub(1, Ordering::Relaxed);
+                        return;
+                    }
+                    failure_reason(status, json.as_ref())
                 }
-            }
-            self.record.lock().expect("not poisoned").failures.push(now);
+            };
+            self.record
+                .lock()
+                .expect("not poisoned")
+                .failures
+                .push(Failed { at: now, why });
             tokio::time::sleep(Duration::from_millis(RETRY_WAIT_MS)).await;
         }
+    }
+}
+
+/// Why an answer was no success: the problem's slug (`type` ends in it), else
+/// the status.
+fn failure_reason(status: u16, body: Option<&serde_json::Value>) -> String {
+    body.and_then(|b| b["type"].as_str())
+        .and_then(|t| t.rsplit_once("/problems/"))
+        .map(|(_, slug)| slug.to_owned())
+        .unwrap_or_else(|| format!("status {status}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::failure_reason;
+    use serde_json::json;
+
+    #[test]
+    fn a_failure_is_named_by_its_problem_slug_else_its_status() {
+        let problem =
+            json!({"type": "https://keyhold.dev/problems/owner-unreachable", "status": 503});
+        assert_eq!(failure_reason(503, Some(&problem)), "owner-unreachable");
+        assert_eq!(
+            failure_reason(502, Some(&json!({"error": "x"}))),
+            "status 502"
+        );
+        assert_eq!(failure_reason(201, None), "status 201");
     }
 }

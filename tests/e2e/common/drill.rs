@@ -64,6 +64,47 @@ pub fn assert_passed(report: &Value, to: &str) {
     assert_eq!(report["charges"]["more_than_once"], 0, "{report}");
     assert!(report["lost_unlisted"].as_array().unwrap().is_empty());
     assert!(report["duplicates_unlisted"].as_array().unwrap().is_empty());
+    assert_timeline(report, to);
+}
+
+/// Contract section 11: the report gives each phase with its time, in the
+/// order it happened, and the failed attempts by reason.
+#[track_caller]
+fn assert_timeline(report: &Value, to: &str) {
+    let moments = report["timeline"].as_array().expect("a timeline");
+    let whats: Vec<&str> = moments.iter().filter_map(|m| m["what"].as_str()).collect();
+    let position = |prefix: &str| {
+        whats
+            .iter()
+            .position(|w| w.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix:?} in the timeline {whats:?}"))
+    };
+    let in_order = [
+        "fault: ",
+        "failover requested",
+        "failover done: ",
+        "the region is back",
+        "reconciliation done: ",
+    ]
+    .map(position);
+    assert!(in_order.windows(2).all(|w| w[0] < w[1]), "{whats:?}");
+    let first_failure = position("first failed request (");
+    assert!(first_failure > in_order[0], "{whats:?}");
+    let new_home = position(&format!("first success in the new home {to}"));
+    assert!(new_home > in_order[0], "{whats:?}");
+    let seconds: Vec<f64> = moments
+        .iter()
+        .map(|m| m["after_fault_s"].as_f64().unwrap())
+        .collect();
+    assert!(seconds.windows(2).all(|w| w[0] <= w[1]), "{seconds:?}");
+    assert!(
+        moments
+            .iter()
+            .all(|m| m["at"].as_str().is_some_and(|at| at.ends_with('Z'))),
+        "{moments:?}"
+    );
+    let reasons = report["failures_by_reason"].as_object().expect("reasons");
+    assert!(!reasons.is_empty(), "{report}");
 }
 
 /// After a drill of `region`: its reconciliation of the drill's failover is
