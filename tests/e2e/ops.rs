@@ -682,3 +682,75 @@ fn the_cli_finds_the_cluster_from_keyhold_url_or_cluster_json_and_says_force() {
         "the refusal names the CLI's flag:\n{stderr}"
     );
 }
+
+/// Issue 44, CLI: what the runbooks did with curl has a verb. Listing
+/// tenants and operations, the outbox replay, a region's reconciliation,
+/// removing a node, and `up`'s control API (kill, start, isolate, heal), each
+/// against a real cluster; refusals come back as the API's problem.
+#[test]
+fn the_runbooks_calls_have_cli_verbs() {
+    let cluster = Cluster::start("a,b", &[]);
+    let cluster_json = cluster.data_dir().join("cluster.json");
+    let cluster_json = cluster_json.to_str().expect("utf-8 path");
+    let run = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["--cluster", cluster_json]);
+        keyhold_cli(&all, &[])
+    };
+
+    let (ok, stdout, stderr) = run(&["tenant", "list"]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains("\"demo-a\"") && stdout.contains("\"demo-b\""),
+        "{stdout}"
+    );
+
+    let (ok, stdout, stderr) = run(&["operation", "list"]);
+    assert!(ok && stdout.contains("\"data\""), "{stdout}\n{stderr}");
+    let (ok, _, stderr) = run(&["operation", "show", "--id", "op_0000"]);
+    assert!(!ok && stderr.contains("404"), "{stderr}");
+
+    let (ok, stdout, stderr) = run(&["outbox", "replay"]);
+    assert!(ok && stdout.contains("\"replayed\""), "{stdout}\n{stderr}");
+    let (ok, _, stderr) = run(&["outbox", "replay", "--since", "yesterday"]);
+    assert!(!ok && stderr.contains("400"), "{stderr}");
+
+    let (_, stdout, stderr) = run(&["region", "reconciliation", "--region", "a"]);
+    assert!(
+        stdout.contains("\"state\"") || stderr.contains("404"),
+        "{stdout}\n{stderr}"
+    );
+
+    let (ok, _, stderr) = run(&["node", "remove", "--id", "99"]);
+    assert!(!ok && stderr.contains("404"), "{stderr}");
+
+    // The control API: a node killed and started again, a region cut off
+    // and healed.
+    let b = cluster
+        .info
+        .nodes
+        .iter()
+        .find(|n| n.region == "b")
+        .expect("b");
+    let id = b.node_id.to_string();
+    let (ok, _, stderr) = run(&["control", "kill", "--node", &id]);
+    assert!(ok, "{stderr}");
+    poll(Duration::from_secs(10), "node b down", || {
+        reqwest::blocking::Client::new()
+            .get(format!("{}/healthz", b.api_url))
+            .timeout(Duration::from_secs(1))
+            .send()
+            .is_err()
+            .then_some(())
+    });
+    let (ok, _, stderr) = run(&["control", "start", "--node", &id]);
+    assert!(ok, "{stderr}");
+    common::wait_ready(b, Duration::from_secs(60));
+    for verb in ["isolate", "heal"] {
+        let (ok, _, stderr) = run(&["control", verb, "--region", "b"]);
+        assert!(ok, "{verb}: {stderr}");
+    }
+    let (ok, _, stderr) = run(&["control", "isolate", "--node", &id, "--region", "b"]);
+    assert!(!ok && stderr.contains("cannot be used with"), "{stderr}");
+    common::wait_ready(b, Duration::from_secs(60));
+}

@@ -1,7 +1,10 @@
-//! `keyhold tenant create|show|move|rotate-token|set-limits|delete`,
-//! `keyhold region failover` and `keyhold cluster status`: the admin API
-//! from the command line. Any node answers (admin calls act through the
-//! registry); a move or a failover is followed to its end with a progress bar.
+//! `keyhold tenant create|show|list|move|rotate-token|set-limits|delete`,
+//! `keyhold region failover|reconciliation`, `keyhold cluster status`,
+//! `keyhold operation list|show`, `keyhold outbox replay`, `keyhold node
+//! add|remove`, and the calls of `keyhold control` (up's control API): the
+//! admin API from the command line. Any node answers (admin calls act through
+//! the registry); a move or a failover is followed to its end with a progress
+//! bar, a node's addition until it votes.
 
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
@@ -10,6 +13,9 @@ use std::time::Duration;
 /// How often a move's or failover's operation is polled, and for how long at most.
 const MOVE_POLL_MS: u64 = 200;
 const MOVE_WAIT_S_MAX: u64 = 3_600;
+/// How long `node add` keeps asking while the node catches up (each call
+/// waits up to 5 s on the groups itself).
+const NODE_ADD_WAIT_S_MAX: u64 = 1_800;
 
 pub struct Admin {
     base: String,
@@ -119,6 +125,62 @@ impl Admin {
         println!("{}", serde_json::to_string_pretty(&tenant)?);
         eprintln!("tenant {id} deleted: its tokens no longer work; every region erases its data");
         Ok(())
+    }
+
+    /// `GET path`, the answer printed.
+    pub async fn get(&self, path: &str) -> anyhow::Result<()> {
+        let url = format!("{}{path}", self.base);
+        let (_, body) = self.call(self.http.get(url)).await?;
+        println!("{}", serde_json::to_string_pretty(&body)?);
+        Ok(())
+    }
+
+    /// `POST path` with a JSON body, the answer printed.
+    pub async fn post(&self, path: &str, body: &Value) -> anyhow::Result<()> {
+        let url = format!("{}{path}", self.base);
+        let (_, answer) = self.call(self.http.post(url).json(body)).await?;
+        println!("{}", serde_json::to_string_pretty(&answer)?);
+        Ok(())
+    }
+
+    /// `POST /admin/v1/outbox/replay`, of every kept event or those after
+    /// `since`.
+    pub async fn replay(&self, since: Option<&str>) -> anyhow::Result<()> {
+        let body = match since {
+            Some(since) => json!({ "since": since }),
+            None => json!({}),
+        };
+        self.post("/admin/v1/outbox/replay", &body).await
+    }
+
+    /// `POST /admin/v1/nodes` until the node votes in both groups (200):
+    /// a 202 means it is still catching up, and the call is idempotent.
+    pub async fn add_node(
+        &self,
+        id: u64,
+        region: &str,
+        api_addr: &str,
+        raft_addr: &str,
+    ) -> anyhow::Result<()> {
+        let url = format!("{}/admin/v1/nodes", self.base);
+        let body =
+            json!({"node_id": id, "region": region, "api_addr": api_addr, "raft_addr": raft_addr});
+        let deadline = std::time::Instant::now() + Duration::from_secs(NODE_ADD_WAIT_S_MAX);
+        loop {
+            let (status, answer) = self.call(self.http.post(&url).json(&body)).await?;
+            if status == 200 {
+                println!("{}", serde_json::to_string_pretty(&answer)?);
+                return Ok(());
+            }
+            eprintln!(
+                "node {id} catching up: registry {}, region group {}",
+                answer["registry"], answer["region_group"]
+            );
+            if std::time::Instant::now() > deadline {
+                bail!("node {id} still catching up after {NODE_ADD_WAIT_S_MAX} s");
+            }
+            tokio::time::sleep(Duration::from_millis(MOVE_POLL_MS)).await;
+        }
     }
 
     pub async fn cluster_status(&self) -> anyhow::Result<()> {

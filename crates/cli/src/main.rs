@@ -13,6 +13,7 @@ use clap::{Parser, Subcommand};
 use keyhold_server::config::Downstream;
 use keyhold_server::{parse_duration, Config};
 use keyhold_up::UpConfig;
+use serde_json::json;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -118,6 +119,38 @@ enum Command {
         action: ClusterAction,
         #[command(flatten)]
         admin: AdminArgs,
+    },
+    /// Moves and failovers: list them, or show one with its progress and result.
+    Operation {
+        #[command(subcommand)]
+        action: OperationAction,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Re-publish kept outbox events of every region (consumers skip what
+    /// they processed, so nothing takes effect twice).
+    Outbox {
+        #[command(subcommand)]
+        action: OutboxAction,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Membership: add a node started with `start = "join"`, or remove one.
+    Node {
+        #[command(subcommand)]
+        action: NodeAction,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Faults for drills on a cluster started by `keyhold up`, through its
+    /// control API: kill, start, isolate and heal nodes and regions.
+    Control {
+        #[command(subcommand)]
+        action: ControlAction,
+        /// The cluster.json `keyhold up` wrote: it names the control API and
+        /// holds the admin token that opens it.
+        #[arg(long, global = true, default_value = "data/cluster.json")]
+        cluster: PathBuf,
     },
     /// Print the RFC 8785 canonical form of a JSON document.
     Canonicalize {
@@ -327,10 +360,124 @@ enum TenantAction {
         #[arg(long)]
         id: String,
     },
+    /// List every tenant the registry holds, with its home and state.
+    List,
+}
+
+#[derive(Subcommand)]
+enum OperationAction {
+    /// List every move and failover, running and ended.
+    List,
+    /// Show one operation: its state, progress, and a failover's result.
+    Show {
+        /// The operation's id (`op_…`, as `tenant move` and `region failover` print).
+        #[arg(long)]
+        id: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum OutboxAction {
+    /// Re-publish every kept event, or those after --since, in every region.
+    Replay {
+        /// Only events that occurred after this time (RFC 3339, e.g.
+        /// 2026-12-07T14:00:00Z); default: every kept event.
+        #[arg(long)]
+        since: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum NodeAction {
+    /// Add a node (started with `start = "join"`) to the registry and its
+    /// region's group, and wait until it votes in both.
+    Add {
+        /// The new node's id: never used before in this cluster.
+        #[arg(long)]
+        id: u64,
+        /// The node's region.
+        #[arg(long)]
+        region: String,
+        /// Where the other nodes reach its API (host:port).
+        #[arg(long)]
+        api_addr: String,
+        /// Where the other nodes reach its Raft listener (host:port).
+        #[arg(long)]
+        raft_addr: String,
+    },
+    /// Take a node out of its region's group and the registry (refused for a
+    /// group's last voter).
+    Remove {
+        /// The node's id.
+        #[arg(long)]
+        id: u64,
+    },
+}
+
+#[derive(Subcommand)]
+enum ControlAction {
+    /// SIGKILL a node (`keyhold up` reaps it; `start` brings it back).
+    Kill {
+        /// The node's id (cluster.json's `nodes`).
+        #[arg(long)]
+        node: u64,
+    },
+    /// Start a killed node again on its data dir and ports.
+    Start {
+        /// The node's id.
+        #[arg(long)]
+        node: u64,
+    },
+    /// Cut a node, or a whole region, off from every other node; clients
+    /// still reach it.
+    Isolate {
+        #[command(flatten)]
+        target: ControlTarget,
+    },
+    /// End an isolation.
+    Heal {
+        #[command(flatten)]
+        target: ControlTarget,
+    },
+}
+
+/// One node or one region, exactly one of the two.
+#[derive(clap::Args)]
+#[group(required = true, multiple = false)]
+struct ControlTarget {
+    /// A node's id.
+    #[arg(long)]
+    node: Option<u64>,
+    /// A region's name.
+    #[arg(long)]
+    region: Option<String>,
+}
+
+impl ControlTarget {
+    /// The control API's path for `verb` on this target.
+    fn path(&self, verb: &str) -> String {
+        match self.node {
+            Some(id) => format!("/v1/nodes/{id}/{verb}"),
+            None => {
+                let region = self.region.as_deref();
+                format!(
+                    "/v1/regions/{}/{verb}",
+                    region.expect("clap requires --node or --region")
+                )
+            }
+        }
+    }
 }
 
 #[derive(Subcommand)]
 enum RegionAction {
+    /// Show the region's reconciliation report after a failover from it:
+    /// its state and the orphans (what it executed that the failover lost).
+    Reconciliation {
+        /// The region that returned after a failover.
+        #[arg(long)]
+        region: String,
+    },
     /// Fail a lost region over to its standby (or --to, which must hold a
     /// copy): its tenants move there with what the copy held, and the loss is
     /// estimated. Refused while the region is healthy unless --force.
@@ -353,6 +500,20 @@ enum RegionAction {
 enum ClusterAction {
     /// Print the cluster view of the node at --url.
     Status,
+}
+
+/// One call of `keyhold up`'s control API, named by cluster.json.
+fn control(cluster: &std::path::Path, action: ControlAction) -> anyhow::Result<()> {
+    let file = keyhold_up::ClusterFile::read(cluster)
+        .with_context(|| format!("cannot read --cluster {}", cluster.display()))?;
+    let path = match &action {
+        ControlAction::Kill { node } => format!("/v1/nodes/{node}/kill"),
+        ControlAction::Start { node } => format!("/v1/nodes/{node}/start"),
+        ControlAction::Isolate { target } => target.path("isolate"),
+        ControlAction::Heal { target } => target.path("heal"),
+    };
+    let admin = cmd_admin::Admin::new(&file.control_url, file.admin_token)?;
+    runtime()?.block_on(admin.post(&path, &json!({})))
 }
 
 fn admin_call(
@@ -478,13 +639,38 @@ fn main() -> ExitCode {
                     .await
             }
             TenantAction::Delete { id } => a.delete_tenant(&id).await,
+            TenantAction::List => a.get("/admin/v1/tenants").await,
         }),
-        Command::Region {
-            action: RegionAction::Failover { region, to, force },
+        Command::Region { action, admin } => admin_call(admin, async move |a| match action {
+            RegionAction::Failover { region, to, force } => {
+                a.fail_over(&region, to.as_deref(), force).await
+            }
+            RegionAction::Reconciliation { region } => {
+                a.get(&format!("/admin/v1/regions/{region}/reconciliation"))
+                    .await
+            }
+        }),
+        Command::Operation { action, admin } => admin_call(admin, async move |a| match action {
+            OperationAction::List => a.get("/admin/v1/operations").await,
+            OperationAction::Show { id } => a.get(&format!("/admin/v1/operations/{id}")).await,
+        }),
+        Command::Outbox {
+            action: OutboxAction::Replay { since },
             admin,
-        } => admin_call(admin, async move |a| {
-            a.fail_over(&region, to.as_deref(), force).await
+        } => admin_call(admin, async move |a| a.replay(since.as_deref()).await),
+        Command::Node { action, admin } => admin_call(admin, async move |a| match action {
+            NodeAction::Add {
+                id,
+                region,
+                api_addr,
+                raft_addr,
+            } => a.add_node(id, &region, &api_addr, &raft_addr).await,
+            NodeAction::Remove { id } => {
+                a.post(&format!("/admin/v1/nodes/{id}/remove"), &json!({}))
+                    .await
+            }
         }),
+        Command::Control { action, cluster } => control(&cluster, action),
         Command::Cluster {
             action: ClusterAction::Status,
             admin,
@@ -670,6 +856,36 @@ mod tests {
             missing.is_empty(),
             "options without a description: {missing:#?}"
         );
+    }
+
+    /// README.md's code map names every command of the binary, and no other
+    /// (issue 44: `drill` and `region` were missing from it).
+    #[test]
+    fn the_readme_lists_every_command() {
+        let readme = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"),
+        )
+        .expect("README.md");
+        let start = readme
+            .find("- `crates/cli` — the `keyhold` binary:")
+            .expect("the crates/cli entry of the code map");
+        let entry = &readme[start..];
+        // The names up to the first parenthesis: what follows explains them.
+        let entry = &entry[..entry
+            .find(" (")
+            .expect("the list ends before a parenthesis")];
+        let listed: std::collections::BTreeSet<String> = entry
+            .split('`')
+            .skip(5)
+            .step_by(2)
+            .map(str::to_owned)
+            .collect();
+        let commands: std::collections::BTreeSet<String> = Cli::command()
+            .get_subcommands()
+            .map(|c| c.get_name().to_owned())
+            .filter(|name| name != "help")
+            .collect();
+        assert_eq!(listed, commands, "README.md's crates/cli entry: {entry}");
     }
 
     /// `--url` beats `--cluster`, which beats $KEYHOLD_URL, which beats the

@@ -182,6 +182,16 @@ fn alert_rules_name_only_exported_metrics_and_have_runbooks() {
             "an alert for {topic} in {alerts:?}"
         );
     }
+    // deploy/README.md names every alert, so its list cannot fall behind
+    // (issue 44: three were missing).
+    let deploy_readme =
+        std::fs::read_to_string(repo().join("deploy/README.md")).expect("deploy/README.md");
+    for alert in &alerts {
+        assert!(
+            deploy_readme.contains(&format!("`{alert}`")),
+            "deploy/README.md does not list the alert {alert}"
+        );
+    }
     for alert in alerts {
         assert!(
             operations.contains(&format!("### {alert}\n")),
