@@ -351,6 +351,41 @@ fn the_cluster_page_and_the_admin_lists() {
     assert!(page.text().contains("keyhold cluster") && !page.text().contains(&admin));
     let redirect = b.send(b.get_rb("/admin"));
     assert_eq!(redirect.status, 200, "the redirect leads to the page");
+    // The page reads other nodes cross-origin (a GET with the admin token);
+    // nothing else is allowed cross-origin.
+    let reqwest_client = reqwest::blocking::Client::new();
+    let preflight = |method: &str| {
+        reqwest_client
+            .request(reqwest::Method::OPTIONS, b.url("/admin/v1/cluster"))
+            .header("origin", "http://127.0.0.1:1")
+            .header("access-control-request-method", method)
+            .header("access-control-request-headers", "authorization")
+            .send()
+            .expect("preflight")
+    };
+    let get = preflight("GET");
+    assert_eq!(get.headers()["access-control-allow-origin"], "*");
+    assert_eq!(get.headers()["access-control-allow-methods"], "GET");
+    let post = preflight("POST");
+    assert!(
+        post.headers()
+            .get("access-control-allow-methods")
+            .is_none_or(|m| !m.to_str().unwrap().contains("POST")),
+        "{:?}",
+        post.headers()
+    );
+    let view = b.send(
+        b.get_rb("/admin/v1/cluster")
+            .header("origin", "http://127.0.0.1:1")
+            .bearer_auth(&admin),
+    );
+    assert_eq!(
+        view.header("access-control-allow-origin").as_deref(),
+        Some("*")
+    );
+    let lease = &view.json()["store"]["lease"];
+    assert_eq!(lease["held"], true, "{lease}");
+    assert!(lease["lease_ms"].as_u64().unwrap() > 0, "{lease}");
     // The demo page's view of the cluster: every region, no token needed.
     let demo = b.get("/demo/cluster.json", None).json();
     assert_eq!(

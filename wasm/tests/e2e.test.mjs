@@ -7,7 +7,9 @@
 // in region b and the page talks to region a's node, so the page shows the
 // forward: this node a, answered by b, home b. Then the live cluster page at
 // /admin/: the admin token typed into the page (never in the URL), the
-// cluster shown and refreshed while a move runs to its end.
+// cluster shown and refreshed while a move runs to its end; then the page's
+// own node killed: the page goes on through another node and follows the
+// failover of its region, its result and the reconciliation's orphans.
 
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -28,6 +30,7 @@ let browser;
 let api; // origin of region a's node
 let token;
 let adminToken;
+let cluster; // cluster.json
 let nodeLog = '';
 
 function portFree(port) {
@@ -67,7 +70,7 @@ before(async () => {
     if (Date.now() > deadline) throw new Error(`keyhold up not ready in 60 s:\n${nodeLog}`);
     await sleep(100);
   }
-  const cluster = JSON.parse(readFileSync(clusterFile, 'utf8'));
+  cluster = JSON.parse(readFileSync(clusterFile, 'utf8'));
   api = cluster.regions.find((r) => r.name === 'a').api_url;
   token = cluster.tenants.find((t) => t.home_region === 'b').token;
   adminToken = cluster.admin_token;
@@ -220,5 +223,69 @@ test('the live cluster page shows regions, nodes, tenants and a move to its end'
     .some((r) => r.children[0]?.textContent === 'demo-c' && r.children[1]?.textContent === 'a' && r.children[2]?.textContent === '2'), null, { timeout: 15_000 });
   if (SHOTS) await page.screenshot({ path: join(SHOTS, 'admin.png'), fullPage: true });
   assert.ok(urls.every((u) => !u.includes(adminToken)), 'the admin token never appears in a URL');
+  await page.close();
+});
+
+/** POST to `up`'s control API (kill, start, isolate, heal). */
+async function control(path) {
+  const response = await fetch(`${cluster.control_url}${path}`, {
+    method: 'POST', headers: { Authorization: `Bearer ${adminToken}` },
+  });
+  assert.ok(response.ok, `${path}: ${response.status}`);
+}
+
+test('the cluster page follows the failover of its own node\'s region through another node', async () => {
+  const page = await browser.context.newPage();
+  page.on('pageerror', (e) => { nodeLog += `\npage error: ${e}`; });
+  await page.goto(`${api}/admin/`);
+  await page.waitForSelector('body[data-ready="true"]');
+  await page.fill('#token', adminToken);
+  await page.click('#connect');
+  await page.waitForSelector('#status[data-state="live"]', { timeout: 15_000 });
+  const rowOf = (id, first) => page.$$eval(`#${id} tr`, (rows, f) => rows
+    .map((r) => [...r.children].map((c) => c.textContent)).find((cells) => cells[0] === f), first);
+  // Every node ready, each region's own leader and lease shown.
+  await page.waitForFunction(() => [...document.querySelectorAll('#nodes tr')]
+    .every((r) => r.children[4]?.textContent === 'ready'), null, { timeout: 15_000 });
+  await page.waitForFunction(() => [...document.querySelectorAll('#regions tr')]
+    .every((r) => /^node \d+/.test(r.children[5]?.textContent) && r.children[6]?.textContent.startsWith('held')), null, { timeout: 15_000 });
+
+  // The page's own node (region a's only one) is killed.
+  const a = cluster.nodes.filter((n) => n.region === 'a');
+  for (const n of a) await control(`/v1/nodes/${n.node_id}/kill`);
+  await page.waitForFunction((origin) => {
+    const status = document.querySelector('#status');
+    return status.dataset.state === 'live' && status.dataset.via !== origin;
+  }, api, { timeout: 30_000 });
+  await page.waitForFunction(() => [...document.querySelectorAll('#nodes tr')]
+    .some((r) => r.children[1]?.textContent === 'a' && r.children[4]?.textContent === 'unreachable'), null, { timeout: 15_000 });
+  assert.match((await rowOf('regions', 'a'))[5], /no node answers/);
+
+  // Failed over to its standby through region b, the page shows the result.
+  const b = cluster.regions.find((r) => r.name === 'b').api_url;
+  const deadline = Date.now() + 60_000;
+  let started;
+  for (;;) {
+    started = await fetch(`${b}/admin/v1/regions/a/failover`, {
+      method: 'POST',
+      headers: { Authorization: `Bearer ${adminToken}`, 'Content-Type': 'application/json' },
+      body: '{}',
+    });
+    if (started.status === 202 || Date.now() > deadline) break;
+    await sleep(250);
+  }
+  assert.equal(started.status, 202, await started.text());
+  await page.waitForFunction(() => [...document.querySelectorAll('#operations tr')]
+    .some((r) => r.children[1]?.textContent === 'failover' && r.children[4]?.textContent === 'done'
+      && r.children[7]?.textContent.includes('tenants re-homed')
+      && r.children[7]?.textContent.includes('estimated lost')), null, { timeout: 90_000 });
+
+  // Back: the region reconciles and the page shows its orphans.
+  for (const n of a) await control(`/v1/nodes/${n.node_id}/start`);
+  await page.waitForFunction(() => [...document.querySelectorAll('#regions tr')]
+    .some((r) => r.children[0]?.textContent === 'a' && /^done: \d+ orphans$/.test(r.children[7]?.textContent)), null, { timeout: 90_000 });
+  await page.waitForFunction(() => [...document.querySelectorAll('#nodes tr')]
+    .every((r) => r.children[4]?.textContent === 'ready'), null, { timeout: 60_000 });
+  if (SHOTS) await page.screenshot({ path: join(SHOTS, 'admin-failover.png'), fullPage: true });
   await page.close();
 });

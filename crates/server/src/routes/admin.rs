@@ -450,6 +450,13 @@ pub async fn cluster(State(node): State<Arc<Node>>) -> Result<Response, ApiError
             "leader": region_metrics.current_leader,
             "term": region_metrics.current_term,
             "leads": node.leads_region(),
+            // The region lease: this node executes only while it holds it
+            // (contact with the registry's majority within REGION_LEASE_MS).
+            "lease": {
+                "held": node.lease().holds(),
+                "contact_age_ms": node.lease().age().map(|a| a.as_millis() as u64),
+                "lease_ms": crate::limits::REGION_LEASE_MS,
+            },
             "voters": region_metrics
                 .membership_config
                 .membership()

@@ -132,7 +132,26 @@ pub fn router(node: Arc<Node>) -> Router {
         // Failures are logged by `record_metrics` with route and slug, at
         // WARN for 503s: tower_http's own line was an ERROR without either.
         .layer(TraceLayer::new_for_http().on_failure(()))
+        .layer(cluster_pages())
         .with_state(node)
+}
+
+/// Cross-origin reads: `/admin/` served by one node asks the others (their
+/// readiness, their view of their region, and everything when its own node is
+/// down or cut off), at whatever addresses the registry holds for them (behind
+/// `keyhold up`'s proxies, or a load balancer, not the page's own origin). So
+/// any origin may read a `GET` answer, sending `Authorization`. This opens
+/// nothing: every answer but the public ones needs a bearer token, which a
+/// page of another origin does not hold (keyhold sets no cookies, and the
+/// page keeps the token in its own tab's storage); nothing is changed
+/// cross-origin (no other method is allowed).
+fn cluster_pages() -> tower_http::cors::CorsLayer {
+    use tower_http::cors::{Any, CorsLayer};
+    CorsLayer::new()
+        .allow_origin(Any)
+        .allow_methods([axum::http::Method::GET])
+        .allow_headers([header::AUTHORIZATION])
+        .max_age(std::time::Duration::from_secs(600))
 }
 
 /// The gate of every node-to-node route: 401 `unauthenticated` (problem+json)
