@@ -187,6 +187,14 @@ pub const REGISTRY_BOOTSTRAP_WAIT_MS: u64 = 30_000;
 /// One forwarded request to the home region: longer than the home's in-flight
 /// wait plus a slow fsync, shorter than a client's patience.
 pub const FORWARD_TIMEOUT_MS: u64 = 10_000;
+// The home may first wait for its registry replica to learn the caller's token.
+const _: () = assert!(REGISTRY_CATCH_UP_WAIT_MS < FORWARD_TIMEOUT_MS);
+/// A region's part of a fanned-out admin call, and another region's view of
+/// its reconciliation: a request to another node like a forward.
+pub const ADMIN_CALL_TIMEOUT_MS: u64 = FORWARD_TIMEOUT_MS;
+/// The lookup of the orders another region holds under a reconciling
+/// region's orphans (one store read per client order id, on its leader).
+pub const RECONCILE_MARKERS_CALL_TIMEOUT_MS: u64 = FORWARD_TIMEOUT_MS;
 /// Forwarding tries the home once, and once more after a 421 and a registry refresh.
 pub const FORWARD_ATTEMPTS_MAX: u32 = 2;
 /// How long a follower of the home region waits for its region store's leader
@@ -317,6 +325,11 @@ pub const MEMBERSHIP_CALL_WAIT_MS: u64 = 5_000;
 /// How long adding a node waits for it to catch up before answering 202 (it
 /// keeps catching up; the call is repeated to make it a voter).
 pub const MEMBERSHIP_CATCH_UP_WAIT_MS: u64 = 5_000;
+/// One membership call to a group's leader, as its caller waits for it: the
+/// leader may wait for the added node to catch up, and a follower that
+/// received it for its leader to be known.
+pub const MEMBERSHIP_CALL_TIMEOUT_MS: u64 = MEMBERSHIP_CATCH_UP_WAIT_MS + MEMBERSHIP_CALL_WAIT_MS;
+const _: () = assert!(MEMBERSHIP_CATCH_UP_WAIT_MS < MEMBERSHIP_CALL_TIMEOUT_MS);
 // An add waits for both groups, the registry's and the region's.
 const _: () =
     assert!(2 * (MEMBERSHIP_CALL_WAIT_MS + MEMBERSHIP_CATCH_UP_WAIT_MS) < REQUEST_TIMEOUT_MS);
@@ -352,6 +365,13 @@ pub const MOVE_DRAIN_WAIT_MS: u64 = 300_000;
 pub const MOVE_DRAIN_POLL_MS: u64 = 20;
 /// One call between nodes during a move (a page export or import).
 pub const MOVE_CALL_TIMEOUT_MS: u64 = 60_000;
+// A move route may wait for its region's leader, then for the registry entry
+// that granted the caller's lease (`check_running`).
+const _: () = assert!(REGION_LEADER_WAIT_MS + REGISTRY_READ_WAIT_MS < MOVE_CALL_TIMEOUT_MS);
+/// The fence call of a move: the old home waits for its relay to deliver the
+/// tenant's events (`MOVE_DRAIN_WAIT_MS`), then answers like any move call.
+pub const MOVE_FENCE_CALL_TIMEOUT_MS: u64 = MOVE_DRAIN_WAIT_MS + MOVE_CALL_TIMEOUT_MS;
+const _: () = assert!(MOVE_DRAIN_WAIT_MS < MOVE_FENCE_CALL_TIMEOUT_MS);
 /// Pages the new home copies from the old home in one `pull` call, and how
 /// long it keeps starting new pages: between calls the driver reports
 /// progress (a registry write that also renews its lease).
@@ -387,6 +407,7 @@ pub const MOVE_COPY_BYTES_PER_SECOND: u64 = 4 * 1024 * 1024;
 /// One `pull` call as the driver waits for it: the budget plus the one page
 /// (an export call and its import) it may still be copying then.
 pub const MOVE_PULL_CALL_TIMEOUT_MS: u64 = MOVE_PULL_BUDGET_MS + 2 * MOVE_CALL_TIMEOUT_MS;
+const _: () = assert!(MOVE_PULL_BUDGET_MS + MOVE_CALL_TIMEOUT_MS < MOVE_PULL_CALL_TIMEOUT_MS);
 /// Entries of a tenant's change index one `EndTracking` command deletes once
 /// its move ended (in pages, so writers of other tenants wait little).
 pub const MOVE_PRUNE_ENTRIES_MAX: u32 = 256;
@@ -411,6 +432,11 @@ pub const MOVE_UNLEASED_GRACE_MS: u64 = 2_000;
 /// page of a tenant's entries or events, or the promotion itself, which
 /// applies the copy's unapplied log).
 pub const FAILOVER_CALL_TIMEOUT_MS: u64 = 60_000;
+// The copy's node may first catch its registry replica up to the failover.
+const _: () = assert!(REGISTRY_CATCH_UP_WAIT_MS < FAILOVER_CALL_TIMEOUT_MS);
+// The import makes those calls, after its own catch-up.
+const _: () =
+    assert!(REGISTRY_CATCH_UP_WAIT_MS + FAILOVER_CALL_TIMEOUT_MS < FAILOVER_IMPORT_TIMEOUT_MS);
 
 const _: () = assert!(BODY_BYTES_MAX_DEFAULT <= MOVE_PAGE_BYTES_MAX);
 const _: () = assert!(2 * MOVE_PAGE_BYTES_MAX < MOVE_IMPORT_BODY_BYTES_MAX);
