@@ -29,14 +29,13 @@
 //! acknowledged and its standby lacked, which is an operator's call.
 
 use crate::limits::{
-    FAILOVER_CHECK_MS, FAILOVER_COPY_TIMEOUT_MS, FAILOVER_DRIVE_ATTEMPTS_MAX,
-    FAILOVER_HEALTH_PROBE_MS, FAILOVER_IMPORT_TIMEOUT_MS, FAILOVER_LEASE_MARGIN_MS,
-    LOST_BOUND_MARGIN_MS, REGION_LEASE_MS,
+    FAILOVER_CHECK_MS, FAILOVER_DRIVE_ATTEMPTS_MAX, FAILOVER_LEASE_MARGIN_MS, LOST_BOUND_MARGIN_MS,
+    REGION_LEASE_MS,
 };
 use crate::node::{now, Node};
+use crate::peers::{Call, CallKind, To};
 use keyhold_registry::{
     LostEstimate, NodeId, Operation, OperationKind, Request, Response as RegistryResponse,
-    NODE_CREDENTIAL_HEADER,
 };
 use keyhold_store::LogTail;
 use serde::Deserialize;
@@ -192,25 +191,16 @@ async fn drive(node: &Node, op: &Operation) -> Result<(), String> {
 /// (asked at once; see `choose_copy`).
 async fn best_copy(node: &Node, region: &str) -> Result<(CopyPosition, Vec<CopyPosition>), String> {
     let members = node.region_nodes(node.region());
-    let asks = members.iter().map(|(id, info)| async move {
-        let url = format!(
-            "http://{}/internal/v1/failover/{region}/copy",
-            info.api_addr
-        );
-        let answer = node
-            .http()
-            .get(url)
-            .header(NODE_CREDENTIAL_HEADER, node.credentials().current())
-            .timeout(Duration::from_millis(FAILOVER_COPY_TIMEOUT_MS))
-            .send()
-            .await;
-        match answer {
-            Ok(r) if r.status().is_success() => r
-                .json::<CopyPosition>()
-                .await
-                .map_err(|e| format!("node {id}: {e}")),
-            Ok(r) => Err(format!("node {id}: {}", r.status())),
-            Err(e) => Err(format!("node {id}: {e}")),
+    let call = Call::get(
+        CallKind::CopyPosition,
+        format!("/internal/v1/failover/{region}/copy"),
+    );
+    let asks = members.iter().map(|(id, info)| {
+        let call = &call;
+        async move {
+            let to = To::Node(&info.api_addr);
+            let answer = node.peers().call_json::<CopyPosition>(to, call).await;
+            answer.map_err(|e| format!("node {id}: {e}"))
         }
     });
     let (positions, errors): (Vec<_>, Vec<_>) = futures::future::join_all(asks)
@@ -309,22 +299,11 @@ async fn import(node: &Node, op: &Operation, source: NodeId) -> Result<Imported,
         "/internal/v1/failover/{}/import?operation_id={}&source={source}",
         op.from, op.operation_id
     );
-    let answer = node
-        .send_to_region(node.region(), |addr| {
-            node.http()
-                .post(format!("http://{addr}{path}"))
-                .header(NODE_CREDENTIAL_HEADER, node.credentials().current())
-                .timeout(Duration::from_millis(FAILOVER_IMPORT_TIMEOUT_MS))
-        })
+    let call = Call::post(CallKind::FailoverImport, path);
+    node.peers()
+        .call_json(To::Region(node.region()), &call)
         .await
-        .ok_or("this region has no known node")?
-        .map_err(|e| e.to_string())?;
-    let status = answer.status();
-    if !status.is_success() {
-        let text = answer.text().await.unwrap_or_default();
-        return Err(format!("import answered {status}: {text}"));
-    }
-    answer.json().await.map_err(|e| e.to_string())
+        .map_err(|e| format!("import: {e}"))
 }
 
 /// Fails the operation in the registry: the failed region is no longer fenced
@@ -340,19 +319,19 @@ async fn fail(node: &Node, op: &Operation, error: String) {
     }
 }
 
-/// True when a node of `region` answers `/readyz` with 200 (its store is
-/// healthy and its lease holds) within `FAILOVER_HEALTH_PROBE_MS`.
+/// True when a node of `region` answers `/readyz` with 2xx (its store is
+/// healthy and its lease holds) within `FAILOVER_HEALTH_PROBE_MS`
+/// (`CallKind::ReadyProbe`).
 pub async fn region_is_ready(node: &Node, region: &str) -> bool {
-    let probes = node.region_nodes(region).into_iter().map(|(_, info)| {
-        node.http()
-            .get(format!("http://{}/readyz", info.api_addr))
-            .timeout(Duration::from_millis(FAILOVER_HEALTH_PROBE_MS))
-            .send()
-    });
+    let call = Call::get(CallKind::ReadyProbe, "/readyz");
+    let nodes = node.region_nodes(region);
+    let probes = nodes
+        .iter()
+        .map(|(_, info)| node.peers().call(To::Node(&info.api_addr), &call));
     futures::future::join_all(probes)
         .await
         .into_iter()
-        .any(|answer| answer.is_ok_and(|r| r.status().is_success()))
+        .any(|answer| answer.is_ok())
 }
 
 /// Until `stop`, with `auto_failover_after` set: on the leader of this

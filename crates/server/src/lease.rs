@@ -32,7 +32,7 @@
 
 use crate::limits::{REGION_LEASE_MS, REGISTRY_CONTACT_PROBE_MS, REGISTRY_CONTACT_TIMEOUT_MS};
 use crate::node::Node;
-use keyhold_registry::NODE_CREDENTIAL_HEADER;
+use crate::peers::{Call, CallKind, To};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -210,22 +210,15 @@ async fn probe(node: &Node) -> Option<()> {
     }
     let leader = node.registry().leader()?;
     let info = node.registry().nodes().get(&leader)?.clone();
-    let answer = node
-        .http()
-        .get(format!(
-            "http://{}/internal/v1/registry/quorum-age?region={}",
-            info.api_addr,
-            node.region()
-        ))
-        .header(NODE_CREDENTIAL_HEADER, node.credentials().current())
-        .timeout(wait)
-        .send()
+    let call = Call::get(
+        CallKind::QuorumAge,
+        format!("/internal/v1/registry/quorum-age?region={}", node.region()),
+    );
+    let age: QuorumAge = node
+        .peers()
+        .call_json(To::Node(&info.api_addr), &call)
         .await
         .ok()?;
-    if !answer.status().is_success() {
-        return None;
-    }
-    let age: QuorumAge = answer.json().await.ok()?;
     // Counted only with a replica at least as new as the leader's answer, and
     // only if that replica does not show this region fenced by then.
     let left = wait.saturating_sub(sent.elapsed());

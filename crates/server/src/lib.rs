@@ -23,6 +23,7 @@ pub mod limits;
 mod metrics;
 mod mover;
 mod node;
+mod peers;
 mod problem;
 mod reconcile;
 mod routes;

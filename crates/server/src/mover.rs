@@ -48,15 +48,12 @@
 //! and the placement check), so a node that was down when the move ended lifts
 //! it when it comes back.
 
-use crate::limits::{
-    MOVE_CALL_TIMEOUT_MS, MOVE_DRAIN_WAIT_MS, MOVE_DRIVER_RENEWALS_PER_LEASE,
-    MOVE_PULL_CALL_TIMEOUT_MS, MOVE_RESUME_POLL_MS, MOVE_UNLEASED_GRACE_MS,
-};
+use crate::limits::{MOVE_DRIVER_RENEWALS_PER_LEASE, MOVE_RESUME_POLL_MS, MOVE_UNLEASED_GRACE_MS};
 use crate::node::{now, Node};
+use crate::peers::{Call, CallKind, To};
 use crate::routes::Pass;
 use keyhold_registry::{
     Operation, OperationState, Rejection, Request, Response as RegistryResponse, TenantState,
-    NODE_CREDENTIAL_HEADER,
 };
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -357,33 +354,6 @@ async fn drive(node: Arc<Node>, job: MoveJob) {
     metrics::gauge!("keyhold_moves_running").decrement(1.0);
 }
 
-/// One call to another node with the node credential; non-2xx is an error.
-async fn call(
-    node: &Node,
-    region: &str,
-    path: &str,
-    timeout_ms: u64,
-) -> Result<reqwest::Response, String> {
-    // Any node of the region: one that does not lead the region's store sends
-    // the call on to the leader.
-    let response = node
-        .send_to_region(region, |addr| {
-            node.http()
-                .post(format!("http://{addr}{path}"))
-                .header(NODE_CREDENTIAL_HEADER, node.credentials().current())
-                .timeout(Duration::from_millis(timeout_ms))
-        })
-        .await
-        .ok_or(format!("no node of region {region} is known"))?
-        .map_err(|e| e.to_string())?;
-    if response.status().is_success() {
-        return Ok(response);
-    }
-    let status = response.status();
-    let text = response.text().await.unwrap_or_default();
-    Err(format!("{status}: {text}"))
-}
-
 impl Driver<'_> {
     /// Reports progress and renews the lease; anything but a renewal stops
     /// the driver (`Renewal`).
@@ -420,7 +390,7 @@ impl Driver<'_> {
         // 1. The old home starts the tenant's change index and keeps serving it.
         let track_path = format!("/internal/v1/moves/{t}/track?{scope}");
         let tracked = self
-            .post_json(old, track_path.clone(), MOVE_CALL_TIMEOUT_MS)
+            .post_json(old, track_path.clone(), CallKind::MoveStep)
             .await?;
         let estimate = tracked["entries"].as_u64().unwrap_or(0).max(1) as f64;
         // 2. The first pass, online: the new home pulls every entry.
@@ -435,9 +405,7 @@ impl Driver<'_> {
         // megabytes meanwhile). Tracking again first gives its mark: every
         // change after it is stamped higher, so the fenced pass carries only
         // what changed during the catch-up, and the 503s last that long.
-        let tracked = self
-            .post_json(old, track_path, MOVE_CALL_TIMEOUT_MS)
-            .await?;
+        let tracked = self.post_json(old, track_path, CallKind::MoveStep).await?;
         let mark = tracked["mark"]
             .as_u64()
             .ok_or("the old home answered no mark")?;
@@ -448,8 +416,7 @@ impl Driver<'_> {
         // tenant's events. From here on the tenant answers 503 tenant-moving.
         self.fenced_at = Some(Instant::now());
         let fence_path = format!("/internal/v1/moves/{t}/fence?{scope}");
-        self.post_json(old, fence_path, MOVE_DRAIN_WAIT_MS + MOVE_CALL_TIMEOUT_MS)
-            .await?;
+        self.post_json(old, fence_path, CallKind::MoveFence).await?;
         if let Some(ms) = std::env::var(FAULT_DRIVER_PAUSE_MS)
             .ok()
             .and_then(|v| v.parse::<u64>().ok())
@@ -484,9 +451,7 @@ impl Driver<'_> {
                 path.push_str("&after=");
                 path.push_str(a);
             }
-            let answer = self
-                .post_json(region, path, MOVE_PULL_CALL_TIMEOUT_MS)
-                .await?;
+            let answer = self.post_json(region, path, CallKind::MovePull).await?;
             copied += answer["copied"].as_u64().unwrap_or(0);
             self.report(progress(copied)).await?;
             match answer["next"].as_str() {
@@ -496,21 +461,23 @@ impl Driver<'_> {
         }
     }
 
-    /// POSTs `path` to a node of `region` (`call`) while renewing the lease; the
-    /// JSON answer.
+    /// POSTs `path` to a node of `region` while renewing the lease; the JSON
+    /// answer. Any node of the region: one that does not lead the region's
+    /// store sends the call on to the leader.
     async fn post_json(
         &mut self,
         region: &str,
         path: String,
-        timeout_ms: u64,
+        kind: CallKind,
     ) -> Result<serde_json::Value, String> {
         let node = self.node;
-        let sent = call(node, region, &path, timeout_ms);
-        self.alive_while(sent)
-            .await?
-            .json()
-            .await
-            .map_err(|e| e.to_string())
+        let call = Call::post(kind, path);
+        let sent = async {
+            let to = To::Region(region);
+            let answer = node.peers().call_json(to, &call).await;
+            answer.map_err(|e| e.to_string())
+        };
+        self.alive_while(sent).await
     }
 
     /// Runs `step`, renewing the lease meanwhile, so that no successor takes over

@@ -50,9 +50,10 @@ pub struct Node {
     standby_copies: std::sync::RwLock<Vec<StandbyCopy>>,
     /// Contact with the registry majority: tenant requests execute only under it.
     lease: crate::lease::Lease,
-    /// Per region, the node that answered this node's last call there.
-    answered: std::sync::Mutex<std::collections::HashMap<String, NodeId>>,
-    /// One pooled HTTP client for outgoing calls (the payment provider).
+    /// Every call to another node's API listener goes through it.
+    peers: crate::peers::Peers,
+    /// One pooled HTTP client for outgoing calls: the payment provider's here,
+    /// and the same pool under `peers` and the Raft networks.
     http: reqwest::Client,
     hmac_secret: Option<Vec<u8>>,
     orders_spec: Spec,
@@ -132,6 +133,18 @@ impl Node {
         // Install the recorder before any request can record, with the
         // node's info series and its counters at 0.
         crate::metrics::register_node(config.node_id, &config.region);
+        let directory = registry.clone();
+        let peers = crate::peers::Peers::new(
+            http.clone(),
+            registry.credentials().clone(),
+            move |region: &str| {
+                directory
+                    .nodes()
+                    .into_iter()
+                    .filter(|(_, info)| info.region == region)
+                    .collect()
+            },
+        );
         Ok(Node {
             policy: config.policy(),
             admin_token_sha256: tenants::sha256(&config.admin_token),
@@ -142,7 +155,7 @@ impl Node {
             inflight: Inflight::default(),
             drivers: crate::mover::Drivers::default(),
             outbox_notify: tokio::sync::Notify::new(),
-            answered: Default::default(),
+            peers,
             lease: Default::default(),
             standby_copies: std::sync::RwLock::new(standby_copies),
             http,
@@ -314,53 +327,15 @@ impl Node {
         }
     }
 
-    /// The nodes of `region` (from the registry's membership), the one that
-    /// answered this node last first: a call tries them in this order, moving
-    /// on only when one cannot be reached at all.
+    /// The nodes of `region` (from the registry's membership), in the order
+    /// a call to the region tries them (`Peers::region_nodes`).
     pub fn region_nodes(&self, region: &str) -> Vec<(NodeId, NodeInfo)> {
-        let mut nodes: Vec<_> = self
-            .registry
-            .nodes()
-            .into_iter()
-            .filter(|(_, info)| info.region == region)
-            .collect();
-        let preferred = self
-            .answered
-            .lock()
-            .expect("not poisoned")
-            .get(region)
-            .copied();
-        if let Some(id) = preferred {
-            nodes.sort_by_key(|(n, _)| *n != id);
-        }
-        nodes
+        self.peers.region_nodes(region)
     }
 
-    /// Sends a request to a node of `region`: `build` makes it for one node's API
-    /// address. A node that cannot be connected to received nothing, so the next
-    /// one is tried; any other failure (a timeout, a cut-off answer) is returned,
-    /// as the request may have executed. `None`: no node of the region is known.
-    pub async fn send_to_region(
-        &self,
-        region: &str,
-        build: impl Fn(&str) -> reqwest::RequestBuilder,
-    ) -> Option<Result<reqwest::Response, reqwest::Error>> {
-        let nodes = self.region_nodes(region);
-        let mut last = None;
-        for (id, info) in nodes {
-            match build(&info.api_addr).send().await {
-                Ok(response) => {
-                    self.answered
-                        .lock()
-                        .expect("not poisoned")
-                        .insert(region.to_owned(), id);
-                    return Some(Ok(response));
-                }
-                Err(e) if e.is_connect() => last = Some(Err(e)),
-                Err(e) => return Some(Err(e)),
-            }
-        }
-        last
+    /// The node's client for calls to other nodes (`peers.rs`).
+    pub fn peers(&self) -> &crate::peers::Peers {
+        &self.peers
     }
 
     /// The copies of other regions' stores this node keeps (as their standby),
@@ -465,6 +440,8 @@ impl Node {
         &self.store
     }
 
+    /// The pooled HTTP client, for calls outside the cluster (the payment
+    /// provider); calls to other nodes go through `peers`.
     pub fn http(&self) -> &reqwest::Client {
         &self.http
     }

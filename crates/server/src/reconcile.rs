@@ -57,10 +57,11 @@
 //! (`import_blocked`): a move back that began before the erasure would have its
 //! copy erased, or stale entries left beside it.
 
-use crate::limits::{FORWARD_TIMEOUT_MS, RECONCILE_MARKER_IDS_MAX, RECONCILE_RETRY_MS};
+use crate::limits::{RECONCILE_MARKER_IDS_MAX, RECONCILE_RETRY_MS};
 use crate::node::Node;
+use crate::peers::{Call, CallKind, To};
 use keyhold_core::TenantId;
-use keyhold_registry::{Survival, NODE_CREDENTIAL_HEADER};
+use keyhold_registry::Survival;
 use keyhold_store::limits::ERASE_ENTRIES_MAX;
 use keyhold_store::{GuardOutcome, LogTail, OrphanKind, Reconciliation};
 use serde::{Deserialize, Serialize};
@@ -341,33 +342,15 @@ async fn ask_markers(
     tenant_id: &str,
     client_order_ids: &[String],
 ) -> Result<MarkerAnswer, String> {
-    let body = serde_json::to_vec(&MarkerQuery {
+    let query = MarkerQuery {
         client_order_ids: client_order_ids.to_vec(),
-    })
-    .expect("json");
+    };
     let path = format!("/internal/v1/reconcile/{tenant_id}/markers");
-    let response = node
-        .send_to_region(region, |addr| {
-            node.http()
-                .post(format!("http://{addr}{path}"))
-                .header(NODE_CREDENTIAL_HEADER, node.credentials().current())
-                .header(reqwest::header::CONTENT_TYPE, "application/json")
-                .body(body.clone())
-                .timeout(Duration::from_millis(FORWARD_TIMEOUT_MS))
-        })
+    let call = Call::post(CallKind::ReconcileMarkers, path).json(&query);
+    node.peers()
+        .call_json(To::Region(region), &call)
         .await
-        .ok_or_else(|| format!("no node of region {region}"))?
-        .map_err(|e| format!("region {region}: {e}"))?;
-    if !response.status().is_success() {
-        return Err(format!(
-            "region {region} answered the marker lookup with {}",
-            response.status()
-        ));
-    }
-    response
-        .json()
-        .await
-        .map_err(|e| format!("region {region}: {e}"))
+        .map_err(|e| format!("the marker lookup: {e}"))
 }
 
 /// Releases, page by page, the inventory reservations this region made for

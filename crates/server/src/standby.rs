@@ -10,6 +10,7 @@
 
 use crate::limits::{STANDBY_CHECK_MS, STANDBY_MATCHED_RECORD_ENTRIES};
 use crate::node::Node;
+use crate::peers::{Call, CallKind, To};
 use keyhold_store::raft::Lag;
 use serde::Serialize;
 use std::sync::Arc;
@@ -131,26 +132,12 @@ pub async fn purge_behind_standby(node: Arc<Node>, stop: watch::Receiver<bool>) 
 
 /// `region`'s standby lag as its leader reports it (here, when this node leads
 /// it; else by a node of the region, which sends the call on to its leader).
-/// `None` when the region cannot say within `STANDBY_LAG_CALL_TIMEOUT_MS`.
+/// `None` when the region cannot say within `STANDBY_LAG_CALL_TIMEOUT_MS`
+/// (`CallKind::StandbyLag`).
 pub async fn lag_of_region(node: &Node, region: &str) -> Option<serde_json::Value> {
     if region == node.region() && node.leads_region() {
         return serde_json::to_value(lag(node)).ok();
     }
-    let timeout = Duration::from_millis(crate::limits::STANDBY_LAG_CALL_TIMEOUT_MS);
-    let answer = node
-        .send_to_region(region, |addr| {
-            node.http()
-                .get(format!("http://{addr}/internal/v1/standby/lag"))
-                .header(
-                    keyhold_registry::NODE_CREDENTIAL_HEADER,
-                    node.credentials().current(),
-                )
-                .timeout(timeout)
-        })
-        .await?
-        .ok()?;
-    if !answer.status().is_success() {
-        return None;
-    }
-    answer.json().await.ok()
+    let call = Call::get(CallKind::StandbyLag, "/internal/v1/standby/lag");
+    node.peers().call_json(To::Region(region), &call).await.ok()
 }

@@ -5,6 +5,7 @@
 use super::query::StrictQuery;
 use super::{json_body, json_response};
 use crate::node::{CreateTenantError, Node};
+use crate::peers::{Call, CallKind, Failure, To};
 use crate::problem::ApiError;
 use axum::body::Body;
 use axum::extract::{Path, State};
@@ -618,46 +619,33 @@ async fn fan_out(
     path: &str,
     body: bytes::Bytes,
 ) -> Result<Vec<serde_json::Value>, ApiError> {
+    let mut call = Call::new(method, CallKind::Admin, path)
+        .with_admin_token(&node.config().admin_token)
+        .header(KEYHOLD_SCOPE, HeaderValue::from_static("local"));
+    if !body.is_empty() {
+        call = call
+            .header(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )
+            .body(body);
+    }
     let mut answers = Vec::new();
     for region in node.registry().regions() {
-        let unreachable = |detail: String| ApiError::new(Problem::OwnerUnreachable).detail(detail);
         // Any node of the region: one that is not its store's leader sends the
         // call on to it.
-        let sent = node
-            .send_to_region(&region.name, |addr| {
-                let mut request = node
-                    .http()
-                    .request(method.clone(), format!("http://{addr}{path}"))
-                    .bearer_auth(&node.config().admin_token)
-                    .header(KEYHOLD_SCOPE, "local")
-                    .timeout(std::time::Duration::from_millis(
-                        crate::limits::FORWARD_TIMEOUT_MS,
-                    ));
-                if !body.is_empty() {
-                    request = request
-                        .header(header::CONTENT_TYPE, "application/json")
-                        .body(body.clone());
-                }
-                request
-            })
-            .await;
-        let Some(sent) = sent else {
-            continue;
-        };
-        let response =
-            sent.map_err(|e| unreachable(format!("region {} did not answer: {e}", region.name)))?;
-        if !response.status().is_success() {
-            return Err(unreachable(format!(
-                "region {} answered {}",
-                region.name,
-                response.status()
-            )));
-        }
-        let answer = response
-            .json()
+        match node
+            .peers()
+            .call_json(To::Region(&region.name), &call)
             .await
-            .map_err(|e| unreachable(format!("region {}: {e}", region.name)))?;
-        answers.push(answer);
+        {
+            Ok(answer) => answers.push(answer),
+            // A region without nodes has no part to give.
+            Err(e) if matches!(e.failure, Failure::NoNode) => {}
+            // Any other failure, a refusal included, is this call's: a partial
+            // answer would read as complete.
+            Err(e) => return Err(ApiError::new(Problem::OwnerUnreachable).detail(e.to_string())),
+        }
     }
     Ok(answers)
 }

@@ -34,14 +34,12 @@
 //! so a retry or a new leader's run answers the same and adds nothing.
 
 use super::internal::{
-    entry_bytes, guard_answer, ok_json, page_response, split_by_bytes, tenant_param, NEXT_CURSOR,
+    entry_bytes, guard_answer, ok_json, page_from, page_response, split_by_bytes, tenant_param,
 };
 use super::query::StrictQuery;
-use crate::limits::{
-    FAILOVER_CALL_TIMEOUT_MS, FAILOVER_IMPORT_TIMEOUT_MS, MOVE_IMPORT_COMMAND_BYTES_MAX,
-    MOVE_PAGE_BYTES_MAX,
-};
+use crate::limits::{MOVE_IMPORT_COMMAND_BYTES_MAX, MOVE_PAGE_BYTES_MAX};
 use crate::node::{now, Node, StandbyCopy};
+use crate::peers::{AtLeader, Call, CallKind, Patience, To};
 use crate::problem::ApiError;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, Uri};
@@ -49,10 +47,7 @@ use axum::response::Response;
 use axum::routing::{get, post};
 use axum::Router;
 use keyhold_core::{Problem, TenantId};
-use keyhold_registry::{
-    NodeId, OperationKind, OperationState, TenantRecord, TenantState, NODE_CREDENTIAL_HEADER,
-};
-use keyhold_store::raft::Leadership;
+use keyhold_registry::{NodeId, OperationKind, OperationState, TenantRecord, TenantState};
 use keyhold_store::{CarriedEvent, ExportEntry, LogTail, Store};
 use serde::Deserialize;
 use std::sync::Arc;
@@ -195,7 +190,6 @@ enum Source {
 
 /// The promoted copy on another node of this region, read over HTTP.
 struct RemoteCopy {
-    node_id: NodeId,
     api_addr: String,
 }
 
@@ -208,7 +202,6 @@ impl Source {
             ApiError::new(Problem::NotFound).detail(format!("no node {source} in the registry"))
         })?;
         Ok(Source::Remote(RemoteCopy {
-            node_id: source,
             api_addr: info.api_addr,
         }))
     }
@@ -283,45 +276,21 @@ impl Source {
 }
 
 impl RemoteCopy {
-    /// Calls the copy's node at `url_path`; anything but 2xx is an error.
-    async fn call(
-        &self,
-        node: &Node,
-        method: reqwest::Method,
-        url_path: &str,
-    ) -> Result<reqwest::Response, ApiError> {
-        let RemoteCopy { node_id, api_addr } = self;
-        let unreachable = |e: String| {
-            ApiError::new(Problem::OwnerUnreachable).detail(format!("copy on node {node_id}: {e}"))
-        };
-        let response = node
-            .http()
-            .request(method, format!("http://{api_addr}{url_path}"))
-            .header(NODE_CREDENTIAL_HEADER, node.credentials().current())
-            .timeout(Duration::from_millis(FAILOVER_CALL_TIMEOUT_MS))
-            .send()
-            .await
-            .map_err(|e| unreachable(e.to_string()))?;
-        if !response.status().is_success() {
-            let status = response.status();
-            let body = response.text().await.unwrap_or_default();
-            return Err(unreachable(format!("answered {status}: {body}")));
-        }
-        Ok(response)
+    fn to(&self) -> To<'_> {
+        To::Node(&self.api_addr)
     }
 
     /// Has the copy's node promote it; its tail.
     async fn promote(&self, node: &Node, region: &str) -> Result<LogTail, ApiError> {
-        let path = format!("/internal/v1/failover/{region}/promote");
-        let answer: Promoted = self
-            .call(node, reqwest::Method::POST, &path)
-            .await?
-            .json()
+        let call = Call::post(
+            CallKind::CopyPage,
+            format!("/internal/v1/failover/{region}/promote"),
+        );
+        let answer: Promoted = node
+            .peers()
+            .call_json(self.to(), &call)
             .await
-            .map_err(|e| {
-                ApiError::new(Problem::OwnerUnreachable)
-                    .detail(format!("promotion answered no position: {e}"))
-            })?;
+            .map_err(|e| e.into_api(Problem::OwnerUnreachable))?;
         // A node of an earlier release answers its index alone.
         Ok(answer.tail.unwrap_or_else(|| LogTail::confirmed(answer.at)))
     }
@@ -340,17 +309,9 @@ impl RemoteCopy {
             "/internal/v1/failover/{region}/{kind}/{}?{query}",
             tenant.as_str()
         );
-        let response = self.call(node, reqwest::Method::GET, &path).await?;
-        let next = response
-            .headers()
-            .get(NEXT_CURSOR)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|h| hex::decode(h).ok());
-        let body = response
-            .bytes()
-            .await
-            .map_err(|e| ApiError::new(Problem::OwnerUnreachable).detail(e.to_string()))?;
-        Ok((body, next))
+        let call = Call::get(CallKind::CopyPage, path);
+        let (body, next) = page_from(node, self.to(), &call).await?;
+        Ok((body, next.and_then(|h| hex::decode(h).ok())))
     }
 }
 
@@ -421,7 +382,7 @@ async fn import(
     StrictQuery(q): StrictQuery<ImportQuery>,
 ) -> Result<Response, ApiError> {
     if !node.leads_region() {
-        return import_at_leader(&node, &headers, &uri).await;
+        return Ok(import_at_leader(&node, &headers, &uri).await);
     }
     if check_import(&node, &region, &q.operation_id).is_err() {
         // The replica may not have applied `BeginFailover` yet.
@@ -463,55 +424,25 @@ async fn import(
 }
 
 /// On a node that does not lead its region: sends the import on to the
-/// leader once (`Keyhold-Hop: region`, as `leader::at_region_leader` does,
-/// but waiting as long as an import may take, `FAILOVER_IMPORT_TIMEOUT_MS`,
-/// where a tenant request's hop gives up after seconds) and relays its
-/// answer. A hop that reaches a node that does not lead, or a region without
-/// a known leader, is 503 with `Keyhold-Not-Leader`: nothing was imported, the
-/// driver tries again.
-async fn import_at_leader(
-    node: &Node,
-    headers: &HeaderMap,
-    uri: &Uri,
-) -> Result<Response, ApiError> {
+/// leader once (`Keyhold-Hop: region`, the same hop as `leader::at_region_leader`,
+/// but as a `CallKind::FailoverImport`, which waits as long as an import may
+/// take, where a tenant request's hop gives up after seconds, and trying only
+/// the leader known now: the driver calls again) and relays its answer. A hop
+/// that reaches a node that does not lead, or a region without a known leader,
+/// is 503 with `Keyhold-Not-Leader`: nothing was imported, the driver tries
+/// again.
+async fn import_at_leader(node: &Node, headers: &HeaderMap, uri: &Uri) -> Response {
     if super::leader::Arrival::of(node, headers) == super::leader::Arrival::RegionHop {
-        return Ok(super::leader::not_leader());
+        return super::leader::not_leader();
     }
-    let Leadership::Follower(Some((_, leader))) = node.store().leadership() else {
-        return Ok(super::leader::not_leader());
-    };
-    let path = uri.path_and_query().map_or("/", |p| p.as_str());
-    let answer = node
-        .http()
-        .post(format!("http://{}{path}", leader.api_addr))
-        .header(NODE_CREDENTIAL_HEADER, node.credentials().current())
-        .header(super::leader::KEYHOLD_HOP, super::leader::HOP_REGION)
-        .timeout(Duration::from_millis(FAILOVER_IMPORT_TIMEOUT_MS))
-        .send()
-        .await;
-    let answer = match answer {
-        Ok(answer) => answer,
-        Err(e) if e.is_connect() => return Ok(super::leader::not_leader()),
-        Err(e) => {
-            return Err(ApiError::new(Problem::StoreUnavailable).detail(format!(
-                "the region's leader did not answer the import: {e}"
-            )))
-        }
-    };
-    let status = answer.status();
-    let mut relayed = Response::builder().status(status);
-    for (name, value) in answer.headers() {
-        if !super::leader::HOP_BY_HOP.contains(&name.as_str()) {
-            relayed = relayed.header(name, value);
-        }
+    let call = Call::post(CallKind::FailoverImport, super::leader::path_of(uri));
+    match super::leader::send_to_leader(node, &call, Patience::Once).await {
+        AtLeader::Answered(answer) => super::leader::relay(answer, Problem::StoreUnavailable).await,
+        // It led a moment ago (the import checks first): the driver's next
+        // call finds it leading.
+        AtLeader::Here | AtLeader::NoLeader => super::leader::not_leader(),
+        AtLeader::Failed(e) => axum::response::IntoResponse::into_response(e),
     }
-    let body = answer.bytes().await.map_err(|e| {
-        ApiError::new(Problem::StoreUnavailable)
-            .detail(format!("the import's answer was cut off: {e}"))
-    })?;
-    Ok(relayed
-        .body(axum::body::Body::from(body))
-        .expect("a relayed status and headers are valid"))
 }
 
 /// The failover and the guard epoch one tenant is imported under.

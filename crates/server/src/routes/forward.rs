@@ -20,8 +20,9 @@
 
 use super::leader::{self, Arrival, AtLeader};
 use super::{read_body, KEYHOLD_REGION};
-use crate::limits::{FORWARD_ATTEMPTS_MAX, FORWARD_TIMEOUT_MS, REGISTRY_READ_WAIT_MS};
+use crate::limits::{FORWARD_ATTEMPTS_MAX, REGISTRY_READ_WAIT_MS};
 use crate::node::{Node, Placement};
+use crate::peers::{Call, CallKind, Failure, Patience, To};
 use crate::problem::ApiError;
 use crate::tenants::{has_tenant_token_form, Tenant};
 use axum::body::{Body, Bytes};
@@ -31,7 +32,6 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use keyhold_core::Problem;
-use keyhold_registry::NODE_CREDENTIAL_HEADER;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -110,7 +110,14 @@ async fn run_in_region(
     };
     let mut headers = client_headers(&parts.headers);
     headers.insert(KEYHOLD_EPOCH, HeaderValue::from(tenant.record.epoch));
-    match leader::send_to_leader(node, &parts, headers, bytes.clone()).await {
+    let call = Call::new(
+        parts.method.clone(),
+        CallKind::Forward,
+        leader::path_of(&parts.uri),
+    )
+    .headers(headers)
+    .body(bytes.clone());
+    match leader::send_to_leader(node, &call, Patience::Wait).await {
         // The leader's registry replica disagrees with this one (a move just
         // ended): a forwarding region handles its 421; a client is told to retry.
         AtLeader::Answered(response)
@@ -126,7 +133,8 @@ async fn run_in_region(
             let request = Request::from_parts(parts, Body::from(bytes));
             run_local(node, tenant, request, next).await
         }
-        AtLeader::Failed(response) => response,
+        AtLeader::NoLeader => leader::not_leader(),
+        AtLeader::Failed(e) => e.into_response(),
     }
 }
 
@@ -214,7 +222,7 @@ pub async fn route(State(node): State<Arc<Node>>, request: Request, next: Next) 
 /// `Keyhold-Epoch` (if any) means nothing. A credential that is not accepted:
 /// 401, whatever else the request carries.
 fn forwarded_epoch(node: &Node, headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
-    if !headers.contains_key(NODE_CREDENTIAL_HEADER) {
+    if !crate::peers::carries_credential(headers) {
         return Ok(None);
     }
     if !node.credentials().check(headers) {
@@ -235,11 +243,7 @@ async fn forward(node: Arc<Node>, request: Request, next: Next, region: String) 
         Ok(b) => b,
         Err(e) => return e.into_response(),
     };
-    let path = parts
-        .uri
-        .path_and_query()
-        .map_or("/", |p| p.as_str())
-        .to_owned();
+    let path = leader::path_of(&parts.uri).to_owned();
     let mut region = region;
     for attempt in 0..FORWARD_ATTEMPTS_MAX {
         let Some(tenant) = node.tenants.authenticate(&parts.headers).ok() else {
@@ -256,35 +260,24 @@ async fn forward(node: Arc<Node>, request: Request, next: Next, region: String) 
                 Placement::Remote { region: r } => region = r,
             }
         }
-        let epoch = tenant.record.epoch;
+        let call = Call::new(parts.method.clone(), CallKind::Forward, path.as_str())
+            .headers(client_headers(&parts.headers))
+            .header(KEYHOLD_EPOCH, HeaderValue::from(tenant.record.epoch))
+            .body(bytes.clone());
         let started = std::time::Instant::now();
-        let sent = node
-            .send_to_region(&region, |addr| {
-                node.http()
-                    .request(parts.method.clone(), format!("http://{addr}{path}"))
-                    .timeout(Duration::from_millis(FORWARD_TIMEOUT_MS))
-                    .headers(client_headers(&parts.headers))
-                    .header(KEYHOLD_EPOCH, epoch)
-                    .header(NODE_CREDENTIAL_HEADER, node.credentials().current())
-                    .body(bytes.clone())
-            })
-            .await;
+        let sent = node.peers().send(To::Region(&region), &call).await;
         metrics::histogram!("keyhold_forward_duration_seconds")
             .record(started.elapsed().as_secs_f64());
         let response = match sent {
-            Some(Ok(r)) => r,
-            None => {
-                return ApiError::new(Problem::OwnerUnreachable)
-                    .detail(format!("no node of region {region} is known"))
-                    .into_response()
-            }
-            Some(Err(e)) => {
-                // Whether it executed is unknown; the client retries with its key.
-                metrics::counter!("keyhold_forward_failures_total").increment(1);
-                tracing::warn!(region, error = %e, "forward to home region failed");
-                return ApiError::new(Problem::OwnerUnreachable)
-                    .detail(format!("region {region} did not answer"))
-                    .into_response();
+            Ok(r) => r,
+            Err(e) => {
+                // Unless nothing was sent, whether it executed is unknown; the
+                // client retries with its key.
+                if !matches!(e.failure, Failure::NoNode) {
+                    metrics::counter!("keyhold_forward_failures_total").increment(1);
+                    tracing::warn!(region, error = %e, "forward to home region failed");
+                }
+                return e.into_api(Problem::OwnerUnreachable).into_response();
             }
         };
         if response.status() == StatusCode::MISDIRECTED_REQUEST {

@@ -19,12 +19,13 @@
 use super::query::StrictQuery;
 use super::{json_response, read_body};
 use crate::limits::{
-    MOVE_CALL_TIMEOUT_MS, MOVE_COPY_BYTES_PER_SECOND, MOVE_DRAIN_POLL_MS, MOVE_DRAIN_WAIT_MS,
-    MOVE_IMPORT_BODY_BYTES_MAX, MOVE_IMPORT_COMMANDS_IN_FLIGHT, MOVE_IMPORT_COMMAND_BYTES_MAX,
+    MOVE_COPY_BYTES_PER_SECOND, MOVE_DRAIN_POLL_MS, MOVE_DRAIN_WAIT_MS, MOVE_IMPORT_BODY_BYTES_MAX,
+    MOVE_IMPORT_COMMANDS_IN_FLIGHT, MOVE_IMPORT_COMMAND_BYTES_MAX,
     MOVE_ONLINE_IMPORT_COMMAND_BYTES_MAX, MOVE_PAGE_BYTES_MAX, MOVE_PULL_BUDGET_MS,
     MOVE_PULL_PAGES_MAX, REGISTRY_READ_WAIT_MS,
 };
 use crate::node::Node;
+use crate::peers::{Call, CallKind, PeerError, To};
 use crate::problem::ApiError;
 use axum::body::Body;
 use axum::extract::{Path, State};
@@ -34,7 +35,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use futures::StreamExt;
 use keyhold_core::{Problem, TenantId};
-use keyhold_registry::{TenantState, NODE_CREDENTIAL_HEADER};
+use keyhold_registry::TenantState;
 use keyhold_store::{ChangePage, ExportEntry, GuardOutcome};
 use serde::Deserialize;
 use std::sync::Arc;
@@ -678,34 +679,28 @@ async fn fetch_page(
         path.push_str("&after=");
         path.push_str(a);
     }
-    let unreachable = |e: reqwest::Error| {
-        ApiError::new(Problem::OwnerUnreachable).detail(format!("the old home: {e}"))
-    };
     // Any node of the old home: one that does not lead its store sends the
     // call on to the leader.
-    let region = &record.home_region;
-    let response = node
-        .send_to_region(region, |addr| {
-            node.http()
-                .get(format!("http://{addr}{path}"))
-                .header(NODE_CREDENTIAL_HEADER, node.credentials().current())
-                .timeout(Duration::from_millis(MOVE_CALL_TIMEOUT_MS))
-        })
-        .await
-        .ok_or_else(|| {
-            ApiError::new(Problem::OwnerUnreachable).detail(format!("no node of region {region}"))
-        })?
-        .map_err(unreachable)?;
-    if !response.status().is_success() {
-        return Err(ApiError::new(Problem::OwnerUnreachable)
-            .detail(format!("the old home answered {}", response.status())));
-    }
+    let old_home = To::Region(&record.home_region);
+    page_from(node, old_home, &Call::get(CallKind::MoveStep, path)).await
+}
+
+/// The calling side of `page_response`: one page from another node, and its
+/// next cursor as sent (`NEXT_CURSOR`, hex). A failure is 503
+/// `owner-unreachable`, or the other node's own problem.
+pub(super) async fn page_from(
+    node: &Node,
+    to: To<'_>,
+    call: &Call,
+) -> Result<(axum::body::Bytes, Option<String>), ApiError> {
+    let failed = |e: PeerError| e.into_api(Problem::OwnerUnreachable);
+    let response = node.peers().call(to, call).await.map_err(failed)?;
     let next = response
         .headers()
         .get(NEXT_CURSOR)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    let body = response.bytes().await.map_err(unreachable)?;
+    let body = node.peers().bytes(to, response).await.map_err(failed)?;
     Ok((body, next))
 }
 

@@ -13,27 +13,18 @@
 //! retry with its key replays it.
 
 use super::read_body;
-use crate::limits::{
-    FORWARD_TIMEOUT_MS, REGION_LEADER_POLL_MS, REGION_LEADER_WAIT_MS, REGION_UNCONFIRMED_WAIT_MS,
-};
 use crate::node::Node;
+use crate::peers::{Call, CallKind};
 use crate::problem::ApiError;
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{request::Parts, HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, Uri};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use keyhold_core::Problem;
-use keyhold_registry::NODE_CREDENTIAL_HEADER;
-use keyhold_store::raft::Leadership;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
-/// Marks a request sent on by a follower of the home region to its leader.
-pub const KEYHOLD_HOP: HeaderName = HeaderName::from_static("keyhold-hop");
-pub(super) const HOP_REGION: &str = "region";
-/// On a 503 from a node that received a hop but does not lead: nothing executed.
-pub const KEYHOLD_NOT_LEADER: HeaderName = HeaderName::from_static("keyhold-not-leader");
+pub use crate::peers::{AtLeader, Patience, HOP_REGION, KEYHOLD_HOP, KEYHOLD_NOT_LEADER};
 
 /// Response headers a relay does not copy back (hyper sets its own).
 pub(super) const HOP_BY_HOP: [&str; 4] =
@@ -80,99 +71,19 @@ pub fn not_leader() -> Response {
     response
 }
 
-/// Where a request for the region's store went.
-pub enum AtLeader {
-    /// The leader answered (relay this).
-    Answered(reqwest::Response),
-    /// Meanwhile this node became the leader: execute here.
-    Here,
-    /// Nobody executed it, or nobody can say: answer this.
-    Failed(Response),
+/// Sends `call` on to the region group's leader (`Peers::hop_to_leader`,
+/// the one hop of every route that acts on this region's store), by this
+/// node's view of its region group; the node credential and the hop mark are
+/// added.
+pub async fn send_to_leader(node: &Node, call: &Call, patience: Patience) -> AtLeader {
+    node.peers()
+        .hop_to_leader(|| node.store().leadership(), call, patience)
+        .await
 }
 
-/// Sends a request to the region group's leader, waiting (bounded) for one to be
-/// known and reachable. `headers` are the ones to send; the node credential and
-/// the hop mark are added.
-pub async fn send_to_leader(
-    node: &Node,
-    parts: &Parts,
-    headers: HeaderMap,
-    body: Bytes,
-) -> AtLeader {
-    let deadline = Instant::now() + Duration::from_millis(REGION_LEADER_WAIT_MS);
-    let path = parts
-        .uri
-        .path_and_query()
-        .map_or("/", |p| p.as_str())
-        .to_owned();
-    let mut unconfirmed_since = None;
-    loop {
-        let leader = match node.store().leadership() {
-            Leadership::Ready => return AtLeader::Here,
-            Leadership::Follower(Some((_, info))) => Some(info),
-            Leadership::Unconfirmed => {
-                let since = *unconfirmed_since.get_or_insert_with(Instant::now);
-                if since.elapsed() >= Duration::from_millis(REGION_UNCONFIRMED_WAIT_MS) {
-                    metrics::counter!("keyhold_region_unconfirmed_refusals_total").increment(1);
-                    return AtLeader::Failed(
-                        ApiError::new(Problem::StoreUnavailable)
-                            .detail(
-                                "this node leads its region's store by its own account but \
-                                 cannot confirm it with its peers, so its data may not be \
-                                 current; try again or through another node",
-                            )
-                            .into_response(),
-                    );
-                }
-                None
-            }
-            Leadership::Follower(None) | Leadership::Elected => None,
-        };
-        if let Some(info) = leader {
-            let request = node
-                .http()
-                .request(
-                    parts.method.clone(),
-                    format!("http://{}{path}", info.api_addr),
-                )
-                .timeout(Duration::from_millis(FORWARD_TIMEOUT_MS))
-                .headers(headers.clone())
-                .header(NODE_CREDENTIAL_HEADER, node.credentials().current())
-                .header(KEYHOLD_HOP, HOP_REGION)
-                .body(body.clone());
-            let started = Instant::now();
-            let sent = request.send().await;
-            metrics::histogram!("keyhold_region_hop_duration_seconds")
-                .record(started.elapsed().as_secs_f64());
-            match sent {
-                Ok(r)
-                    if r.status() == StatusCode::SERVICE_UNAVAILABLE
-                        && r.headers().contains_key(KEYHOLD_NOT_LEADER) => {}
-                Ok(r) => {
-                    metrics::counter!("keyhold_region_hops_total").increment(1);
-                    return AtLeader::Answered(r);
-                }
-                // Not delivered: the leader is gone; wait for the next one.
-                Err(e) if e.is_connect() => {}
-                Err(e) => {
-                    tracing::warn!(error = %e, "the region's leader did not answer");
-                    return AtLeader::Failed(
-                        ApiError::new(Problem::StoreUnavailable)
-                            .detail("the region's leader did not answer in time")
-                            .into_response(),
-                    );
-                }
-            }
-        }
-        if Instant::now() >= deadline {
-            return AtLeader::Failed(
-                ApiError::new(Problem::StoreUnavailable)
-                    .detail("the region's store has no reachable leader")
-                    .into_response(),
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(REGION_LEADER_POLL_MS)).await;
-    }
+/// The path and query of a request, to send it on as it came.
+pub fn path_of(uri: &Uri) -> &str {
+    uri.path_and_query().map_or("/", |p| p.as_str())
 }
 
 /// Copies an answer from another node back to the caller.
@@ -239,17 +150,21 @@ async fn run_at_leader(
         Ok(b) => b,
         Err(e) => return e.into_response(),
     };
+    // The caller's node credential, if any, is replaced by this node's.
     let mut headers = parts.headers.clone();
     for name in ["host", "content-length", "connection", "transfer-encoding"] {
         headers.remove(name);
     }
-    headers.remove(NODE_CREDENTIAL_HEADER);
-    match send_to_leader(node, &parts, headers, bytes.clone()).await {
+    let call = Call::new(parts.method.clone(), CallKind::Forward, path_of(&parts.uri))
+        .headers(headers)
+        .body(bytes.clone());
+    match send_to_leader(node, &call, Patience::Wait).await {
         AtLeader::Answered(response) => relay(response, Problem::StoreUnavailable).await,
         AtLeader::Here => {
             next.run(Request::from_parts(parts, Body::from(bytes)))
                 .await
         }
-        AtLeader::Failed(response) => response,
+        AtLeader::NoLeader => not_leader(),
+        AtLeader::Failed(e) => e.into_response(),
     }
 }

@@ -13,17 +13,18 @@
 //! that ran out of time while the node was still catching up answers 202, and
 //! calling again finishes it.
 
-use super::leader::{not_leader, KEYHOLD_NOT_LEADER};
+use super::leader::not_leader;
 use super::{json_response, read_body};
 use crate::limits::{MEMBERSHIP_CALL_WAIT_MS, MEMBERSHIP_CATCH_UP_WAIT_MS, REGION_LEADER_POLL_MS};
 use crate::node::Node;
+use crate::peers::{Call, CallKind, Failure, To};
 use crate::problem::ApiError;
 use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use keyhold_core::Problem;
-use keyhold_registry::{NodeInfo, NODE_CREDENTIAL_HEADER};
+use keyhold_registry::NodeInfo;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -165,8 +166,9 @@ async fn at_registry_leader(node: &Node, change: &Change) -> Result<Standing, Ap
                 Ok(standing) => return Ok(standing),
             }
         } else if let Some(info) = leader.and_then(|id| registry.nodes().get(&id).cloned()) {
-            let url = format!("http://{}/internal/v1/membership/registry", info.api_addr);
-            if let Some(standing) = send(node, url, change).await? {
+            let to = To::Node(&info.api_addr);
+            let path = "/internal/v1/membership/registry";
+            if let Some(standing) = send(node, to, path, change, Problem::StoreUnavailable).await? {
                 return Ok(standing);
             }
         }
@@ -188,30 +190,15 @@ async fn at_region_leader(
     let deadline = Instant::now() + Duration::from_millis(MEMBERSHIP_CALL_WAIT_MS);
     loop {
         let path = "/internal/v1/membership/region";
-        let sent = node
-            .send_to_region(region, |addr| {
-                node.http()
-                    .post(format!("http://{addr}{path}"))
-                    .header(NODE_CREDENTIAL_HEADER, node.credentials().current())
-                    .timeout(call_timeout())
-                    .json(change)
-            })
-            .await;
-        match sent {
-            None => {
-                return Err(ApiError::new(Problem::OwnerUnreachable)
-                    .detail(format!("no node of region {region} is known")))
-            }
-            Some(Ok(response)) => {
-                if let Some(standing) = read_answer(response).await? {
-                    return Ok(standing);
-                }
-            }
-            Some(Err(e)) if e.is_connect() => {}
-            Some(Err(e)) => {
-                return Err(ApiError::new(Problem::OwnerUnreachable)
-                    .detail(format!("region {region}: {e}")))
-            }
+        let sent = send(
+            node,
+            To::Region(region),
+            path,
+            change,
+            Problem::OwnerUnreachable,
+        );
+        if let Some(standing) = sent.await? {
+            return Ok(standing);
         }
         if Instant::now() >= deadline {
             return Err(ApiError::new(Problem::OwnerUnreachable)
@@ -221,64 +208,24 @@ async fn at_region_leader(
     }
 }
 
-fn call_timeout() -> Duration {
-    Duration::from_millis(MEMBERSHIP_CATCH_UP_WAIT_MS + MEMBERSHIP_CALL_WAIT_MS)
-}
-
-/// Sends a change to another node's internal endpoint. `None`: that node does
-/// not lead (or could not be reached); try again.
-async fn send(node: &Node, url: String, change: &Change) -> Result<Option<Standing>, ApiError> {
-    let sent = node
-        .http()
-        .post(url)
-        .header(NODE_CREDENTIAL_HEADER, node.credentials().current())
-        .timeout(call_timeout())
-        .json(change)
-        .send()
-        .await;
-    match sent {
-        Ok(response) => read_answer(response).await,
-        Err(e) if e.is_connect() => Ok(None),
-        Err(e) => Err(ApiError::new(Problem::StoreUnavailable).detail(e.to_string())),
+/// Sends a change to a group's leader through `to`'s internal endpoint.
+/// `None`: nobody there leads, or nobody could be reached; try again. A
+/// refusal of the leader (the last voter, a node of another region) is passed
+/// on as it is (`PeerError::into_api`), since a 503 would have automation
+/// retry a permanent refusal forever; `failure` is what any other failure is.
+async fn send(
+    node: &Node,
+    to: To<'_>,
+    path: &str,
+    change: &Change,
+    failure: Problem,
+) -> Result<Option<Standing>, ApiError> {
+    let call = Call::post(CallKind::Membership, path).json(change);
+    match node.peers().call_json(to, &call).await {
+        Ok(standing) => Ok(Some(standing)),
+        Err(e) if e.delivered_nothing() && !matches!(e.failure, Failure::NoNode) => Ok(None),
+        Err(e) => Err(e.into_api(failure)),
     }
-}
-
-async fn read_answer(response: reqwest::Response) -> Result<Option<Standing>, ApiError> {
-    if response.headers().contains_key(KEYHOLD_NOT_LEADER) {
-        return Ok(None);
-    }
-    let status = response.status();
-    let text = response.text().await.unwrap_or_default();
-    if status.is_client_error() {
-        // The leader refused the change for good (the last voter, a node of
-        // another region): its answer is passed on as it is, since a 503
-        // would have automation retry a permanent refusal forever.
-        return Err(leader_refusal(&text).unwrap_or_else(|| {
-            ApiError::new(Problem::Conflict)
-                .detail(format!("the group's leader answered {status}: {text}"))
-        }));
-    }
-    if status != StatusCode::OK {
-        return Err(ApiError::new(Problem::StoreUnavailable)
-            .detail(format!("the group's leader answered {status}: {text}")));
-    }
-    let standing = serde_json::from_str(&text).map_err(|e| {
-        ApiError::new(Problem::StoreUnavailable).detail(format!("unreadable answer: {e}"))
-    })?;
-    Ok(Some(standing))
-}
-
-/// The problem a group's leader refused a change with (its `type` ends in the
-/// slug), with the leader's detail.
-fn leader_refusal(text: &str) -> Option<ApiError> {
-    let body: serde_json::Value = serde_json::from_str(text).ok()?;
-    let slug = body["type"].as_str()?.rsplit('/').next()?;
-    let problem = Problem::ALL.iter().find(|p| p.slug() == slug)?;
-    let error = ApiError::new(*problem);
-    Some(match body["detail"].as_str() {
-        Some(detail) => error.detail(detail.to_owned()),
-        None => error,
-    })
 }
 
 /// Why a group's leader did not apply a change.

@@ -13,20 +13,18 @@
 
 use super::admin::{is_local_scope, KEYHOLD_SCOPE};
 use super::{json_response, read_body};
-use crate::limits::{
-    FORWARD_TIMEOUT_MS, RECONCILE_MARKER_BODY_BYTES_MAX, RECONCILE_MARKER_IDS_MAX,
-};
+use crate::limits::{RECONCILE_MARKER_BODY_BYTES_MAX, RECONCILE_MARKER_IDS_MAX};
 use crate::node::Node;
+use crate::peers::{Call, CallKind, To};
 use crate::problem::ApiError;
 use crate::reconcile::{failovers_from, view, MarkerAnswer, MarkerQuery};
 use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, HeaderValue};
 use axum::response::Response;
 use keyhold_core::{Problem, TenantId};
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 fn ok_json(value: &serde_json::Value) -> Response {
     json_response(200, serde_json::to_vec(value).expect("json"))
@@ -51,25 +49,20 @@ pub async fn get_reconciliation(
         let report = node.store().reconciliation(&newest.operation_id)?;
         return Ok(ok_json(&view(report.as_ref(), &newest.operation_id)));
     }
-    let path = format!("/admin/v1/regions/{region}/reconciliation");
-    let sent = node
-        .send_to_region(&region, |addr| {
-            node.http()
-                .get(format!("http://{addr}{path}"))
-                .bearer_auth(&node.config().admin_token)
-                .header(KEYHOLD_SCOPE, "local")
-                .timeout(Duration::from_millis(FORWARD_TIMEOUT_MS))
-        })
-        .await;
-    let answered = match sent {
-        Some(Ok(response)) if response.status().is_success() => {
-            response.json::<serde_json::Value>().await.ok()
-        }
-        Some(Ok(response)) => {
-            tracing::warn!(region, status = %response.status(), "reconciliation view not given");
+    let call = Call::get(
+        CallKind::Admin,
+        format!("/admin/v1/regions/{region}/reconciliation"),
+    )
+    .with_admin_token(&node.config().admin_token)
+    .header(KEYHOLD_SCOPE, HeaderValue::from_static("local"));
+    let answered = match node.peers().call_json(To::Region(&region), &call).await {
+        Ok(view) => Some(view),
+        Err(e) => {
+            if let Some(status) = e.status() {
+                tracing::warn!(region, %status, "reconciliation view not given");
+            }
             None
         }
-        _ => None,
     };
     // Unreachable: the region has not come back, so it has not reconciled.
     Ok(ok_json(
