@@ -135,7 +135,9 @@ async fn reconcile_guards(node: &Node) {
             continue;
         }
         if let TenantGuard::Importing { operation_id, .. } = &guard {
-            if node.failover_here(operation_id) == Some(OperationState::Failed) {
+            if crate::operations::failover_to_here(node, operation_id)
+                == Some(OperationState::Failed)
+            {
                 abandon_import(node, &tenant, operation_id).await;
                 continue;
             }
@@ -149,7 +151,7 @@ async fn reconcile_guards(node: &Node) {
         // At the guard's own epoch only a failover's import gives way (a
         // failover imports at the epoch its completion gives; a move below).
         let failover_import = matches!(&guard, TenantGuard::Importing { operation_id, .. }
-            if node.failover_done_here(operation_id));
+            if crate::operations::failover_to_here(node, operation_id) == Some(OperationState::Done));
         if record.epoch == guard.epoch() && !failover_import {
             continue;
         }

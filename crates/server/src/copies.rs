@@ -52,7 +52,8 @@ pub async fn run(node: Arc<Node>, stop: watch::Receiver<bool>) {
             };
             match copy.store.promoted() {
                 Ok(None) => record_lag(&node, &copy).await,
-                Ok(Some(_)) if failover_running_from(&node, region) => {}
+                // While the failover runs its import may still read the copy.
+                Ok(Some(_)) if crate::operations::failover_from(&node, region).is_some() => {}
                 Ok(Some(at)) => {
                     tracing::info!(region, at, "resetting the standby copy a failover promoted");
                     if let Err(e) = reset(&node, region).await {
@@ -63,13 +64,6 @@ pub async fn run(node: Arc<Node>, stop: watch::Receiver<bool>) {
             }
         }
     }
-}
-
-/// True while the local registry replica shows a failover from `region`
-/// running: its import may still read the promoted copy.
-pub fn failover_running_from(node: &Node, region: &str) -> bool {
-    node.registry()
-        .read(|state| state.failover_running_from(region).is_some())
 }
 
 /// Asks the copy's region for its standby lag and keeps it; an unreachable

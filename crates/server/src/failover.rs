@@ -34,9 +34,7 @@ use crate::limits::{
 };
 use crate::node::{now, Node};
 use crate::peers::{Call, CallKind, To};
-use keyhold_registry::{
-    LostEstimate, NodeId, Operation, OperationKind, Request, Response as RegistryResponse,
-};
+use keyhold_registry::{LostEstimate, NodeId, Operation, Request, Response as RegistryResponse};
 use keyhold_store::LogTail;
 use serde::Deserialize;
 use std::collections::HashMap;
@@ -94,7 +92,7 @@ pub async fn run(node: Arc<Node>, stop: watch::Receiver<bool>) {
     // When this node first saw each failover, and how many attempts failed.
     let mut seen: HashMap<String, (Instant, u32)> = HashMap::new();
     while ticker.tick().await {
-        let running = failovers_to(&node);
+        let running = crate::operations::failovers_to_here(&node);
         seen.retain(|id, _| running.iter().any(|op| &op.operation_id == id));
         for op in running {
             let (first_seen, failures) = *seen
@@ -118,22 +116,6 @@ pub async fn run(node: Arc<Node>, stop: watch::Receiver<bool>) {
             }
         }
     }
-}
-
-/// The running failovers whose target is this node's region.
-fn failovers_to(node: &Node) -> Vec<Operation> {
-    node.registry().read(|state| {
-        state
-            .operations
-            .values()
-            .filter(|op| {
-                op.kind == OperationKind::Failover
-                    && !op.state.is_terminal()
-                    && op.to == node.region()
-            })
-            .cloned()
-            .collect()
-    })
 }
 
 /// One attempt at the whole failover, from the copies to the registry.
@@ -382,14 +364,14 @@ pub async fn watch(node: Arc<Node>, stop: watch::Receiver<bool>) {
 /// of it runs, and its standby is not recorded lost (its copy may then lack
 /// more than `max_standby_lag`: an operator's call, with `force`).
 fn worth_failing_over(node: &Node, region: &str) -> bool {
-    node.registry().read(|state| {
-        state.failover_running_from(region).is_none()
-            && state.standby_state(region) == keyhold_registry::standbys::StandbyState::Streaming
-            && state
-                .tenants
-                .values()
-                .any(|t| t.home_region == region && !t.is_deleted())
-    })
+    crate::operations::failover_from(node, region).is_none()
+        && node.registry().read(|state| {
+            state.standby_state(region) == keyhold_registry::standbys::StandbyState::Streaming
+                && state
+                    .tenants
+                    .values()
+                    .any(|t| t.home_region == region && !t.is_deleted())
+        })
 }
 
 async fn begin_automatic(node: &Node, region: &str, down_for: Duration) {

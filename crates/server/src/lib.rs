@@ -23,6 +23,7 @@ pub mod limits;
 mod metrics;
 mod mover;
 mod node;
+mod operations;
 mod peers;
 mod problem;
 mod reconcile;

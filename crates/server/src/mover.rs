@@ -53,7 +53,7 @@ use crate::node::{now, Node};
 use crate::peers::{Call, CallKind, To};
 use crate::routes::Pass;
 use keyhold_registry::{
-    Operation, OperationState, Rejection, Request, Response as RegistryResponse, TenantState,
+    Operation, OperationState, Rejection, Request, Response as RegistryResponse,
 };
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -112,20 +112,15 @@ impl Drivers {
 
 /// The job of a running move operation, from the local registry replica.
 fn job_of(node: &Node, op: &Operation, begin_index: u64) -> Option<MoveJob> {
-    let record = node.registry().tenant(&op.tenant_id)?;
-    match &record.state {
-        TenantState::Moving { operation_id, .. } if operation_id == &op.operation_id => {
-            Some(MoveJob {
-                tenant_id: op.tenant_id.clone(),
-                from: op.from.clone(),
-                to: op.to.clone(),
-                operation_id: op.operation_id.clone(),
-                epoch: record.epoch,
-                begin_index,
-            })
-        }
-        _ => None,
-    }
+    let moving = crate::operations::move_running(node, op)?;
+    Some(MoveJob {
+        tenant_id: op.tenant_id.clone(),
+        from: op.from.clone(),
+        to: op.to.clone(),
+        operation_id: op.operation_id.clone(),
+        epoch: moving.epoch,
+        begin_index,
+    })
 }
 
 /// The lease of a move's driver, and how often it is renewed.

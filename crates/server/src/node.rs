@@ -10,8 +10,8 @@ use crate::Error;
 use keyhold_core::{Policy, TenantId, UnixMillis};
 use keyhold_fingerprint::{Fingerprint, Spec, Value};
 use keyhold_registry::{
-    NodeCredentials, NodeId, NodeInfo, OperationKind, OperationState, Registry, RegistryConfig,
-    Request, Response, Survival, TenantRecord, TenantState,
+    NodeCredentials, NodeId, NodeInfo, OperationState, Registry, RegistryConfig, Request, Response,
+    Survival, TenantRecord, TenantState,
 };
 use keyhold_store::limits::{
     HELD_RELEASE_BYTES_MAX, REGION_APPEND_BYTES_MAX, REGION_APPEND_BYTES_PER_SECOND_MIN,
@@ -237,7 +237,10 @@ impl Node {
             Some(TenantGuard::Importing {
                 operation_id,
                 epoch: imported,
-            }) if imported == epoch && self.failover_done_here(&operation_id) => {
+            }) if imported == epoch
+                && crate::operations::failover_to_here(self, &operation_id)
+                    == Some(OperationState::Done) =>
+            {
                 // The carried events join the outbox in pages first (they
                 // are this region's to deliver now), so that no one command's
                 // changes grow with them; `OwnImported` then finds none left.
@@ -285,24 +288,6 @@ impl Node {
             tracing::info!(tenant = %tenant.as_str(), epoch, "the store owns the tenant again");
         }
         Ok(owned)
-    }
-
-    /// True when the local registry replica shows `operation_id` as a failover
-    /// to this region that is done: the tenants it imported here are ours.
-    pub fn failover_done_here(&self, operation_id: &str) -> bool {
-        self.failover_here(operation_id) == Some(OperationState::Done)
-    }
-
-    /// The state of `operation_id` when the local registry replica shows it
-    /// as a failover to this region; `None` for anything else.
-    pub fn failover_here(&self, operation_id: &str) -> Option<OperationState> {
-        self.registry.read(|state| {
-            state
-                .operations
-                .get(operation_id)
-                .filter(|op| op.kind == OperationKind::Failover && op.to == self.config.region)
-                .map(|op| op.state)
-        })
     }
 
     /// Where this tenant's requests execute, by the local replica. A moving

@@ -59,44 +59,17 @@
 
 use crate::limits::{RECONCILE_MARKER_IDS_MAX, RECONCILE_RETRY_MS};
 use crate::node::Node;
+use crate::operations::DoneFailover;
 use crate::peers::{Call, CallKind, To};
 use keyhold_core::TenantId;
 use keyhold_registry::Survival;
 use keyhold_store::limits::ERASE_ENTRIES_MAX;
-use keyhold_store::{GuardOutcome, LogTail, OrphanKind, Reconciliation};
+use keyhold_store::{GuardOutcome, OrphanKind, Reconciliation};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
-
-/// A done failover away from a region, as the registry replica holds it.
-#[derive(Debug, Clone)]
-pub struct Failover {
-    pub operation_id: String,
-    /// The promoted copy's tail (`tail.last` is its position).
-    pub tail: LogTail,
-    pub tenants: Vec<String>,
-}
-
-/// Every done failover from `region` in this node's registry replica, oldest
-/// first.
-pub fn failovers_from(node: &Node, region: &str) -> Vec<Failover> {
-    node.registry().read(|state| {
-        state
-            .failovers_from(region)
-            .into_iter()
-            .filter_map(|op| {
-                let result = state.failover_result(&op.operation_id)?;
-                Some(Failover {
-                    operation_id: op.operation_id.clone(),
-                    tail: state.failover_tail(&op.operation_id)?,
-                    tenants: result.tenants.clone(),
-                })
-            })
-            .collect()
-    })
-}
 
 /// The body of the new home's marker lookup (`routes::reconcile::markers`).
 #[derive(Debug, Serialize, Deserialize)]
@@ -130,7 +103,7 @@ async fn reconcile_pending(node: &Node) -> bool {
         return false;
     }
     let mut settled = true;
-    for failover in failovers_from(node, node.region()) {
+    for failover in crate::operations::failovers_done_from(node, node.region()) {
         match node.store().reconciliation(&failover.operation_id) {
             Ok(Some(report)) if report.done => continue,
             Ok(_) => {}
@@ -148,7 +121,7 @@ async fn reconcile_pending(node: &Node) -> bool {
     settled
 }
 
-async fn reconcile(node: &Node, failover: &Failover) -> Result<(), String> {
+async fn reconcile(node: &Node, failover: &DoneFailover) -> Result<(), String> {
     let store = node.store();
     let op = &failover.operation_id;
     let mut tenants = Vec::with_capacity(failover.tenants.len());
@@ -411,7 +384,7 @@ async fn erase(node: &Node, tenant: &TenantId) -> Result<(), String> {
 pub fn unmarked_losses(node: &Node) -> Result<HashSet<String>, String> {
     let store = node.store();
     let mut out = HashSet::new();
-    for failover in failovers_from(node, node.region()) {
+    for failover in crate::operations::failovers_done_from(node, node.region()) {
         let done = store
             .reconciliation(&failover.operation_id)
             .map_err(|e| e.to_string())?
@@ -437,7 +410,7 @@ pub fn unmarked_losses(node: &Node) -> Result<HashSet<String>, String> {
 /// stale data here is not erased yet. The move's import fails and the move is
 /// aborted with this reason; once reconciliation is done it can be started again.
 pub fn import_blocked(node: &Node, tenant_id: &str) -> Option<String> {
-    for failover in failovers_from(node, node.region()) {
+    for failover in crate::operations::failovers_done_from(node, node.region()) {
         if !failover.tenants.iter().any(|t| t == tenant_id) {
             continue;
         }

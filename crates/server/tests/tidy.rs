@@ -9,6 +9,12 @@
 //! client (and hands it to `Peers` and to the Raft networks, whose transport
 //! is the registry crate's), and `downstream.rs` calls the payment provider,
 //! which is not a node.
+//!
+//! The same way, every question of which move or failover runs for a tenant
+//! or a region is asked of `src/operations.rs`: the registry state's running
+//! and done failovers and the drivers' leases are read there only (the
+//! mover's own scheduling of drivers excepted: which moves this node drives is
+//! the mover's decision, not a question of what runs).
 
 use std::path::{Path, PathBuf};
 
@@ -24,10 +30,28 @@ const RULES: [(&str, &[&str]); 5] = [
 
 const HOME: &str = "peers.rs";
 
+/// What only `operations.rs` may read of the registry replica.
+const OPERATION_RULES: [(&str, &[&str]); 3] = [
+    (".failover_running_from(", &[]),
+    (".failovers_from(", &[]),
+    (".drivers.get(", &["mover.rs"]),
+];
+
+const OPERATIONS_HOME: &str = "operations.rs";
+
 /// The violations in one file's text: `(line, what)` for every code line
 /// (comments are prose) that writes a rule's pattern outside its allowed files.
 fn violations(file: &str, text: &str) -> Vec<(usize, &'static str)> {
-    if file == HOME {
+    violations_of(file, text, HOME, &RULES)
+}
+
+fn violations_of(
+    file: &str,
+    text: &str,
+    home: &str,
+    rules: &[(&'static str, &[&str])],
+) -> Vec<(usize, &'static str)> {
+    if file == home {
         return Vec::new();
     }
     let mut found = Vec::new();
@@ -36,7 +60,7 @@ fn violations(file: &str, text: &str) -> Vec<(usize, &'static str)> {
         if code.starts_with("//") {
             continue;
         }
-        for (pattern, allowed) in RULES {
+        for &(pattern, allowed) in rules {
             if code.contains(pattern) && !allowed.contains(&file) {
                 found.push((n + 1, pattern));
             }
@@ -100,5 +124,36 @@ fn the_check_finds_a_hand_built_call() {
     assert_eq!(
         violations("lease.rs", "reqwest::Client::new()"),
         vec![(1, "reqwest::Client")]
+    );
+}
+
+#[test]
+fn every_question_of_what_runs_goes_through_operations() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&src, &mut files);
+    assert!(
+        files.iter().any(|f| f.ends_with(OPERATIONS_HOME)),
+        "src/{OPERATIONS_HOME} is where the node asks what runs; it is gone"
+    );
+    let mut report = Vec::new();
+    for path in &files {
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .expect("utf-8 name");
+        let text = std::fs::read_to_string(path).expect("readable source");
+        for (line, what) in violations_of(name, &text, OPERATIONS_HOME, &OPERATION_RULES) {
+            report.push(format!(
+                "{}:{line}: `{what}` outside src/{OPERATIONS_HOME}: ask `operations` what runs",
+                path.strip_prefix(&src).unwrap_or(path).display()
+            ));
+        }
+    }
+    assert!(report.is_empty(), "{}", report.join("\n"));
+    let asked_by_hand = "let f = node.registry().read(|s| s.failover_running_from(r).is_some());";
+    assert_eq!(
+        violations_of("lease.rs", asked_by_hand, OPERATIONS_HOME, &OPERATION_RULES),
+        vec![(1, ".failover_running_from(")]
     );
 }

@@ -47,7 +47,7 @@ use axum::response::Response;
 use axum::routing::{get, post};
 use axum::Router;
 use keyhold_core::{Problem, TenantId};
-use keyhold_registry::{NodeId, OperationKind, OperationState, TenantRecord, TenantState};
+use keyhold_registry::{NodeId, TenantRecord, TenantState};
 use keyhold_store::{CarriedEvent, ExportEntry, LogTail, Store};
 use serde::Deserialize;
 use std::sync::Arc;
@@ -104,11 +104,11 @@ async fn copy_position(
 /// 409 `conflict` unless this node's registry replica (after one bounded
 /// catch-up) shows a failover from `region` running.
 async fn require_running_failover(node: &Node, region: &str) -> Result<(), ApiError> {
-    if crate::copies::failover_running_from(node, region) {
+    if crate::operations::failover_from(node, region).is_some() {
         return Ok(());
     }
     node.catch_up_registry().await;
-    if crate::copies::failover_running_from(node, region) {
+    if crate::operations::failover_from(node, region).is_some() {
         return Ok(());
     }
     Err(ApiError::new(Problem::Conflict).detail(format!("no failover from {region} is running")))
@@ -341,14 +341,7 @@ struct ImportQuery {
 /// 409 `conflict` unless the local registry replica shows `operation_id` as a
 /// running failover from `region` to this node's region.
 fn check_import(node: &Node, region: &str, operation_id: &str) -> Result<(), ApiError> {
-    let running = node.registry().read(|state| {
-        state.operations.get(operation_id).is_some_and(|op| {
-            op.kind == OperationKind::Failover
-                && op.state == OperationState::Running
-                && op.from == region
-                && op.to == node.region()
-        })
-    });
+    let running = crate::operations::failover_running(node, operation_id, region);
     if running {
         return Ok(());
     }

@@ -35,7 +35,6 @@ use axum::routing::{get, post};
 use axum::Router;
 use futures::StreamExt;
 use keyhold_core::{Problem, TenantId};
-use keyhold_registry::TenantState;
 use keyhold_store::{ChangePage, ExportEntry, GuardOutcome};
 use serde::Deserialize;
 use std::sync::Arc;
@@ -211,25 +210,19 @@ async fn check_running(
             scope.operation_id
         )))
     };
-    let Some(record) = node.registry().tenant(tenant_id) else {
-        return not_running("unknown tenant");
+    let Some(moving) = crate::operations::move_of(node, tenant_id) else {
+        return not_running("the tenant is unknown or not moving");
     };
-    let TenantState::Moving { to, operation_id } = &record.state else {
-        return not_running("the tenant is not moving");
-    };
-    if operation_id != &scope.operation_id || record.epoch != scope.epoch {
+    if moving.operation_id != scope.operation_id || moving.epoch != scope.epoch {
         return not_running("another operation or epoch");
     }
-    let lease = node
-        .registry()
-        .read(|s| s.drivers.get(&scope.operation_id).copied());
-    if lease.is_none_or(|l| l.generation != scope.generation) {
+    if moving.driver_generation != Some(scope.generation) {
         return not_running("the caller does not hold the driver lease");
     }
     let here = node.region();
     let ok = match end {
-        End::From => record.home_region == here,
-        End::To => to == here,
+        End::From => moving.from == here,
+        End::To => moving.to == here,
     };
     if !ok {
         return not_running("this region is not that end of the move");

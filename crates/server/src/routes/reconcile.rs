@@ -15,9 +15,10 @@ use super::admin::{is_local_scope, KEYHOLD_SCOPE};
 use super::{json_response, read_body};
 use crate::limits::{RECONCILE_MARKER_BODY_BYTES_MAX, RECONCILE_MARKER_IDS_MAX};
 use crate::node::Node;
+use crate::operations::failovers_done_from;
 use crate::peers::{Call, CallKind, To};
 use crate::problem::ApiError;
-use crate::reconcile::{failovers_from, view, MarkerAnswer, MarkerQuery};
+use crate::reconcile::{view, MarkerAnswer, MarkerQuery};
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue};
@@ -40,7 +41,7 @@ pub async fn get_reconciliation(
     if !node.registry().regions().iter().any(|r| r.name == region) {
         return Err(ApiError::new(Problem::NotFound).detail(format!("no region {region:?}")));
     }
-    let Some(newest) = failovers_from(&node, &region).pop() else {
+    let Some(newest) = failovers_done_from(&node, &region).pop() else {
         return Err(
             ApiError::new(Problem::NotFound).detail(format!("region {region} never failed over"))
         );
