@@ -135,7 +135,7 @@ async fn reconcile_guards(node: &Node) {
             continue;
         }
         if let TenantGuard::Importing { operation_id, .. } = &guard {
-            if crate::operations::failover_to_here(node, operation_id)
+            if crate::operations::failover_to(node.registry(), operation_id, node.region())
                 == Some(OperationState::Failed)
             {
                 abandon_import(node, &tenant, operation_id).await;
@@ -151,7 +151,7 @@ async fn reconcile_guards(node: &Node) {
         // At the guard's own epoch only a failover's import gives way (a
         // failover imports at the epoch its completion gives; a move below).
         let failover_import = matches!(&guard, TenantGuard::Importing { operation_id, .. }
-            if crate::operations::failover_to_here(node, operation_id) == Some(OperationState::Done));
+            if crate::operations::failover_to(node.registry(), operation_id, node.region()) == Some(OperationState::Done));
         if record.epoch == guard.epoch() && !failover_import {
             continue;
         }

@@ -53,7 +53,8 @@ pub async fn run(node: Arc<Node>, stop: watch::Receiver<bool>) {
             match copy.store.promoted() {
                 Ok(None) => record_lag(&node, &copy).await,
                 // While the failover runs its import may still read the copy.
-                Ok(Some(_)) if crate::operations::failover_from(&node, region).is_some() => {}
+                Ok(Some(_))
+                    if crate::operations::failover_from(node.registry(), region).is_some() => {}
                 Ok(Some(at)) => {
                     tracing::info!(region, at, "resetting the standby copy a failover promoted");
                     if let Err(e) = reset(&node, region).await {

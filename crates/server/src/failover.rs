@@ -92,7 +92,7 @@ pub async fn run(node: Arc<Node>, stop: watch::Receiver<bool>) {
     // When this node first saw each failover, and how many attempts failed.
     let mut seen: HashMap<String, (Instant, u32)> = HashMap::new();
     while ticker.tick().await {
-        let running = crate::operations::failovers_to_here(&node);
+        let running = crate::operations::failovers_to(node.registry(), node.region());
         seen.retain(|id, _| running.iter().any(|op| &op.operation_id == id));
         for op in running {
             let (first_seen, failures) = *seen
@@ -364,7 +364,7 @@ pub async fn watch(node: Arc<Node>, stop: watch::Receiver<bool>) {
 /// of it runs, and its standby is not recorded lost (its copy may then lack
 /// more than `max_standby_lag`: an operator's call, with `force`).
 fn worth_failing_over(node: &Node, region: &str) -> bool {
-    crate::operations::failover_from(node, region).is_none()
+    crate::operations::failover_from(node.registry(), region).is_none()
         && node.registry().read(|state| {
             state.standby_state(region) == keyhold_registry::standbys::StandbyState::Streaming
                 && state

@@ -165,7 +165,7 @@ pub fn quorum_age(node: &Node, region: Option<&str>) -> Result<QuorumAge, NoCont
 
 /// The running failover that fences `region`, by this node's replica.
 fn fenced(node: &Node, region: &str) -> Option<String> {
-    crate::operations::failover_from(node, region).map(|op| op.operation_id)
+    crate::operations::failover_from(node.registry(), region).map(|op| op.operation_id)
 }
 
 /// Renews the lease until `stop`: every `REGISTRY_CONTACT_PROBE_MS`, from the

@@ -112,7 +112,7 @@ impl Drivers {
 
 /// The job of a running move operation, from the local registry replica.
 fn job_of(node: &Node, op: &Operation, begin_index: u64) -> Option<MoveJob> {
-    let moving = crate::operations::move_running(node, op)?;
+    let moving = crate::operations::move_running(node.registry(), op)?;
     Some(MoveJob {
         tenant_id: op.tenant_id.clone(),
         from: op.from.clone(),

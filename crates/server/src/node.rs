@@ -238,7 +238,7 @@ impl Node {
                 operation_id,
                 epoch: imported,
             }) if imported == epoch
-                && crate::operations::failover_to_here(self, &operation_id)
+                && crate::operations::failover_to(&self.registry, &operation_id, self.region())
                     == Some(OperationState::Done) =>
             {
                 // The carried events join the outbox in pages first (they

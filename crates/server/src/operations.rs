@@ -7,55 +7,57 @@
 //!
 //! Listing every operation for the admin API (`routes::moves`) is a view,
 //! not a question of what runs, and stays with its route.
+//!
+//! It takes the registry replica, not the node: the node's state asks it too
+//! (`Node::ensure_owned`), and knows nothing above it.
 
-use crate::node::Node;
-use keyhold_registry::{Operation, OperationKind, OperationState, TenantState};
+use keyhold_registry::{Operation, OperationKind, OperationState, Registry, TenantState};
 use keyhold_store::LogTail;
 
 /// The running failover of `region`, if any: while it runs, the region is
 /// fenced (it renews no lease, its copies may be read for the import).
-pub fn failover_from(node: &Node, region: &str) -> Option<Operation> {
-    node.registry()
-        .read(|state| state.failover_running_from(region).cloned())
+pub fn failover_from(registry: &Registry, region: &str) -> Option<Operation> {
+    registry.read(|state| state.failover_running_from(region).cloned())
 }
 
-/// The running failovers whose target is this node's region.
-pub fn failovers_to_here(node: &Node) -> Vec<Operation> {
-    node.registry().read(|state| {
+/// The running failovers whose target is `region`.
+pub fn failovers_to(registry: &Registry, region: &str) -> Vec<Operation> {
+    registry.read(|state| {
         state
             .operations
             .values()
             .filter(|op| {
-                op.kind == OperationKind::Failover
-                    && !op.state.is_terminal()
-                    && op.to == node.region()
+                op.kind == OperationKind::Failover && !op.state.is_terminal() && op.to == region
             })
             .cloned()
             .collect()
     })
 }
 
-/// The state of `operation_id` when it is a failover to this node's region;
-/// `None` for anything else.
-pub fn failover_to_here(node: &Node, operation_id: &str) -> Option<OperationState> {
-    node.registry().read(|state| {
+/// The state of `operation_id` when it is a failover to `region`; `None` for
+/// anything else.
+pub fn failover_to(
+    registry: &Registry,
+    operation_id: &str,
+    region: &str,
+) -> Option<OperationState> {
+    registry.read(|state| {
         state
             .operations
             .get(operation_id)
-            .filter(|op| op.kind == OperationKind::Failover && op.to == node.region())
+            .filter(|op| op.kind == OperationKind::Failover && op.to == region)
             .map(|op| op.state)
     })
 }
 
-/// True when `operation_id` is a running failover from `region` to this
-/// node's region.
-pub fn failover_running(node: &Node, operation_id: &str, region: &str) -> bool {
-    node.registry().read(|state| {
+/// True when `operation_id` is a running failover from `from` to `to`.
+pub fn failover_running(registry: &Registry, operation_id: &str, from: &str, to: &str) -> bool {
+    registry.read(|state| {
         state.operations.get(operation_id).is_some_and(|op| {
             op.kind == OperationKind::Failover
                 && op.state == OperationState::Running
-                && op.from == region
-                && op.to == node.region()
+                && op.from == from
+                && op.to == to
         })
     })
 }
@@ -70,8 +72,8 @@ pub struct DoneFailover {
 }
 
 /// Every done failover from `region`, oldest first.
-pub fn failovers_done_from(node: &Node, region: &str) -> Vec<DoneFailover> {
-    node.registry().read(|state| {
+pub fn failovers_done_from(registry: &Registry, region: &str) -> Vec<DoneFailover> {
+    registry.read(|state| {
         state
             .failovers_from(region)
             .into_iter()
@@ -99,26 +101,26 @@ pub struct Moving {
     pub driver_generation: Option<u64>,
 }
 
-/// The move `tenant_id` is in, if it is moving.
-pub fn move_of(node: &Node, tenant_id: &str) -> Option<Moving> {
-    let record = node.registry().tenant(tenant_id)?;
-    let TenantState::Moving { to, operation_id } = &record.state else {
-        return None;
-    };
-    let driver_generation = node
-        .registry()
-        .read(|s| s.drivers.get(operation_id).map(|l| l.generation));
-    Some(Moving {
-        operation_id: operation_id.clone(),
-        epoch: record.epoch,
-        from: record.home_region.clone(),
-        to: to.clone(),
-        driver_generation,
+/// The move `tenant_id` is in, if it is moving (one read of the replica: the
+/// record and the driver's lease as of the same entry).
+pub fn move_of(registry: &Registry, tenant_id: &str) -> Option<Moving> {
+    registry.read(|state| {
+        let record = state.tenants.get(tenant_id)?;
+        let TenantState::Moving { to, operation_id } = &record.state else {
+            return None;
+        };
+        Some(Moving {
+            operation_id: operation_id.clone(),
+            epoch: record.epoch,
+            from: record.home_region.clone(),
+            to: to.clone(),
+            driver_generation: state.drivers.get(operation_id).map(|l| l.generation),
+        })
     })
 }
 
 /// The move of `op`'s tenant when it is `op` itself (the tenant still moving
 /// under it).
-pub fn move_running(node: &Node, op: &Operation) -> Option<Moving> {
-    move_of(node, &op.tenant_id).filter(|m| m.operation_id == op.operation_id)
+pub fn move_running(registry: &Registry, op: &Operation) -> Option<Moving> {
+    move_of(registry, &op.tenant_id).filter(|m| m.operation_id == op.operation_id)
 }

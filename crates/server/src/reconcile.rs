@@ -103,7 +103,7 @@ async fn reconcile_pending(node: &Node) -> bool {
         return false;
     }
     let mut settled = true;
-    for failover in crate::operations::failovers_done_from(node, node.region()) {
+    for failover in crate::operations::failovers_done_from(node.registry(), node.region()) {
         match node.store().reconciliation(&failover.operation_id) {
             Ok(Some(report)) if report.done => continue,
             Ok(_) => {}
@@ -384,7 +384,7 @@ async fn erase(node: &Node, tenant: &TenantId) -> Result<(), String> {
 pub fn unmarked_losses(node: &Node) -> Result<HashSet<String>, String> {
     let store = node.store();
     let mut out = HashSet::new();
-    for failover in crate::operations::failovers_done_from(node, node.region()) {
+    for failover in crate::operations::failovers_done_from(node.registry(), node.region()) {
         let done = store
             .reconciliation(&failover.operation_id)
             .map_err(|e| e.to_string())?
@@ -410,7 +410,7 @@ pub fn unmarked_losses(node: &Node) -> Result<HashSet<String>, String> {
 /// stale data here is not erased yet. The move's import fails and the move is
 /// aborted with this reason; once reconciliation is done it can be started again.
 pub fn import_blocked(node: &Node, tenant_id: &str) -> Option<String> {
-    for failover in crate::operations::failovers_done_from(node, node.region()) {
+    for failover in crate::operations::failovers_done_from(node.registry(), node.region()) {
         if !failover.tenants.iter().any(|t| t == tenant_id) {
             continue;
         }

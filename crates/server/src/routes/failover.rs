@@ -104,11 +104,11 @@ async fn copy_position(
 /// 409 `conflict` unless this node's registry replica (after one bounded
 /// catch-up) shows a failover from `region` running.
 async fn require_running_failover(node: &Node, region: &str) -> Result<(), ApiError> {
-    if crate::operations::failover_from(node, region).is_some() {
+    if crate::operations::failover_from(node.registry(), region).is_some() {
         return Ok(());
     }
     node.catch_up_registry().await;
-    if crate::operations::failover_from(node, region).is_some() {
+    if crate::operations::failover_from(node.registry(), region).is_some() {
         return Ok(());
     }
     Err(ApiError::new(Problem::Conflict).detail(format!("no failover from {region} is running")))
@@ -341,7 +341,8 @@ struct ImportQuery {
 /// 409 `conflict` unless the local registry replica shows `operation_id` as a
 /// running failover from `region` to this node's region.
 fn check_import(node: &Node, region: &str, operation_id: &str) -> Result<(), ApiError> {
-    let running = crate::operations::failover_running(node, operation_id, region);
+    let running =
+        crate::operations::failover_running(node.registry(), operation_id, region, node.region());
     if running {
         return Ok(());
     }

@@ -210,7 +210,7 @@ async fn check_running(
             scope.operation_id
         )))
     };
-    let Some(moving) = crate::operations::move_of(node, tenant_id) else {
+    let Some(moving) = crate::operations::move_of(node.registry(), tenant_id) else {
         return not_running("the tenant is unknown or not moving");
     };
     if moving.operation_id != scope.operation_id || moving.epoch != scope.epoch {

@@ -41,7 +41,7 @@ pub async fn get_reconciliation(
     if !node.registry().regions().iter().any(|r| r.name == region) {
         return Err(ApiError::new(Problem::NotFound).detail(format!("no region {region:?}")));
     }
-    let Some(newest) = failovers_done_from(&node, &region).pop() else {
+    let Some(newest) = failovers_done_from(node.registry(), &region).pop() else {
         return Err(
             ApiError::new(Problem::NotFound).detail(format!("region {region} never failed over"))
         );
