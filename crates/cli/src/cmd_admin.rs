@@ -72,13 +72,6 @@ impl Admin {
         Ok(())
     }
 
-    pub async fn show_tenant(&self, id: &str) -> anyhow::Result<()> {
-        let url = format!("{}/admin/v1/tenants/{id}", self.base);
-        let (_, tenant) = self.call(self.http.get(url)).await?;
-        println!("{}", serde_json::to_string_pretty(&tenant)?);
-        Ok(())
-    }
-
     /// A new token (printed once); the old one works for `grace` more.
     pub async fn rotate_token(&self, id: &str, grace: Option<Duration>) -> anyhow::Result<()> {
         let url = format!("{}/admin/v1/tenants/{id}/token", self.base);
@@ -181,13 +174,6 @@ impl Admin {
             }
             tokio::time::sleep(Duration::from_millis(MOVE_POLL_MS)).await;
         }
-    }
-
-    pub async fn cluster_status(&self) -> anyhow::Result<()> {
-        let url = format!("{}/admin/v1/cluster", self.base);
-        let (_, cluster) = self.call(self.http.get(url)).await?;
-        println!("{}", serde_json::to_string_pretty(&cluster)?);
-        Ok(())
     }
 
     /// Starts the move and follows its operation until done or failed.

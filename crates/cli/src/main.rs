@@ -627,7 +627,7 @@ fn main() -> ExitCode {
             TenantAction::Create { id, home, survival } => {
                 a.create_tenant(&id, &home, survival.as_deref()).await
             }
-            TenantAction::Show { id } => a.show_tenant(&id).await,
+            TenantAction::Show { id } => a.get(&format!("/admin/v1/tenants/{id}")).await,
             TenantAction::Move { id, to } => a.move_tenant(&id, &to).await,
             TenantAction::RotateToken { id, grace } => a.rotate_token(&id, grace).await,
             TenantAction::SetLimits {
@@ -674,7 +674,7 @@ fn main() -> ExitCode {
         Command::Cluster {
             action: ClusterAction::Status,
             admin,
-        } => admin_call(admin, async move |a| a.cluster_status().await),
+        } => admin_call(admin, async move |a| a.get("/admin/v1/cluster").await),
         Command::Loadgen(args) => loadgen(args),
         Command::Chaos(args) => cmd_chaos::run(args),
         Command::Drill(args) => cmd_drill::run(args),
