@@ -80,14 +80,15 @@ fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-#[test]
-fn every_inter_node_call_goes_through_peers() {
+/// Every violation of `rules` in `src/`, one line each with `advice`; the
+/// rules' home file must exist.
+fn report(home: &str, rules: &[(&'static str, &[&str])], advice: &str) -> Vec<String> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();
     sources(&src, &mut files);
     assert!(
-        files.iter().any(|f| f.ends_with(HOME)),
-        "src/{HOME} is where inter-node calls live; it is gone"
+        files.iter().any(|f| f.ends_with(home)),
+        "src/{home} is gone: it is where {advice}"
     );
     let mut report = Vec::new();
     for path in &files {
@@ -96,14 +97,20 @@ fn every_inter_node_call_goes_through_peers() {
             .and_then(|n| n.to_str())
             .expect("utf-8 name");
         let text = std::fs::read_to_string(path).expect("readable source");
-        for (line, what) in violations(name, &text) {
+        for (line, what) in violations_of(name, &text, home, rules) {
             report.push(format!(
-                "{}:{line}: `{what}` outside src/{HOME}: call other nodes through `Peers`",
+                "{}:{line}: `{what}` outside src/{home}: {advice}",
                 path.strip_prefix(&src).unwrap_or(path).display()
             ));
         }
     }
-    assert!(report.is_empty(), "{}", report.join("\n"));
+    report
+}
+
+#[test]
+fn every_inter_node_call_goes_through_peers() {
+    let found = report(HOME, &RULES, "call other nodes through `Peers`");
+    assert!(found.is_empty(), "{}", found.join("\n"));
 }
 
 /// The check itself finds what it is for, and passes what it allows.
@@ -129,28 +136,12 @@ fn the_check_finds_a_hand_built_call() {
 
 #[test]
 fn every_question_of_what_runs_goes_through_operations() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = Vec::new();
-    sources(&src, &mut files);
-    assert!(
-        files.iter().any(|f| f.ends_with(OPERATIONS_HOME)),
-        "src/{OPERATIONS_HOME} is where the node asks what runs; it is gone"
+    let found = report(
+        OPERATIONS_HOME,
+        &OPERATION_RULES,
+        "ask `operations` what runs",
     );
-    let mut report = Vec::new();
-    for path in &files {
-        let name = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .expect("utf-8 name");
-        let text = std::fs::read_to_string(path).expect("readable source");
-        for (line, what) in violations_of(name, &text, OPERATIONS_HOME, &OPERATION_RULES) {
-            report.push(format!(
-                "{}:{line}: `{what}` outside src/{OPERATIONS_HOME}: ask `operations` what runs",
-                path.strip_prefix(&src).unwrap_or(path).display()
-            ));
-        }
-    }
-    assert!(report.is_empty(), "{}", report.join("\n"));
+    assert!(found.is_empty(), "{}", found.join("\n"));
     let asked_by_hand = "let f = node.registry().read(|s| s.failover_running_from(r).is_some());";
     assert_eq!(
         violations_of("lease.rs", asked_by_hand, OPERATIONS_HOME, &OPERATION_RULES),
