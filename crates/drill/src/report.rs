@@ -396,6 +396,27 @@ impl Report {
     }
 
     /// The report as the table the CLI prints.
+    /// The failed attempts by reason and the timeline, after the figures.
+    fn write_timeline(&self, t: &mut String) {
+        if !self.failures_by_reason.is_empty() {
+            let reasons: Vec<String> = self
+                .failures_by_reason
+                .iter()
+                .map(|(why, n)| format!("{why} {n}"))
+                .collect();
+            let _ = writeln!(
+                t,
+                "  {:<31} {}",
+                "failed attempts by reason",
+                reasons.join(", ")
+            );
+        }
+        let _ = writeln!(t, "  timeline (seconds after the fault, UTC):");
+        for m in &self.timeline {
+            let _ = writeln!(t, "    {:+8.2}  {}  {}", m.after_fault_s, m.at, m.what);
+        }
+    }
+
     pub fn table(&self) -> String {
         let mut t = String::new();
         let secs = |s: Option<f64>| s.map_or("-".to_owned(), |s| format!("{s:.2} s"));
@@ -520,23 +541,7 @@ impl Report {
         for (name, value) in rows {
             let _ = writeln!(t, "  {name:<31} {value}");
         }
-        if !self.failures_by_reason.is_empty() {
-            let reasons: Vec<String> = self
-                .failures_by_reason
-                .iter()
-                .map(|(why, n)| format!("{why} {n}"))
-                .collect();
-            let _ = writeln!(
-                t,
-                "  {:<31} {}",
-                "failed attempts by reason",
-                reasons.join(", ")
-            );
-        }
-        let _ = writeln!(t, "  timeline (seconds after the fault, UTC):");
-        for m in &self.timeline {
-            let _ = writeln!(t, "    {:+8.2}  {}  {}", m.after_fault_s, m.at, m.what);
-        }
+        self.write_timeline(&mut t);
         if !self.move_back.is_empty() {
             let _ = writeln!(t, "  to move them back to {}:", self.region);
             for command in &self.move_back {

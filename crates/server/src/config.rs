@@ -611,27 +611,7 @@ impl Config {
                     .into(),
             ));
         }
-        if !self.members.is_empty() {
-            // A node that is not among the first members joins later as a
-            // registry learner (added by the leader) and serves the API by
-            // forwarding to its region's store node.
-            for m in &self.members {
-                for addr in [&m.api_addr, &m.raft_addr] {
-                    check_node_address(addr)
-                        .map_err(|e| Error::Config(format!("member {}: {e}", m.id)))?;
-                }
-            }
-            if let Some(m) = self
-                .members
-                .iter()
-                .find(|m| !self.regions.contains(&m.region))
-            {
-                return Err(Error::Config(format!(
-                    "member {} names region {:?}, which is not among regions",
-                    m.id, m.region
-                )));
-            }
-        }
+        self.validate_members()?;
         if self.body_bytes_max == 0 || self.body_bytes_max > limits::MOVE_PAGE_BYTES_MAX {
             return Err(Error::Config(format!(
                 "body_bytes_max must be from 1 to {} (a stored entry must fit a move's page)",
@@ -663,6 +643,27 @@ impl Config {
             return Err(Error::Config(
                 "tenant rate limits must be greater than zero".into(),
             ));
+        }
+        Ok(())
+    }
+}
+
+impl Config {
+    /// Every member's addresses and region (a node that is not among the
+    /// first members joins later as a registry learner, added by the leader,
+    /// and serves the API by forwarding to its region's store node).
+    fn validate_members(&self) -> Result<(), Error> {
+        for m in &self.members {
+            for addr in [&m.api_addr, &m.raft_addr] {
+                check_node_address(addr)
+                    .map_err(|e| Error::Config(format!("member {}: {e}", m.id)))?;
+            }
+            if !self.regions.contains(&m.region) {
+                return Err(Error::Config(format!(
+                    "member {} names region {:?}, which is not among regions",
+                    m.id, m.region
+                )));
+            }
         }
         Ok(())
     }
