@@ -530,7 +530,9 @@ fn check_keys(
                     format!("key {key:?}: a replay differs from the first answer"),
                     vec![first.op.id, o.op.id],
                 )),
-                (200 | 201, false) => out.push(violation(
+                // A key a failover lost holds nothing in the new home: a
+                // changed body under it executes there.
+                (200 | 201, false) if !either_lost => out.push(violation(
                     Kind::WrongAnswer,
                     format!(
                         "key {key:?}: a changed body (client_order_id {:?}) was answered {status}, \
@@ -547,9 +549,31 @@ fn check_keys(
                 _ => {}
             }
         }
+        // The final replay sends the key's first acknowledged body. When a
+        // failover lost that execution and the new home then executed a
+        // changed body under the key, the right answer is 422.
+        let replayed = ops
+            .iter()
+            .find(|o| matches!(o.op.outcome, Outcome::Ok { status: 201, .. }));
+        let replays_a_lost_other_body =
+            replayed.is_some_and(|r| lost(r) && r.fingerprint != first.fingerprint);
         match final_replays.get(&(*tenant, *key)) {
             None => {}
             Some(_) if lost(first) => stats.order_replays_checked += 1,
+            Some(r) if replays_a_lost_other_body => {
+                stats.order_replays_checked += 1;
+                if r.status != 422 {
+                    out.push(violation(
+                        Kind::ReplayDiffers,
+                        format!(
+                            "key {key:?}: the final replay of a body a failover lost, under a \
+                             key the new home executed another body for, answered {}, not 422",
+                            r.status
+                        ),
+                        vec![first.op.id],
+                    ));
+                }
+            }
             Some(r) => {
                 stats.order_replays_checked += 1;
                 if r.status == 201 && !r.replayed {

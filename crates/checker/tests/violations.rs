@@ -666,20 +666,34 @@ fn a_read_by_id_showing_other_fields() {
 /// failover made ord_5 in the new home; the reconciliation lists ord_4 as an
 /// orphan with `duplicate_of` ord_5.
 fn failover_case() -> Case {
+    failover_case_retried_with(400)
+}
+
+/// `failover_case`, the key's retry after the failover sent with `amount`
+/// (400: the same body; anything else a changed one, which the new home,
+/// holding nothing under the key, executes). The checker's final replay
+/// sends the first acknowledged body, ord_4's: the same body replays ord_5,
+/// a changed one answers 422.
+fn failover_case_retried_with(amount: u64) -> Case {
     let mut c = good();
     let b4 = request_body("c4", 400);
     let o4 = order("ord_4", "c4", 400, "CONFIRMED");
-    let o5 = order("ord_5", "c4", 400, "CONFIRMED");
+    let o5 = order("ord_5", "c4", amount, "CONFIRMED");
     c.order(1_000, "k4", &b4, ok(201, false, &o4));
     c.push(1_100, read_by_id("ord_4"), ok(200, false, &o4));
-    c.order(5_000, "k4", &b4, ok(201, false, &o5));
+    c.order(
+        5_000,
+        "k4",
+        &request_body("c4", amount),
+        ok(201, false, &o5),
+    );
     c.push(
         6_000,
         read_by_id("ord_4"),
         ok(404, false, &json!({"type": "x/not-found"})),
     );
     c.push(6_100, read_by_coid("c4"), ok(200, false, &o5));
-    let paid5 = order("ord_5", "c4", 400, "PAID");
+    let paid5 = order("ord_5", "c4", amount, "PAID");
     c.state.by_client_order_id.push(ByClientOrderId {
         tenant: T.into(),
         client_order_id: "c4".into(),
@@ -697,18 +711,29 @@ fn failover_case() -> Case {
         order_id: "ord_5".into(),
         read: Read::Found { body: paid5 },
     });
-    c.state.order_replays.push(OrderReplay {
-        tenant: T.into(),
-        key: "k4".into(),
-        status: 201,
-        replayed: true,
-        body: o5.to_string(),
-    });
+    let replay = if amount == 400 {
+        OrderReplay {
+            tenant: T.into(),
+            key: "k4".into(),
+            status: 201,
+            replayed: true,
+            body: o5.to_string(),
+        }
+    } else {
+        OrderReplay {
+            tenant: T.into(),
+            key: "k4".into(),
+            status: 422,
+            replayed: false,
+            body: json!({"type": "x/idempotency-key-reused"}).to_string(),
+        }
+    };
+    c.state.order_replays.push(replay);
     let d = c.downstream();
     d.charges.push(Charge {
         order_id: "ord_5".into(),
         status: "succeeded".into(),
-        amount: 400,
+        amount,
     });
     for line in 0..2 {
         d.reservations.push(Reservation {
@@ -753,6 +778,24 @@ fn a_loss_within_the_bound_listed_as_an_orphan_passes() {
     assert!(verdict
         .summary()
         .contains("failover a -> b: 1 acknowledged orders lost"));
+}
+
+/// Chaos seed 2 after issue 39: an order acknowledged 0.5 s after its region
+/// was cut off was lost by the failover (an orphan); the client then sent a
+/// changed body under the same key to the new home, which held nothing
+/// under it and executed it, and the checker's final replay of the lost
+/// body was refused (422). The loss excuses both; the same 422 without the
+/// loss is a violation.
+#[test]
+fn a_changed_body_executed_under_a_key_a_failover_lost_passes() {
+    let c = failover_case_retried_with(401);
+    let verdict = c.verdict();
+    assert!(verdict.ok, "{}", verdict.summary());
+    assert_eq!(verdict.stats.orders_lost_allowed, 1);
+    let mut not_lost = c;
+    not_lost.state.failovers[0].orphans = Some(Vec::new());
+    let verdict = not_lost.verdict();
+    assert!(!verdict.ok, "{}", verdict.summary());
 }
 
 #[test]
