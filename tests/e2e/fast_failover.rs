@@ -1,46 +1,52 @@
 //! End-to-end tests of automatic failover with the shortest
 //! `auto_failover_after` (contract section 11, "Fast automatic failover";
-//! issue 39) on `keyhold up --regions a,b,c --auto-failover-after 2s`, where b
-//! is a's standby: after a SIGKILL of a's node, and after a's isolation, a
-//! client of a's zone tenant that retries one order through b and c has it
-//! accepted in b with nobody asking for the failover, within the bound this
-//! build can keep (`WINDOW_MAX`; the contract's 10 s needs the failover to
-//! stop waiting out a's whole lease, see docs/benchmarks.md). In the
-//! isolation, a client talking straight to a's node keeps writing for longer
-//! than a's whole lease, and nothing a executes is acknowledged after the
-//! failover is done.
+//! issue 39) on `keyhold up --auto-failover-after 2s`: after a SIGKILL of a
+//! region's node, and after its isolation, a client of its zone tenant that
+//! retries one order through the other regions has it accepted in the standby
+//! region with nobody asking for the failover, within the contract's 10 s; the
+//! same when the registry leader's node is killed while the failover waits
+//! for the lost region's lease. In the isolation, a client talking straight to
+//! the isolated node keeps writing for longer than its whole lease, and
+//! nothing it executes is acknowledged after the failover is done.
 
 mod common;
 
-use common::{order_body, unique, Cluster};
+use common::{order_body, unique, Api, Cluster};
+use serde_json::Value;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-/// What this build keeps: `auto_failover_after` (2 s), the watcher's probe
-/// tick and timeout (1.5 s), a registry election when a's node led the
-/// registry (3 s, in parallel with the wait for 2 s), the driver's tick
-/// (0.5 s), the wait for a's lease to end (`FAILOVER_FENCE_WAIT_MS`, 9 s), the
-/// import and commit, and the client's next attempt (2.5 s), plus 2 s for a
-/// loaded machine (15.6 s seen with a CI run beside it). The contract asks
-/// 10 s; docs/benchmarks.md says what is missing.
-const WINDOW_MAX: Duration = Duration::from_secs(20);
+/// Contract section 11: orders accepted again within 10 s of the fault.
+/// docs/benchmarks.md says where the seconds go (about 6 s here).
+const WINDOW_MAX: Duration = Duration::from_secs(10);
 /// One attempt of the retrying client; it retries at once after a timeout.
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
 /// The pause between the retrying client's attempts.
 const RETRY_PAUSE: Duration = Duration::from_millis(100);
 /// How long the direct client keeps writing to a after the fault: beyond a's
-/// region lease (8 s) and the failover's margin, the longest a could think
+/// region lease (5 s) and the failover's margin, the longest a could think
 /// it owns its tenant.
-const DIRECT_WRITES_FOR: Duration = Duration::from_secs(11);
+const DIRECT_WRITES_FOR: Duration = Duration::from_secs(8);
 
-/// Retries one new order of a's tenant (one key) through b and c in turn
-/// until it is accepted; answers how long after `fault` that was and the
+/// Retries one new order of `region`'s tenant (one key) through `vias` in
+/// turn until it is accepted; answers how long after `fault` that was and the
 /// region that executed it.
-fn accepted_again(cluster: &Cluster, fault: Instant) -> (Duration, String) {
-    let tenant = cluster.tenant("a");
+fn accepted_again(
+    cluster: &Cluster,
+    region: &str,
+    vias: &[&str],
+    fault: Instant,
+) -> (Duration, String) {
+    let tenant = cluster.tenant(region);
     let (key, body) = (unique("k"), order_body(&unique("co"), 2));
-    let vias = [cluster.api("b"), cluster.api("c")];
+    let vias: Vec<Api> = vias.iter().map(|r| cluster.api(r)).collect();
+    let regions: Vec<&str> = cluster
+        .info
+        .regions
+        .iter()
+        .map(|r| r.name.as_str())
+        .collect();
     let mut attempt = 0;
     loop {
         assert!(
@@ -48,12 +54,12 @@ fn accepted_again(cluster: &Cluster, fault: Instant) -> (Duration, String) {
             "no order accepted {:?} after the fault",
             fault.elapsed()
         );
-        let via = &vias[attempt % 2];
+        let via = &vias[attempt % vias.len()];
         attempt += 1;
         let rb = via
             .order_rb(&tenant.token, &key, &body)
             .timeout(ATTEMPT_TIMEOUT);
-        if let Ok(answer) = via.try_send_any(rb, &["a", "b", "c"]) {
+        if let Ok(answer) = via.try_send_any(rb, &regions) {
             if answer.status == 201 || answer.status == 200 {
                 let region = answer.header("keyhold-region").unwrap_or_default();
                 return (fault.elapsed(), region);
@@ -63,19 +69,28 @@ fn accepted_again(cluster: &Cluster, fault: Instant) -> (Duration, String) {
     }
 }
 
-/// The automatic failover of a, once done (through c).
-fn failover_of_a(cluster: &Cluster) -> serde_json::Value {
-    common::poll(Duration::from_secs(60), "a's failover done", || {
+/// `region`'s failover as `via` lists it, once it satisfies `done`.
+fn failover_of(cluster: &Cluster, region: &str, via: &str, wanted: &str) -> Value {
+    common::poll(Duration::from_secs(60), "the failover listed", || {
         let ops = cluster
-            .api("c")
+            .api(via)
             .get("/admin/v1/operations", Some(&cluster.info.admin_token))
             .json();
         ops["data"]
             .as_array()?
             .iter()
-            .find(|op| op["kind"] == "failover" && op["from"] == "a" && op["state"] == "done")
+            .find(|op| {
+                op["kind"] == "failover"
+                    && op["from"] == region
+                    && (wanted == "any" || op["state"] == wanted)
+            })
             .cloned()
     })
+}
+
+/// The automatic failover of a, once done (through c).
+fn failover_of_a(cluster: &Cluster) -> Value {
+    failover_of(cluster, "a", "c", "done")
 }
 
 #[test]
@@ -99,7 +114,7 @@ fn a_killed_region_s_tenant_is_served_again_within_ten_seconds() {
     for id in &nodes {
         cluster.control(&format!("/v1/nodes/{id}/kill"));
     }
-    let (window, region) = accepted_again(&cluster, fault);
+    let (window, region) = accepted_again(&cluster, "a", &["b", "c"], fault);
     eprintln!("kill: an order accepted again {window:?} after the fault, in {region}");
     assert!(
         window < WINDOW_MAX,
@@ -148,7 +163,7 @@ fn an_isolated_region_is_failed_over_within_ten_seconds_and_acknowledges_nothing
     std::thread::sleep(Duration::from_millis(500));
     cluster.control("/v1/regions/a/isolate");
     let fault = Instant::now();
-    let (window, region) = accepted_again(&cluster, fault);
+    let (window, region) = accepted_again(&cluster, "a", &["b", "c"], fault);
     eprintln!("isolate: an order accepted again {window:?} after the fault, in {region}");
     assert!(
         window < WINDOW_MAX,
@@ -179,6 +194,104 @@ fn an_isolated_region_is_failed_over_within_ten_seconds_and_acknowledges_nothing
     assert_eq!(
         late, 0,
         "a acknowledged {late} orders after its failover was done"
+    );
+    cluster.control("/v1/regions/a/heal");
+}
+
+/// The node id of the registry's leader, as `via` sees it.
+fn registry_leader(cluster: &Cluster, via: &str) -> u64 {
+    let view = cluster
+        .api(via)
+        .get("/admin/v1/cluster", Some(&cluster.info.admin_token))
+        .json();
+    view["registry"]["leader"]
+        .as_u64()
+        .expect("a registry leader")
+}
+
+#[test]
+fn a_killed_region_is_failed_over_in_time_when_the_registry_leader_dies_during_the_wait() {
+    // Five regions, one node each (every node votes in the registry): the
+    // lost region and the registry leader's node leave three of five, a
+    // majority. Standbys are the next region: a->b, b->c, ..., e->a.
+    let regions = ["a", "b", "c", "d", "e"];
+    let cluster = Cluster::start("a,b,c,d,e", &["--auto-failover-after", "2s"]);
+    let leader_id = registry_leader(&cluster, "a");
+    let leader = cluster
+        .info
+        .nodes
+        .iter()
+        .find(|n| n.node_id == leader_id)
+        .expect("the leader is a node of the cluster")
+        .clone();
+    let at = regions
+        .iter()
+        .position(|r| *r == leader.region)
+        .expect("a region");
+    // The lost region and its standby are neither the registry leader's.
+    let lost = regions[(at + 2) % regions.len()];
+    let standby = regions[(at + 3) % regions.len()];
+    let other = regions[(at + 4) % regions.len()];
+    let tenant = cluster.tenant(lost);
+    let via = cluster.api(standby);
+    let (key, body) = (unique("k"), order_body(&unique("co"), 3));
+    let first = via.expecting(lost).create_order(&tenant.token, &key, &body);
+    first.assert_status(201);
+    cluster.standby_caught_up(lost);
+
+    let fault = Instant::now();
+    cluster.control(&format!("/v1/nodes/{}/kill", cluster.node(lost).node_id));
+    // The failover begins (about 2 s in), and while it waits for the lost
+    // region's lease the registry's leader dies.
+    failover_of(&cluster, lost, other, "any");
+    std::thread::sleep(Duration::from_millis(500));
+    cluster.control(&format!("/v1/nodes/{leader_id}/kill"));
+    eprintln!(
+        "registry leader (node {leader_id}, region {}) killed {:?} after the fault",
+        leader.region,
+        fault.elapsed()
+    );
+
+    let (window, region) = accepted_again(&cluster, lost, &[standby, other], fault);
+    eprintln!("an order of {lost} accepted again {window:?} after the fault, in {region}");
+    assert!(
+        window < WINDOW_MAX,
+        "accepted only {window:?} after the kill"
+    );
+    assert_eq!(region, standby);
+    let done = failover_of(&cluster, lost, other, "done");
+    assert_eq!(done["to"], standby);
+    let replay = via
+        .expecting(standby)
+        .create_order(&tenant.token, &key, &body);
+    replay.assert_status(201);
+    assert_eq!(replay.json(), first.json());
+}
+
+#[test]
+fn a_failover_s_progress_moves_while_it_waits_for_the_lease() {
+    // Isolated, the region's lease runs out about 5 s after its last contact;
+    // the driver reports the wait's progress on the way.
+    let cluster = Cluster::start("a,b,c", &["--auto-failover-after", "2s"]);
+    cluster.standby_caught_up("a");
+    cluster.control("/v1/regions/a/isolate");
+    let mut seen: Vec<f64> = Vec::new();
+    let done = common::poll(Duration::from_secs(30), "a's failover done", || {
+        let op = failover_of(&cluster, "a", "c", "any");
+        let progress = op["progress"].as_f64().expect("progress");
+        if seen.last() != Some(&progress) {
+            seen.push(progress);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        (op["state"] == "done").then_some(op)
+    });
+    eprintln!("progress seen: {seen:?}");
+    assert_eq!(done["progress"], 1.0);
+    let between = seen.iter().filter(|p| **p > 0.0 && **p < 1.0).count();
+    assert!(between >= 2, "the progress jumped: {seen:?}");
+    assert!(
+        seen.windows(2).all(|w| w[0] <= w[1]),
+        "the progress went back: {seen:?}"
     );
     cluster.control("/v1/regions/a/heal");
 }

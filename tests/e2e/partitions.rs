@@ -32,9 +32,9 @@ const HOME: &str = "a";
 /// within 5 s of the isolation.
 const WRITES_AGAIN_MAX: Duration = Duration::from_secs(5);
 /// How long a node stays cut off: longer than a region leader's election and
-/// shorter than the region lease (8 s), so the isolated node still holds its
+/// shorter than the region lease (5 s), so the isolated node still holds its
 /// lease and would still serve its own tree if nothing stopped it.
-const ISOLATED_FOR: Duration = Duration::from_secs(6);
+const ISOLATED_FOR: Duration = Duration::from_millis(4_500);
 /// The history client ids of the write probes and of the readers (load clients
 /// are 0..LOAD_CLIENTS).
 const PROBE_CLIENT: u32 = 1_000;

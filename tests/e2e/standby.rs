@@ -258,8 +258,8 @@ fn an_isolated_region_acknowledges_nothing_later_than_max_standby_lag_after_the_
     /// The client times an answer when it arrives, after the node gave it.
     const TOLERANCE: Duration = Duration::from_millis(300);
     /// Until when writes keep coming after the cut: well into the region's
-    /// lease (8 s), which alone would let it acknowledge.
-    const WRITING_FOR: Duration = Duration::from_secs(6);
+    /// lease (5 s), which alone would let it acknowledge.
+    const WRITING_FOR: Duration = Duration::from_secs(4);
     let cluster = Cluster::start("a,b,c", &[]);
     let a = cluster.api("a");
     let zone = cluster.tenant("a");

@@ -42,11 +42,14 @@ pub const FAILOVER_REQUEST_DELAY_MS_MAX: u64 = 2_000;
 pub const FAILOVER_REQUEST_ATTEMPTS_MAX: u32 = 40;
 pub const FAILOVER_REQUEST_RETRY_MS: u64 = 500;
 /// `--auto-failover-after` of the seeds that let the cluster fail a region
-/// over: the smallest value the node accepts (`AUTO_FAILOVER_AFTER_MS_MIN`).
-pub const AUTO_FAILOVER_AFTER_MS: u64 = 15_000;
+/// over: the smallest value the node accepts (`AUTO_FAILOVER_AFTER_MS_MIN`;
+/// 15 s until issue 39).
+/// Checked against the node's limits in `crates/cli/src/limits.rs`.
+pub const AUTO_FAILOVER_AFTER_MS: u64 = 2_000;
 /// How long a failover may take from its request (or, automatic, from the
-/// cut plus `AUTO_FAILOVER_AFTER_MS`) to `done`: the region's lease (8 s)
-/// plus 1 s, the import, and room for a loaded machine.
+/// cut plus `AUTO_FAILOVER_AFTER_MS`) to `done`: the region's lease (5 s)
+/// plus the margin, the import, and room for a loaded machine and a whole
+/// cluster's restart meanwhile (`AUTO_FAILOVER_UNSEEN_MS`).
 pub const FAILOVER_WAIT_MS: u64 = 60_000;
 /// How long the lost region's reconciliation may take to report `done` once
 /// the region is back.
@@ -123,8 +126,10 @@ const _: () = assert!(
 // The request is retried for longer than the registry takes to see the
 // region's nodes not ready.
 const _: () = assert!(FAILOVER_REQUEST_ATTEMPTS_MAX as u64 * FAILOVER_REQUEST_RETRY_MS >= 10_000);
-// The failover waits out the region's 8 s lease plus 1 s before it imports.
-const _: () = assert!(FAILOVER_WAIT_MS > 8_000 + 1_000);
+// The failover waits out the region's lease and margin before it imports, or
+// for a region not seen ready since a restart, longer still (the node's own
+// figures: asserted in `crates/cli/src/limits.rs`).
+const _: () = assert!(FAILOVER_WAIT_MS > 30_000 + 5_000 + 500);
 const _: () = assert!(READ_AFTER_STEP_PERCENT <= 100 && REPLICATED_SEED_ONE_IN >= 1);
 const _: () = assert!(STEPS_PER_CLIENT_MIN < STEPS_PER_CLIENT_MAX);
 const _: () = assert!(FAULTS_MIN <= FAULTS_MAX && KILLS_MAX <= FAULTS_MAX);

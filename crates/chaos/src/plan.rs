@@ -220,6 +220,30 @@ pub enum KillTarget {
 }
 
 impl Fault {
+    /// True unless the fault may keep a region from being ready for longer
+    /// than the shortest `--auto-failover-after` (2 s; a killed node's
+    /// restart alone may take that long), which would fail the region over
+    /// where the plan does not expect it: a seed with automatic failover
+    /// keeps only such faults besides its failover. A whole cluster's kill
+    /// stays (a watcher gives regions it has not seen ready since it started
+    /// far longer), and so do a node's kill and isolation in 3-node regions.
+    pub fn leaves_regions_ready(&self, replicated: bool) -> bool {
+        match self {
+            Fault::Failover { .. } => true,
+            Fault::OutboxReplay | Fault::Move { .. } => true,
+            Fault::Kill {
+                target: KillTarget::Cluster,
+                ..
+            } => true,
+            Fault::Kill {
+                target: KillTarget::Node(_),
+                ..
+            }
+            | Fault::IsolateNode { .. } => replicated,
+            Fault::Isolate { .. } | Fault::StandbyLoss { .. } => false,
+        }
+    }
+
     pub fn kind(&self) -> &'static str {
         match self {
             Fault::Kill {
@@ -317,6 +341,10 @@ impl Plan {
             cluster.nodes_per_region = NODES_PER_REGION_REPLICATED;
         }
         faults.push(new_fault(&mut second, &mut cluster));
+        if cluster.auto_failover_after_ms.is_some() {
+            let replicated = cluster.nodes_per_region > 1;
+            faults.retain(|f| f.what.leaves_regions_ready(replicated));
+        }
         faults.sort_by_key(|f| f.at_ms);
         let reads = clients
             .iter()
@@ -516,6 +544,18 @@ mod tests {
                 )
             });
             assert_eq!(auto, plan.cluster.auto_failover_after_ms.is_some());
+            // With a 2 s automatic failover, no other fault may fail a
+            // region over behind the plan's back.
+            let replicated = plan.cluster.nodes_per_region > 1;
+            assert!(
+                !auto
+                    || plan
+                        .faults
+                        .iter()
+                        .all(|f| f.what.leaves_regions_ready(replicated)),
+                "seed {seed}: {:?}",
+                plan.faults
+            );
             for f in &plan.faults {
                 if let Fault::IsolateNode { node, .. } = f.what {
                     assert!(node >= 1 && node as usize <= plan.cluster.nodes_per_region * 3);

@@ -15,3 +15,16 @@ pub const LOG_SUMMARY_MESSAGE_BYTES_MAX: usize = 300;
 
 const _: () = assert!(LOG_REPEAT_INTERVAL_MS >= 1_000);
 const _: () = assert!(LOG_SUMMARY_MESSAGE_BYTES_MAX > 0);
+
+// `keyhold chaos` runs its automatic failovers at the shortest value the node
+// accepts, and waits for them longer than the node may take.
+const _: () = assert!(
+    keyhold_chaos::limits::AUTO_FAILOVER_AFTER_MS
+        == keyhold_server::limits::AUTO_FAILOVER_AFTER_MS_MIN
+);
+const _: () = assert!(
+    keyhold_chaos::limits::FAILOVER_WAIT_MS
+        > keyhold_server::limits::AUTO_FAILOVER_UNSEEN_MS
+            + keyhold_server::limits::REGION_LEASE_MS
+            + keyhold_server::limits::FAILOVER_LEASE_MARGIN_MS
+);

@@ -31,6 +31,7 @@ pub mod credential;
 mod detached;
 mod error;
 mod failover;
+pub mod heard;
 pub mod limits;
 pub mod network;
 pub mod standbys;
@@ -96,6 +97,8 @@ struct Inner {
     /// last handle goes, since its clone of `raft` would otherwise keep the replica's
     /// Raft core running after nobody can reach it.
     heartbeats: tokio::task::AbortHandle,
+    /// When this replica last handled each leader term's AppendEntries.
+    heard: heard::Heard,
 }
 
 impl Drop for Inner {
@@ -130,6 +133,8 @@ impl Registry {
         config: RegistryConfig,
         client: Option<reqwest::Client>,
     ) -> Result<Self, Error> {
+        // Before the Raft instance exists: nothing is handled before it.
+        let started = std::time::Instant::now();
         let raft_config = Arc::new(config.raft_config()?);
         let client = match client {
             Some(client) => client,
@@ -169,8 +174,15 @@ impl Registry {
                 state_machine,
                 client,
                 heartbeats,
+                heard: heard::Heard::new(started),
             }),
         })
+    }
+
+    /// When this replica last handled each leader term's AppendEntries
+    /// (served by `raft_router`).
+    pub fn heard(&self) -> &heard::Heard {
+        &self.inner.heard
     }
 
     /// This replica's node id.

@@ -27,13 +27,25 @@ pub const RPC_TIMEOUT_MS_DEFAULT: u64 = 1_000;
 /// member that times out on large entries is not sent them again at once.
 pub const APPEND_CAP_GROWTH_ENTRIES: u64 = 1;
 
-/// Lower bound of the randomized election timeout: six missed heartbeats, and
-/// longer than one RPC timeout, before a follower campaigns.
-pub const ELECTION_TIMEOUT_MIN_MS_DEFAULT: u64 = 1_500;
+/// Lower bound of the randomized election timeout: four missed heartbeats, and
+/// longer than one RPC timeout, before a follower campaigns (after openraft's
+/// leader lease, below).
+pub const ELECTION_TIMEOUT_MIN_MS_DEFAULT: u64 = 1_100;
 
-/// Upper bound of the randomized election timeout. The 1.5 s spread makes split
-/// votes between regions rare.
-pub const ELECTION_TIMEOUT_MAX_MS_DEFAULT: u64 = 3_000;
+/// Upper bound of the randomized election timeout. The 0.5 s spread, more
+/// than a vote's round trip (the slowest inter-region round trip and the
+/// voter's fsync), makes split votes between regions rare. openraft 0.9 also takes it as its leader lease: a
+/// follower that heard from a leader campaigns only this long plus its
+/// election timeout after the last heartbeat, and refuses votes until this
+/// long after it (`ELECTION_MS_MAX`).
+pub const ELECTION_TIMEOUT_MAX_MS_DEFAULT: u64 = 1_600;
+
+/// The longest a registry election takes once its leader is gone: openraft's
+/// leader lease (`ELECTION_TIMEOUT_MAX_MS_DEFAULT`), then a follower's election
+/// timeout, then one vote round. The region lease of the server outlasts it
+/// (asserted there). The timeouts were 1.5-3 s (6 s in all) until issue 39.
+pub const ELECTION_MS_MAX: u64 =
+    2 * ELECTION_TIMEOUT_MAX_MS_DEFAULT + INTER_REGION_RTT_MS_MAX + LOG_FSYNC_MS_MAX;
 
 /// Time a follower may spend receiving one snapshot chunk. openraft's 200 ms default is
 /// less than one inter-region round trip for a multi-megabyte chunk.
@@ -101,6 +113,10 @@ const _: () = assert!(RPC_TIMEOUT_MS_DEFAULT >= 2 * (INTER_REGION_RTT_MS_MAX + L
 const _: () = assert!(RPC_TIMEOUT_MS_DEFAULT < ELECTION_TIMEOUT_MIN_MS_DEFAULT);
 const _: () = assert!(ELECTION_TIMEOUT_MIN_MS_DEFAULT < ELECTION_TIMEOUT_MAX_MS_DEFAULT);
 const _: () = assert!(INSTALL_SNAPSHOT_TIMEOUT_MS_DEFAULT >= ELECTION_TIMEOUT_MAX_MS_DEFAULT);
+const _: () = assert!(
+    ELECTION_TIMEOUT_MAX_MS_DEFAULT - ELECTION_TIMEOUT_MIN_MS_DEFAULT
+        >= INTER_REGION_RTT_MS_MAX + LOG_FSYNC_MS_MAX
+);
 // A write must outlast one full election (a leader dies, followers time out, a new
 // leader is voted in) before reporting NoLeader.
 const _: () = assert!(

@@ -759,20 +759,29 @@ async fn snapshot_from<C: NodeGroup>(
 /// by a follower's `Registry::write`), which answers `ForwardToLeader` if this node
 /// is no longer the leader and never forwards again itself.
 pub fn raft_router(registry: Registry) -> Router {
-    let write = Router::new()
+    // `group_router`'s routes, but the registry's appends are noted (`Heard`)
+    // on their way to the replica.
+    let with_registry = Router::new()
+        .route(&rpc_path(GROUP, "append"), post(append_heard))
         .route(&rpc_path(GROUP, "write"), post(write))
+        .with_state(registry.clone());
+    let with_raft = Router::new()
+        .route(
+            &rpc_path(GROUP, "vote"),
+            post(vote::<crate::types::TypeConfig>),
+        )
+        .route(
+            &rpc_path(GROUP, "snapshot"),
+            post(snapshot::<crate::types::TypeConfig>),
+        )
+        .with_state(registry.raft().clone());
+    with_registry
+        .merge(with_raft)
         .layer(DefaultBodyLimit::max(RPC_BODY_BYTES_MAX))
         .route_layer(middleware::from_fn_with_state(
             registry.credentials().clone(),
             require_credential,
         ))
-        .with_state(registry.clone());
-    group_router(
-        GROUP,
-        registry.raft().clone(),
-        registry.credentials().clone(),
-    )
-    .merge(write)
 }
 
 /// Refused Raft calls of this process, summarised in the log: a sweep of the
@@ -864,6 +873,20 @@ async fn append<C: NodeGroup>(State(raft): State<openraft::Raft<C>>, body: Bytes
         Err(e) => return bad_request(e),
     };
     reply(&raft.append_entries(request).await)
+}
+
+/// `append` for the registry's own group: notes when it handled an
+/// AppendEntries of the sender's term, after handling it (the sender's answer
+/// leaves later still).
+async fn append_heard(State(registry): State<Registry>, body: Bytes) -> HttpResponse {
+    let request: AppendEntriesRequest<crate::types::TypeConfig> = match codec::decode(&body) {
+        Ok(request) => request,
+        Err(e) => return bad_request(e),
+    };
+    let term = request.vote.leader_id().term;
+    let answer = registry.raft().append_entries(request).await;
+    registry.heard().note(term, std::time::Instant::now());
+    reply(&answer)
 }
 
 async fn vote<C: NodeGroup>(State(raft): State<openraft::Raft<C>>, body: Bytes) -> HttpResponse {

@@ -148,8 +148,10 @@ pub struct Config {
     pub store_cache_bytes: u64,
     /// Fail a region over to its standby on its own once no node of it has
     /// been ready for this long (unset: never; a failover is an operator's
-    /// decision). At least `REGION_LEASE_MS` plus a registry election, so that
-    /// a registry leader change never looks like a lost region.
+    /// decision). At least `AUTO_FAILOVER_AFTER_MS_MIN` (2 s): a registry
+    /// leader change does not make a region unready (its lease outlasts an
+    /// election), so a short value risks only failovers of regions that were
+    /// slow to answer, not of healthy ones during an election.
     #[serde(default, with = "humantime_serde_option")]
     pub auto_failover_after: Option<Duration>,
     /// The region acknowledges a write only while its standby has confirmed

@@ -4,10 +4,16 @@
 //! `BeginFailover` fenced the failed region in the registry: from its commit on
 //! none of that region's nodes can renew its lease (`lease.rs`), so within
 //! `REGION_LEASE_MS` it executes nothing more. The driver therefore waits the
-//! lease out (plus `FAILOVER_LEASE_MARGIN_MS` for clock rates and the moment
-//! between the registry leader's commit and its apply) before it reads any copy:
-//! from then on no copy can grow, and the region that lost its tenants cannot
-//! acknowledge anything new for them. Then it asks every node of this region
+//! lease out before it reads any copy: until the end the registry's leader
+//! gives for it (`lease::lease_end`: one lease after the region's last
+//! contact, which for a killed or cut off region was before the failover
+//! began), or else one lease after the driver first saw the failover,
+//! whichever comes first, plus `FAILOVER_LEASE_MARGIN_MS` for clock rates and
+//! the moment between the registry leader's commit and its apply. From then
+//! on no copy can grow, and the region that lost its tenants cannot
+//! acknowledge anything new for them. The wait's progress is reported to the
+//! registry as the operation's `progress`. Then it asks every node of this
+//! region
 //! where its copy of the failed region's store stands, has the best one
 //! (`choose_copy`: the latest last log id, term first, among the answers of a
 //! majority of this region's nodes) promoted and imported into this region's
@@ -29,15 +35,16 @@
 //! acknowledged and its standby lacked, which is an operator's call.
 
 use crate::limits::{
-    FAILOVER_CHECK_MS, FAILOVER_DRIVE_ATTEMPTS_MAX, FAILOVER_LEASE_MARGIN_MS, LOST_BOUND_MARGIN_MS,
-    REGION_LEASE_MS,
+    AUTO_FAILOVER_UNSEEN_MS, FAILOVER_CHECK_MS, FAILOVER_DRIVE_ATTEMPTS_MAX,
+    FAILOVER_LEASE_MARGIN_MS, FAILOVER_PROGRESS_STEP, FAILOVER_WAIT_PROGRESS_SHARE,
+    LOST_BOUND_MARGIN_MS, REGION_LEASE_MS,
 };
 use crate::node::{now, Node};
 use crate::peers::{Call, CallKind, To};
 use keyhold_registry::{LostEstimate, NodeId, Operation, Request, Response as RegistryResponse};
 use keyhold_store::LogTail;
 use serde::Deserialize;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -84,38 +91,158 @@ struct Imported {
     events: u64,
 }
 
+/// Set in a node's environment (tests only): failover operations, by id and
+/// comma-separated, that this node's driver leaves alone, so that a test can
+/// take their steps by hand (`tests/failover_import.rs`). The driver no
+/// longer waits a whole lease after it first sees a failover of a region
+/// that is long gone, so timing alone no longer keeps it out of the way.
+const FAULT_DRIVER_SKIPS: &str = "KEYHOLD_FAULT_FAILOVER_DRIVER_SKIPS";
+
+/// True if the test environment tells the driver to leave `operation_id` alone.
+fn skipped_by_fault(operation_id: &str) -> bool {
+    std::env::var(FAULT_DRIVER_SKIPS)
+        .is_ok_and(|ids| ids.split(',').any(|id| id.trim() == operation_id))
+}
+
+/// What the driver knows of one running failover to its region.
+#[derive(Debug)]
+struct Tracked {
+    /// When this node first saw it; the fence was committed before.
+    first_seen: Instant,
+    /// When the failed region's lease ends at the latest (margin included),
+    /// once the registry's leader said.
+    lease_ends: Option<Instant>,
+    /// Attempts that failed.
+    failures: u32,
+    /// The progress last reported to the registry.
+    reported: f64,
+}
+
+impl Tracked {
+    fn new(first_seen: Instant) -> Tracked {
+        Tracked {
+            first_seen,
+            lease_ends: None,
+            failures: 0,
+            reported: 0.0,
+        }
+    }
+
+    /// When the failed region certainly executes nothing more: the registry
+    /// leader's bound, or one lease and the margin after the first sighting.
+    fn wait_over_at(&self) -> Instant {
+        let fallback = self.first_seen + Duration::from_millis(FAILOVER_FENCE_WAIT_MS);
+        self.lease_ends.map_or(fallback, |end| end.min(fallback))
+    }
+
+    /// The share of the whole failover the wait stands for at `now`, if it
+    /// moved by a reporting step since the last report.
+    fn progress_to_report(&mut self, now: Instant) -> Option<f64> {
+        let whole = self
+            .wait_over_at()
+            .saturating_duration_since(self.first_seen);
+        let done = now.saturating_duration_since(self.first_seen);
+        let share = if whole.is_zero() {
+            1.0
+        } else {
+            (done.as_secs_f64() / whole.as_secs_f64()).min(1.0)
+        };
+        let progress = share * FAILOVER_WAIT_PROGRESS_SHARE;
+        if progress < self.reported + FAILOVER_PROGRESS_STEP {
+            return None;
+        }
+        self.reported = progress;
+        Some(progress)
+    }
+}
+
 /// Until `stop`: every `FAILOVER_CHECK_MS`, on the leader of this region's
 /// store, drives the running failovers to this region whose fence wait is
 /// over, one at a time.
 pub async fn run(node: Arc<Node>, stop: watch::Receiver<bool>) {
     let mut ticker = crate::Ticker::new(Duration::from_millis(FAILOVER_CHECK_MS), stop);
-    // When this node first saw each failover, and how many attempts failed.
-    let mut seen: HashMap<String, (Instant, u32)> = HashMap::new();
+    let mut seen: HashMap<String, Tracked> = HashMap::new();
     while ticker.tick().await {
         let running = crate::operations::failovers_to(node.registry(), node.region());
         seen.retain(|id, _| running.iter().any(|op| &op.operation_id == id));
         for op in running {
-            let (first_seen, failures) = *seen
+            let tracked = seen
                 .entry(op.operation_id.clone())
-                .or_insert((Instant::now(), 0));
-            if !node.leads_region()
-                || first_seen.elapsed() < Duration::from_millis(FAILOVER_FENCE_WAIT_MS)
-            {
+                .or_insert_with(|| Tracked::new(Instant::now()));
+            if !node.leads_region() || skipped_by_fault(&op.operation_id) {
                 continue;
+            }
+            if tracked.lease_ends.is_none() {
+                tracked.lease_ends = ask_lease_end(&node, &op.from).await;
+            }
+            let now = Instant::now();
+            if now < tracked.wait_over_at() {
+                if let Some(progress) = tracked.progress_to_report(now) {
+                    report_progress(&node, &op, progress);
+                }
+                continue;
+            }
+            // The wait is over: said once, so that a drill can tell the
+            // lease wait from the import (`keyhold drill`'s phases).
+            if tracked.reported < FAILOVER_WAIT_PROGRESS_SHARE {
+                tracked.reported = FAILOVER_WAIT_PROGRESS_SHARE;
+                report_progress(&node, &op, FAILOVER_WAIT_PROGRESS_SHARE);
             }
             match drive(&node, &op).await {
                 Ok(()) => {}
-                Err(error) if failures + 1 >= FAILOVER_DRIVE_ATTEMPTS_MAX => {
+                Err(error) if tracked.failures + 1 >= FAILOVER_DRIVE_ATTEMPTS_MAX => {
                     tracing::error!(operation = %op.operation_id, error, "failover failed");
                     fail(&node, &op, error).await;
                 }
                 Err(error) => {
                     tracing::warn!(operation = %op.operation_id, error, "failover step failed; retrying");
-                    seen.insert(op.operation_id.clone(), (first_seen, failures + 1));
+                    tracked.failures += 1;
                 }
             }
         }
     }
+}
+
+/// When the fenced `region`'s lease ends at the latest, margin included, by
+/// the registry's leader (this node or the one it knows); `None` while no
+/// leader can say (the driver falls back on the first sighting).
+async fn ask_lease_end(node: &Node, region: &str) -> Option<Instant> {
+    let end = if node.registry().leader() == Some(node.registry().id()) {
+        crate::lease::lease_end(node, region).await.ok()?
+    } else {
+        let leader = node.registry().leader()?;
+        let info = node.registry().nodes().get(&leader)?.clone();
+        let call = Call::get(
+            CallKind::LeaseEnd,
+            format!("/internal/v1/registry/lease-end?region={region}"),
+        );
+        node.peers()
+            .call_json::<crate::lease::LeaseEnd>(To::Node(&info.api_addr), &call)
+            .await
+            .ok()?
+    };
+    // Counted from the answer's arrival, later than the leader's reckoning.
+    let left = Duration::from_millis(end.holds_ms_max + FAILOVER_LEASE_MARGIN_MS);
+    tracing::info!(%region, lease_left_ms = end.holds_ms_max, "failover: the fenced region's lease bound");
+    Some(Instant::now() + left)
+}
+
+/// Reports a running failover's progress to the registry, in the background:
+/// a slow registry never holds the failover up for it.
+fn report_progress(node: &Arc<Node>, op: &Operation, progress: f64) {
+    let request = Request::UpdateOperation {
+        operation_id: op.operation_id.clone(),
+        state: op.state,
+        progress,
+        error: None,
+        now_ms: now().0,
+    };
+    let node = node.clone();
+    tokio::spawn(async move {
+        if let Err(e) = node.registry().write(request).await {
+            tracing::debug!(error = %e, "failover progress not reported");
+        }
+    });
 }
 
 /// One attempt at the whole failover, from the copies to the registry.
@@ -338,6 +465,8 @@ pub async fn watch(node: Arc<Node>, stop: watch::Receiver<bool>) {
     let mut ticker = crate::Ticker::new(Duration::from_millis(FAILOVER_CHECK_MS), stop);
     // Since when each watched region has not been ready, as this leader saw it.
     let mut down_since: HashMap<String, Instant> = HashMap::new();
+    // The watched regions this node has seen ready since it started.
+    let mut seen_ready: HashSet<String> = HashSet::new();
     while ticker.tick().await {
         if !node.leads_region() {
             down_since.clear();
@@ -346,17 +475,34 @@ pub async fn watch(node: Arc<Node>, stop: watch::Receiver<bool>) {
         for region in &watched {
             if region_is_ready(&node, region).await {
                 down_since.remove(region);
+                seen_ready.insert(region.clone());
                 continue;
             }
             let since = *down_since
                 .entry(region.clone())
                 .or_insert_with(Instant::now);
-            if since.elapsed() < after || !worth_failing_over(&node, region) {
+            if since.elapsed() < unready_limit(after, seen_ready.contains(region))
+                || !worth_failing_over(&node, region)
+            {
                 continue;
             }
             begin_automatic(&node, region, since.elapsed()).await;
             down_since.remove(region);
         }
+    }
+}
+
+/// How long a watched region may stay unready before it is failed over:
+/// `auto_failover_after` once this node has seen it ready, else at least
+/// `AUTO_FAILOVER_UNSEEN_MS`. A whole cluster restarted at once brings its
+/// regions up one after the other, seconds apart on a loaded machine; a
+/// watcher that just started must not take a region that is still starting
+/// for a lost one.
+fn unready_limit(after: Duration, seen_ready: bool) -> Duration {
+    if seen_ready {
+        after
+    } else {
+        after.max(Duration::from_millis(AUTO_FAILOVER_UNSEEN_MS))
     }
 }
 
@@ -401,9 +547,56 @@ async fn begin_automatic(node: &Node, region: &str, down_for: Duration) {
 
 #[cfg(test)]
 mod tests {
-    use super::{choose_copy, lost_bound, CopyPosition, Protection};
-    use crate::limits::LOST_BOUND_MARGIN_MS;
-    use std::time::Duration;
+    use super::{
+        choose_copy, lost_bound, CopyPosition, Protection, Tracked, FAILOVER_FENCE_WAIT_MS,
+    };
+    use crate::limits::{
+        FAILOVER_PROGRESS_STEP, FAILOVER_WAIT_PROGRESS_SHARE, LOST_BOUND_MARGIN_MS,
+    };
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_region_never_seen_ready_since_the_watcher_started_gets_longer() {
+        let after = Duration::from_secs(2);
+        assert_eq!(super::unready_limit(after, true), after);
+        assert_eq!(
+            super::unready_limit(after, false),
+            Duration::from_millis(crate::limits::AUTO_FAILOVER_UNSEEN_MS)
+        );
+        let long = Duration::from_secs(600);
+        assert_eq!(super::unready_limit(long, false), long);
+    }
+
+    #[test]
+    fn the_wait_ends_at_the_registry_leader_s_bound_or_one_lease_after_the_first_sighting() {
+        let first = Instant::now();
+        let mut tracked = Tracked::new(first);
+        let fallback = first + Duration::from_millis(FAILOVER_FENCE_WAIT_MS);
+        assert_eq!(tracked.wait_over_at(), fallback);
+        // A region killed before the failover began: its lease ends sooner.
+        tracked.lease_ends = Some(first + Duration::from_millis(1_200));
+        assert_eq!(tracked.wait_over_at(), first + Duration::from_millis(1_200));
+        // A bound past the fallback (a leader elected late) never delays it.
+        tracked.lease_ends = Some(fallback + Duration::from_secs(3));
+        assert_eq!(tracked.wait_over_at(), fallback);
+    }
+
+    #[test]
+    fn the_wait_s_progress_is_reported_in_steps_up_to_its_share() {
+        let first = Instant::now();
+        let mut tracked = Tracked::new(first);
+        tracked.lease_ends = Some(first + Duration::from_millis(4_000));
+        let at = |ms| first + Duration::from_millis(ms);
+        assert_eq!(tracked.progress_to_report(at(0)), None);
+        let half = tracked.progress_to_report(at(2_000)).expect("moved");
+        assert!((half - FAILOVER_WAIT_PROGRESS_SHARE / 2.0).abs() < 1e-9);
+        // Less than a step further: nothing to report.
+        let small = Duration::from_secs_f64(4.0 * FAILOVER_PROGRESS_STEP / 2.0);
+        assert_eq!(tracked.progress_to_report(at(2_000) + small), None);
+        let end = tracked.progress_to_report(at(9_000)).expect("moved");
+        assert!((end - FAILOVER_WAIT_PROGRESS_SHARE).abs() < 1e-9);
+        assert_eq!(tracked.progress_to_report(at(10_000)), None);
+    }
 
     fn at(node_id: u64, last_log_term: u64, last_log_index: u64) -> CopyPosition {
         CopyPosition {

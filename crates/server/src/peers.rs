@@ -18,10 +18,10 @@
 use crate::limits::{
     ADMIN_CALL_TIMEOUT_MS, FAILOVER_CALL_TIMEOUT_MS, FAILOVER_COPY_TIMEOUT_MS,
     FAILOVER_HEALTH_PROBE_MS, FAILOVER_IMPORT_TIMEOUT_MS, FORWARD_TIMEOUT_MS,
-    MEMBERSHIP_CALL_TIMEOUT_MS, MOVE_CALL_TIMEOUT_MS, MOVE_FENCE_CALL_TIMEOUT_MS,
-    MOVE_PULL_CALL_TIMEOUT_MS, RECONCILE_MARKERS_CALL_TIMEOUT_MS, REGION_LEADER_POLL_MS,
-    REGION_LEADER_WAIT_MS, REGION_UNCONFIRMED_WAIT_MS, REGISTRY_CONTACT_TIMEOUT_MS,
-    STANDBY_LAG_CALL_TIMEOUT_MS,
+    LEASE_END_CALL_TIMEOUT_MS, MEMBERSHIP_CALL_TIMEOUT_MS, MOVE_CALL_TIMEOUT_MS,
+    MOVE_FENCE_CALL_TIMEOUT_MS, MOVE_PULL_CALL_TIMEOUT_MS, RECONCILE_MARKERS_CALL_TIMEOUT_MS,
+    REGION_LEADER_POLL_MS, REGION_LEADER_WAIT_MS, REGION_UNCONFIRMED_WAIT_MS,
+    REGISTRY_CONTACT_TIMEOUT_MS, STANDBY_LAG_CALL_TIMEOUT_MS,
 };
 use crate::problem::ApiError;
 use axum::body::Bytes;
@@ -51,6 +51,9 @@ pub enum CallKind {
     Admin,
     /// The registry leader's age of its last quorum contact (the lease).
     QuorumAge,
+    /// The registry leader's bound on how much longer a fenced region's
+    /// lease may hold (a failover's wait).
+    LeaseEnd,
     /// A region leader's report of its standby's lag.
     StandbyLag,
     /// A membership change on a group's leader.
@@ -80,6 +83,7 @@ impl CallKind {
             CallKind::Forward => FORWARD_TIMEOUT_MS,
             CallKind::Admin => ADMIN_CALL_TIMEOUT_MS,
             CallKind::QuorumAge => REGISTRY_CONTACT_TIMEOUT_MS,
+            CallKind::LeaseEnd => LEASE_END_CALL_TIMEOUT_MS,
             CallKind::StandbyLag => STANDBY_LAG_CALL_TIMEOUT_MS,
             CallKind::Membership => MEMBERSHIP_CALL_TIMEOUT_MS,
             CallKind::MoveStep => MOVE_CALL_TIMEOUT_MS,

@@ -73,6 +73,50 @@ async fn quorum_age(
     }
 }
 
+#[derive(Deserialize)]
+struct FencedQuery {
+    /// The region a failover fences.
+    region: String,
+}
+
+/// `GET /internal/v1/registry/lease-end?region=R`: on the registry's leader,
+/// at most how much longer a lease of R, which a running failover fences, may
+/// hold; elsewhere 503 with `Keyhold-Not-Leader`; 409 `conflict` while R is
+/// not fenced (by this replica) or its lease is bounded only from the fence.
+async fn lease_end(
+    State(node): State<Arc<Node>>,
+    StrictQuery(q): StrictQuery<FencedQuery>,
+) -> Response {
+    use crate::lease::NoLeaseEnd;
+    match crate::lease::lease_end(&node, &q.region).await {
+        Ok(end) => json_response(200, serde_json::to_vec(&end).expect("json")),
+        Err(NoLeaseEnd::NotLeader) => super::leader::not_leader(),
+        Err(NoLeaseEnd::NotFenced) => ApiError::new(Problem::Conflict)
+            .detail(format!("no failover of region {} runs", q.region))
+            .into_response(),
+        Err(NoLeaseEnd::Unknown) => ApiError::new(Problem::Conflict)
+            .detail("a node of an earlier release renews its lease here: no bound is known")
+            .into_response(),
+    }
+}
+
+#[derive(Deserialize)]
+struct HeardQuery {
+    /// The asking registry leader's term.
+    before_term: u64,
+}
+
+/// `GET /internal/v1/registry/heard?before_term=T`, on any registry voter: how
+/// long ago it last handled an AppendEntries of a leader before term T, or
+/// proved a contact as one (`lease::heard_before`).
+async fn heard(State(node): State<Arc<Node>>, StrictQuery(q): StrictQuery<HeardQuery>) -> Response {
+    let at = crate::lease::heard_before(&node, q.before_term);
+    let heard = crate::lease::Heard {
+        ms_ago: u64::try_from(at.elapsed().as_millis()).unwrap_or(u64::MAX),
+    };
+    json_response(200, serde_json::to_vec(&heard).expect("json"))
+}
+
 /// `GET /internal/v1/standby/lag` (on the region store's leader): this region's
 /// standby and its lag.
 async fn standby_lag(State(node): State<Arc<Node>>) -> Response {
@@ -108,6 +152,8 @@ pub fn router(node: Arc<Node>) -> Router<Arc<Node>> {
     // The registry leader's quorum age, for the other nodes' region leases.
     let quorum = Router::new()
         .route("/internal/v1/registry/quorum-age", get(quorum_age))
+        .route("/internal/v1/registry/lease-end", get(lease_end))
+        .route("/internal/v1/registry/heard", get(heard))
         .route_layer(axum::middleware::from_fn_with_state(
             node.clone(),
             super::require_node_credential,
