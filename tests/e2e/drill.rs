@@ -18,6 +18,37 @@ fn drills_of_an_isolated_and_of_a_killed_region_pass_and_report_their_figures() 
     }
 }
 
+/// Issue 39: `keyhold drill --auto` on a cluster that fails regions over by
+/// itself (`--auto-failover-after 2s`) asks for nothing, waits for the
+/// cluster's failover, passes, and splits the window by phase; the clients
+/// are served again within the contract's 10 s, each phase in its place.
+#[test]
+fn an_automatic_drill_waits_for_the_cluster_s_failover_and_splits_the_window() {
+    let cluster = Cluster::start("a,b,c", &["--auto-failover-after", "2s"]);
+    for (region, fault, to) in [("a", "kill", "b"), ("b", "isolate", "c")] {
+        let report = drill::run_with(&cluster, region, fault, &["--auto"]);
+        drill::assert_passed(&report, to);
+        assert_eq!(report["trigger"], "automatic", "{report}");
+        let phases = &report["timings"]["phases"];
+        let served = phases["served_again_s"].as_f64().expect("served again");
+        assert!(
+            served < 10.0,
+            "served again only {served} s after the fault: {phases}"
+        );
+        let detection = phases["detection_s"].as_f64().unwrap();
+        assert!((1.5..served).contains(&detection), "{phases}");
+        let lease = phases["lease_wait_s"]
+            .as_f64()
+            .expect("the lease wait seen");
+        assert!(lease > 0.0 && detection + lease < served, "{phases}");
+        let timeline = report["timeline"].to_string();
+        assert!(
+            timeline.contains("failover begun by the cluster"),
+            "{timeline}"
+        );
+    }
+}
+
 /// Contract section 11: the drill takes its tenants from the registry when it
 /// starts, not from cluster.json (whose homes are those of `up`'s start). After
 /// region a's only tenant moved to b, a drill of a tests nothing: it is

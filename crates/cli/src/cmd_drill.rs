@@ -23,6 +23,11 @@ pub struct DrillArgs {
     /// Steady traffic before the fault, e.g. 10s.
     #[arg(long, value_parser = crate::duration, default_value = "10s")]
     duration: Duration,
+    /// Let the cluster fail the region over by itself (a cluster started with
+    /// `keyhold up --auto-failover-after`) instead of asking for it; the drill
+    /// waits for the cluster's failover and reports its phases alike.
+    #[arg(long)]
+    auto: bool,
     /// Also write the report as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -36,6 +41,11 @@ pub fn run(args: DrillArgs) -> anyhow::Result<()> {
         cluster_file: args.cluster,
         region: args.region,
         fault: keyhold_drill::Fault::parse(&args.fault)?,
+        trigger: if args.auto {
+            keyhold_drill::Trigger::Automatic
+        } else {
+            keyhold_drill::Trigger::Request
+        },
         rate: args.rate,
         duration: args.duration,
         progress: !args.quiet,

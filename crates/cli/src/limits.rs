@@ -28,3 +28,9 @@ const _: () = assert!(
             + keyhold_server::limits::REGION_LEASE_MS
             + keyhold_server::limits::FAILOVER_LEASE_MARGIN_MS
 );
+// `keyhold drill` tells the lease wait from the import by the progress the
+// failover's driver reports when its wait is over.
+const _: () = assert!(
+    keyhold_drill::limits::LEASE_WAITED_PROGRESS
+        == keyhold_server::limits::FAILOVER_WAIT_PROGRESS_SHARE
+);

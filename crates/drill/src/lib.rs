@@ -3,7 +3,7 @@
 //! region's tenants enters through every region (`traffic.rs`); then the
 //! fault (every node of the region killed, or the region isolated, through
 //! `up`'s control API), the failover to the region's standby through the
-//! admin API, the return (nodes started again, or the isolation healed), and
+//! admin API (or, with `--auto`, by the cluster itself), the return (nodes started again, or the isolation healed), and
 //! the region's reconciliation. The report (`report.rs`) measures what a
 //! person running the drill needs: time to detect, the window of failed
 //! requests, the estimated loss against what the drill's own client saw
@@ -66,12 +66,24 @@ impl Fault {
     }
 }
 
+/// Who starts the failover.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Trigger {
+    /// The drill asks for it (`POST /admin/v1/regions/{r}/failover`).
+    Request,
+    /// The cluster does (`keyhold up --auto-failover-after`); the drill only
+    /// waits for it (`--auto`).
+    Automatic,
+}
+
 /// One drill.
 #[derive(Debug, Clone)]
 pub struct Drill {
     pub cluster_file: PathBuf,
     pub region: String,
     pub fault: Fault,
+    pub trigger: Trigger,
     /// Orders per second over all regions.
     pub rate: f64,
     /// Steady traffic before the fault.
@@ -122,6 +134,7 @@ pub async fn run(drill: Drill) -> Result<Report, Error> {
     sleep_with(&progress, &traffic, drill.duration).await;
 
     let lag_at_fault = standby_lag(&calls, &other, &region).await.or(lag_before);
+    let earlier_failovers = failovers_of(&calls, &other, &region).await?;
     progress.phase(&format!("fault: {:?}", drill.fault), &traffic);
     let fault_at = Instant::now();
     inject(&calls, &region, drill.fault).await?;
@@ -130,9 +143,15 @@ pub async fn run(drill: Drill) -> Result<Report, Error> {
     let fault_in_effect_at = Instant::now();
 
     progress.phase("failover", &traffic);
-    let operation_id = request_failover(&calls, &other, &region).await?;
+    let operation_id = match drill.trigger {
+        Trigger::Request => request_failover(&calls, &other, &region).await?,
+        Trigger::Automatic => {
+            automatic_failover(&calls, &other, &region, &earlier_failovers).await?
+        }
+    };
     let failover_requested_at = Instant::now();
-    let done = wait_done(&calls, &other, &operation_id, &progress, &traffic).await?;
+    let (done, lease_waited_at) =
+        wait_done(&calls, &other, &operation_id, &progress, &traffic).await?;
     let done_at = Instant::now();
     sleep_with(&progress, &traffic, Duration::from_millis(AFTER_DONE_MS)).await;
 
@@ -157,18 +176,25 @@ pub async fn run(drill: Drill) -> Result<Report, Error> {
 
     progress.phase("verifying", &traffic);
     let acked = traffic.with_record(|r| r.acked.clone());
-    let timings =
-        traffic.with_record(|r| Timings::measure(r, fault_at, failover_requested_at, done_at));
     let orphans = reconciliation["orphans"]
         .as_array()
         .cloned()
         .unwrap_or_default();
     let to = done["result"]["to"].as_str().unwrap_or("").to_owned();
+    let marks = report::PhaseMarks {
+        fault_at,
+        begun_at: failover_requested_at,
+        lease_waited_at,
+        done_at,
+    };
+    let timings = traffic.with_record(|r| Timings::measure(r, marks, &to));
     let instants = Instants {
         clock,
         fault: drill.fault,
+        trigger: drill.trigger,
         fault_at,
         failover_requested_at,
+        lease_waited_at,
         done_at,
         returned_at,
         reconciled_at,
@@ -190,6 +216,7 @@ pub async fn run(drill: Drill) -> Result<Report, Error> {
         region,
         to,
         fault: drill.fault,
+        trigger: drill.trigger,
         operation_id,
         failover: done,
         lag_before_fault: lag_at_fault,
@@ -386,27 +413,79 @@ async fn request_failover(calls: &Calls, via: &str, region: &str) -> Result<Stri
     }
 }
 
+/// The ids of the failovers of `region` the registry lists now.
+async fn failovers_of(calls: &Calls, via: &str, region: &str) -> Result<Vec<String>, Error> {
+    let answer = calls.admin_get(via, "/admin/v1/operations").await?;
+    let Some(ops) = answer.body["data"]
+        .as_array()
+        .filter(|_| answer.status == 200)
+    else {
+        return Err(Error::Cluster(format!(
+            "listing the operations answered {}: {}",
+            answer.status, answer.body
+        )));
+    };
+    Ok(ops
+        .iter()
+        .filter(|op| op["kind"] == "failover" && op["from"] == region)
+        .filter_map(|op| op["operation_id"].as_str().map(str::to_owned))
+        .collect())
+}
+
+/// With `--auto`: waits for the cluster to begin a failover of `region` that
+/// is not among `earlier`, and answers its id.
+async fn automatic_failover(
+    calls: &Calls,
+    via: &str,
+    region: &str,
+    earlier: &[String],
+) -> Result<String, Error> {
+    let until = Instant::now() + Duration::from_millis(AUTO_FAILOVER_BEGIN_WAIT_MS);
+    while Instant::now() < until {
+        if let Ok(ids) = failovers_of(calls, via, region).await {
+            if let Some(id) = ids.into_iter().find(|id| !earlier.contains(id)) {
+                return Ok(id);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(FAILOVER_POLL_MS)).await;
+    }
+    Err(Error::Timeout(format!(
+        "the cluster began no failover of region {region} within {} s: was it started with \
+         keyhold up --auto-failover-after? (without --auto the drill asks for the failover)",
+        AUTO_FAILOVER_BEGIN_WAIT_MS / 1000
+    )))
+}
+
+/// Polls the failover until `done`; answers its operation and when the drill
+/// first saw its driver's lease wait over (`LEASE_WAITED_PROGRESS`), if it did.
 async fn wait_done(
     calls: &Calls,
     via: &str,
     operation_id: &str,
     progress: &Progress,
     traffic: &Traffic,
-) -> Result<Value, Error> {
+) -> Result<(Value, Option<Instant>), Error> {
     let until = Instant::now() + Duration::from_millis(FAILOVER_WAIT_MS);
     let path = format!("/admin/v1/operations/{operation_id}");
+    let mut lease_waited_at = None;
     while Instant::now() < until {
         if let Ok(a) = calls.admin_get(via, &path).await {
             match a.body["state"].as_str() {
-                Some("done") => return Ok(a.body),
+                Some("done") => return Ok((a.body, lease_waited_at)),
                 Some("failed") => {
                     return Err(Error::Cluster(format!("the failover failed: {}", a.body)))
                 }
                 _ => {}
             }
+            let waited = a.body["progress"]
+                .as_f64()
+                .is_some_and(|p| p >= LEASE_WAITED_PROGRESS - 1e-9);
+            if waited && lease_waited_at.is_none() {
+                lease_waited_at = Some(Instant::now());
+            }
         }
         progress.tick(traffic);
-        tokio::time::sleep(Duration::from_millis(POLL_MS)).await;
+        tokio::time::sleep(Duration::from_millis(FAILOVER_POLL_MS)).await;
     }
     Err(Error::Timeout(format!("failover {operation_id} not done")))
 }

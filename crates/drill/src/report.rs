@@ -3,7 +3,7 @@
 
 use crate::limits::ACK_TIME_TOLERANCE_MS;
 use crate::traffic::{Failed, Record};
-use crate::{Fault, Verdicts};
+use crate::{Fault, Trigger, Verdicts};
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
@@ -13,6 +13,8 @@ use std::time::{Instant, SystemTime};
 /// Timings from the drill's client's point of view, in seconds.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Timings {
+    /// Where the window went, phase by phase.
+    pub phases: Phases,
     /// From the fault to the client's first failed attempt.
     pub time_to_detect_s: Option<f64>,
     /// From the first failed attempt after the fault to the last.
@@ -25,13 +27,66 @@ pub struct Timings {
     pub failover_s: f64,
 }
 
+/// The window of a failover, split by phase (seconds), as the drill saw it
+/// (the failover's operation is polled every `FAILOVER_POLL_MS`): detection,
+/// the wait for the lost region's lease, the promotion and import of its
+/// copy with the registry's commit, and the clients finding the new home.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Phases {
+    /// From the fault to the client's first success in the new home: what
+    /// contract section 11 bounds (10 s with `--auto-failover-after 2s`).
+    pub served_again_s: Option<f64>,
+    /// From the fault to the failover's start: its request, or with `--auto`
+    /// the moment the drill first saw the cluster's own failover.
+    pub detection_s: f64,
+    /// From the start until the driver had waited the lost region's lease out
+    /// (its progress reached the wait's share); unknown if the drill saw only
+    /// `done`.
+    pub lease_wait_s: Option<f64>,
+    /// From then to `done`: reading the copies, promoting the best, importing
+    /// it and committing the new homes.
+    pub promotion_s: Option<f64>,
+    /// From `done` to the client's first success in the new home (0 when the
+    /// new home answered before the drill saw `done`).
+    pub clients_s: Option<f64>,
+}
+
+/// The moments the phases run between.
+#[derive(Debug, Clone, Copy)]
+pub struct PhaseMarks {
+    pub fault_at: Instant,
+    pub begun_at: Instant,
+    pub lease_waited_at: Option<Instant>,
+    pub done_at: Instant,
+}
+
+impl Phases {
+    pub fn measure(record: &Record, marks: PhaseMarks, to: &str) -> Phases {
+        let secs = |from: Instant, to: Instant| to.saturating_duration_since(from).as_secs_f64();
+        let first_success = record
+            .acked
+            .iter()
+            .filter(|a| a.at >= marks.fault_at && a.executed_in == to)
+            .map(|a| a.at)
+            .min();
+        Phases {
+            served_again_s: first_success.map(|at| secs(marks.fault_at, at)),
+            detection_s: secs(marks.fault_at, marks.begun_at),
+            lease_wait_s: marks.lease_waited_at.map(|at| secs(marks.begun_at, at)),
+            promotion_s: marks.lease_waited_at.map(|at| secs(at, marks.done_at)),
+            clients_s: first_success.map(|at| secs(marks.done_at, at)),
+        }
+    }
+}
+
 impl Timings {
-    pub fn measure(
-        record: &Record,
-        fault_at: Instant,
-        failover_requested_at: Instant,
-        done_at: Instant,
-    ) -> Timings {
+    pub fn measure(record: &Record, marks: PhaseMarks, to: &str) -> Timings {
+        let PhaseMarks {
+            fault_at,
+            begun_at: failover_requested_at,
+            done_at,
+            ..
+        } = marks;
         let failures: Vec<Instant> = record
             .failures
             .iter()
@@ -41,12 +96,29 @@ impl Timings {
         let first = failures.iter().min().copied();
         let last = failures.iter().max().copied();
         Timings {
+            phases: Phases::measure(record, marks, to),
             time_to_detect_s: first.map(|f| (f - fault_at).as_secs_f64()),
             failed_window_s: first.zip(last).map(|(f, l)| (l - f).as_secs_f64()),
             failed_attempts: failures.len() as u64,
             done_after_fault_s: (done_at - fault_at).as_secs_f64(),
             failover_s: (done_at - failover_requested_at).as_secs_f64(),
         }
+    }
+}
+
+impl Phases {
+    /// The phases on one line of the report's table.
+    pub fn line(&self) -> String {
+        let secs = |s: Option<f64>| s.map_or("-".to_owned(), |s| format!("{s:.2} s"));
+        format!(
+            "{} after the fault: detection {:.2} s, lease wait {}, promotion and commit {}, \
+             clients finding the new home {}",
+            secs(self.served_again_s),
+            self.detection_s,
+            secs(self.lease_wait_s),
+            secs(self.promotion_s),
+            secs(self.clients_s)
+        )
     }
 }
 
@@ -81,8 +153,12 @@ impl WallClock {
 pub struct Instants {
     pub clock: WallClock,
     pub fault: Fault,
+    pub trigger: Trigger,
     pub fault_at: Instant,
+    /// When the failover was requested, or with `--auto` first seen.
     pub failover_requested_at: Instant,
+    /// When the drill saw the driver's lease wait over, if it did.
+    pub lease_waited_at: Option<Instant>,
     pub done_at: Instant,
     pub returned_at: Instant,
     pub reconciled_at: Instant,
@@ -116,9 +192,13 @@ pub fn timeline(
         Fault::Kill => "fault: every node of the region killed",
         Fault::Isolate => "fault: the region isolated",
     };
+    let begun = match i.trigger {
+        Trigger::Request => "failover requested",
+        Trigger::Automatic => "failover begun by the cluster (--auto-failover-after)",
+    };
     let mut moments: Vec<(Instant, String)> = vec![
         (i.fault_at, fault.to_owned()),
-        (i.failover_requested_at, "failover requested".to_owned()),
+        (i.failover_requested_at, begun.to_owned()),
         (
             i.done_at,
             format!("failover done: {rehomed} tenants re-homed to {to}"),
@@ -129,6 +209,9 @@ pub fn timeline(
             format!("reconciliation done: {orphans} orphans listed"),
         ),
     ];
+    if let Some(at) = i.lease_waited_at {
+        moments.push((at, "the lost region's lease waited out".to_owned()));
+    }
     let after_fault: Vec<&Failed> = record
         .failures
         .iter()
@@ -227,6 +310,7 @@ pub struct Inputs {
     pub region: String,
     pub to: String,
     pub fault: Fault,
+    pub trigger: Trigger,
     pub operation_id: String,
     pub failover: Value,
     pub lag_before_fault: Option<Value>,
@@ -256,6 +340,7 @@ pub struct Report {
     pub region: String,
     pub to: String,
     pub fault: Fault,
+    pub trigger: Trigger,
     pub failover_operation_id: String,
     /// The failover's `result` (`at`, `estimated_lost`).
     pub failover_result: Value,
@@ -369,6 +454,7 @@ impl Report {
             region: i.region,
             to: i.to,
             fault: i.fault,
+            trigger: i.trigger,
             failover_operation_id: i.operation_id,
             failover_result: i.failover["result"].clone(),
             lag_before_fault: i.lag_before_fault,
@@ -449,10 +535,16 @@ impl Report {
             (
                 "failover done",
                 format!(
-                    "{:.2} s after the fault ({:.2} s after the request)",
-                    self.timings.done_after_fault_s, self.timings.failover_s
+                    "{:.2} s after the fault ({:.2} s after the {})",
+                    self.timings.done_after_fault_s,
+                    self.timings.failover_s,
+                    match self.trigger {
+                        Trigger::Request => "request",
+                        Trigger::Automatic => "cluster began it",
+                    }
                 ),
             ),
+            ("served again by phase", self.timings.phases.line()),
             (
                 "orders",
                 format!(
@@ -566,6 +658,7 @@ mod tests {
             region: "a".into(),
             to: "b".into(),
             fault: Fault::Isolate,
+            trigger: Trigger::Request,
             operation_id: "op_1".into(),
             failover: serde_json::json!({"result": {"at": 7, "estimated_lost": {"commands": 1, "seconds": 0.1}}}),
             lag_before_fault: None,
@@ -683,12 +776,13 @@ mod tests {
             successes: Vec::new(),
         };
         let fault = t0 + Duration::from_millis(1000);
-        let t = Timings::measure(
-            &record,
-            fault,
-            fault + Duration::from_millis(100),
-            fault + Duration::from_millis(9000),
-        );
+        let marks = PhaseMarks {
+            fault_at: fault,
+            begun_at: fault + Duration::from_millis(100),
+            lease_waited_at: None,
+            done_at: fault + Duration::from_millis(9000),
+        };
+        let t = Timings::measure(&record, marks, "b");
         assert_eq!(t.failed_attempts, 2);
         assert!((t.time_to_detect_s.unwrap() - 0.5).abs() < 1e-6);
         assert!((t.failed_window_s.unwrap() - 2.5).abs() < 1e-6);
@@ -697,6 +791,57 @@ mod tests {
         let per_order = HashMap::from([("o1".to_string(), 1), ("o2".to_string(), 2)]);
         let c = Charges::count(&["o1".into(), "o2".into(), "o3".into()], &per_order);
         assert_eq!((c.exactly_once, c.more_than_once, c.not_charged), (1, 1, 1));
+    }
+
+    /// Issue 39: the window is split by phase, from the fault to the first
+    /// success in the new home.
+    #[test]
+    fn the_window_splits_into_detection_lease_wait_promotion_and_clients() {
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        let record = Record {
+            acked: vec![
+                acked(ms(500), "a"),
+                acked(ms(6_900), "b"),
+                acked(ms(7_500), "b"),
+            ],
+            failures: vec![failed(ms(1_100), "owner-unreachable")],
+            successes: Vec::new(),
+        };
+        let marks = PhaseMarks {
+            fault_at: ms(1_000),
+            begun_at: ms(3_300),
+            lease_waited_at: Some(ms(6_500)),
+            done_at: ms(6_700),
+        };
+        let p = Phases::measure(&record, marks, "b");
+        let close = |a: Option<f64>, b: f64| (a.expect("measured") - b).abs() < 1e-6;
+        assert!(close(p.served_again_s, 5.9));
+        assert!(close(Some(p.detection_s), 2.3));
+        assert!(close(p.lease_wait_s, 3.2));
+        assert!(close(p.promotion_s, 0.2));
+        assert!(close(p.clients_s, 0.2));
+        assert!(
+            p.line()
+                .starts_with("5.90 s after the fault: detection 2.30 s, lease wait 3.20 s"),
+            "{}",
+            p.line()
+        );
+        // Without the lease wait seen, those phases are unknown, not zero.
+        let p = Phases::measure(
+            &record,
+            PhaseMarks {
+                lease_waited_at: None,
+                ..marks
+            },
+            "b",
+        );
+        assert_eq!((p.lease_wait_s, p.promotion_s), (None, None));
+        assert!(
+            p.line().contains("lease wait -, promotion and commit -"),
+            "{}",
+            p.line()
+        );
     }
 
     fn acked(at: Instant, executed_in: &str) -> crate::traffic::Acked {
@@ -739,8 +884,10 @@ mod tests {
         let instants = Instants {
             clock,
             fault: Fault::Isolate,
+            trigger: Trigger::Request,
             fault_at: ms(1_000),
             failover_requested_at: ms(1_100),
+            lease_waited_at: Some(ms(7_600)),
             done_at: ms(9_000),
             returned_at: ms(11_000),
             reconciled_at: ms(12_500),
@@ -756,6 +903,7 @@ mod tests {
                 "first failed request (store-unavailable)",
                 "registry leader node 1 -> none",
                 "registry leader none -> node 2",
+                "the lost region's lease waited out",
                 "last failed request (owner-unreachable)",
                 "failover done: 1 tenants re-homed to b",
                 "first success in the new home b",
@@ -766,7 +914,7 @@ mod tests {
         assert_eq!(moments[0].at, "2026-12-07T14:00:01.000Z");
         assert!((moments[2].after_fault_s - 0.15).abs() < 1e-6);
         // The acknowledgement in a at 4.0 s is not the new home's.
-        assert!((moments[7].after_fault_s - 8.3).abs() < 1e-6);
+        assert!((moments[8].after_fault_s - 8.3).abs() < 1e-6);
         let by_reason = failures_by_reason(&record, ms(1_000));
         assert_eq!(
             by_reason,

@@ -20,12 +20,18 @@ const STANDBY_CATCH_UP_TIMEOUT: Duration = Duration::from_secs(60);
 /// returns its JSON report, after printing its table and log (a CI log then
 /// shows the figures). The drill must exit 0 with a `PASS` verdict.
 pub fn run(cluster: &Cluster, region: &str, fault: &str) -> Value {
+    run_with(cluster, region, fault, &[])
+}
+
+/// `run` with more of `keyhold drill`'s options (`--auto`).
+pub fn run_with(cluster: &Cluster, region: &str, fault: &str, extra: &[&str]) -> Value {
     let report = cluster.data_dir().join(format!("drill-{region}.json"));
     let cluster_json = cluster.data_dir().join("cluster.json");
     let out = Command::new(KEYHOLD)
         .args(["drill", "--cluster"])
         .arg(&cluster_json)
         .args(["--region", region, "--fault", fault])
+        .args(extra)
         .args(["--rate", "30", "--duration", "3s", "--quiet", "--json"])
         .arg(&report)
         .output()
@@ -81,7 +87,8 @@ fn assert_timeline(report: &Value, to: &str) {
     };
     let in_order = [
         "fault: ",
-        "failover requested",
+        // "failover requested", or with --auto "failover begun by the cluster"
+        "failover ",
         "failover done: ",
         "the region is back",
         "reconciliation done: ",
