@@ -64,9 +64,24 @@ fn path_safe(id: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
-/// Whether an answer says "not now" rather than anything about the data.
-fn transient(status: u16) -> bool {
-    matches!(status, 409 | 421 | 429) || status >= 500
+/// Whether an answer says "not now" rather than anything about the data. A
+/// 409 is "not now" only as `request-in-progress`: `client-order-id-conflict`
+/// is an answer (chaos seed 2498: a failover lost the key's order, a new key
+/// then created the client order id's order in the new home, and the final
+/// replay of the lost key is refused for good; retrying it failed the read).
+fn transient(status: u16, body: &str) -> bool {
+    match status {
+        409 => problem_slug(body).is_none_or(|slug| slug == "request-in-progress"),
+        421 | 429 => true,
+        status => status >= 500,
+    }
+}
+
+/// The last path segment of a problem+json body's `type`.
+fn problem_slug(body: &str) -> Option<String> {
+    let value: serde_json::Value = serde_json::from_str(body).ok()?;
+    let kind = value.get("type")?.as_str()?;
+    kind.rsplit('/').next().map(str::to_owned)
 }
 
 impl Reader {
@@ -109,7 +124,7 @@ impl Reader {
                     continue;
                 }
             };
-            if transient(status) {
+            if transient(status, &body) {
                 last = format!("{status}: {body}");
                 continue;
             }
@@ -441,4 +456,24 @@ pub async fn read(
         });
     }
     Ok(state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::transient;
+
+    #[test]
+    fn a_409_is_retried_only_while_the_request_is_in_progress() {
+        let problem = |slug: &str| {
+            format!(r#"{{"type":"https://keyhold.dev/problems/{slug}","status":409}}"#)
+        };
+        assert!(transient(409, &problem("request-in-progress")));
+        assert!(!transient(409, &problem("client-order-id-conflict")));
+        // A 409 without a problem body says nothing final: retried.
+        assert!(transient(409, "not json"));
+        assert!(transient(503, &problem("owner-unreachable")));
+        assert!(transient(421, ""));
+        assert!(!transient(422, &problem("idempotency-key-reused")));
+        assert!(!transient(404, ""));
+    }
 }
