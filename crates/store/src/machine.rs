@@ -29,6 +29,11 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 
+/// What deciding one command gives: its answer, or why the state refuses it
+/// (`Ok(Err(_))`, which writes nothing); `Err` only when the store itself
+/// failed.
+type Decided = Result<Result<Applied, Rejection>, Error>;
+
 pub struct Machine {
     tree: sled::Tree,
 }
@@ -352,12 +357,50 @@ impl View<'_> {
     }
 
     /// The answer to one command and its writes (collected in `w`), or why the
-    /// command is refused.
-    fn decide(
-        &self,
-        w: &mut Writes,
-        command: &Command,
-    ) -> Result<Result<Applied, Rejection>, Error> {
+    /// command is refused: each family of commands is decided by its own
+    /// function.
+    fn decide(&self, w: &mut Writes, command: &Command) -> Decided {
+        match command {
+            Command::CreateOrder { .. } => self.decide_orders(w, command),
+            Command::Claim { .. } | Command::Complete { .. } | Command::Heartbeat { .. } => {
+                self.decide_claims(w, command)
+            }
+            Command::Sweep { .. } | Command::SweepKeys { .. } | Command::EraseTenant { .. } => {
+                self.decide_upkeep(w, command)
+            }
+            Command::ConsumeInventory { .. } | Command::ConsumePayment { .. } => {
+                self.decide_consume(w, command)
+            }
+            Command::ConsumeInventoryBatch { .. } | Command::ConsumePaymentBatch { .. } => {
+                self.decide_round(w, command)
+            }
+            Command::AdvanceCursor { .. } | Command::ReplayOutbox { .. } => {
+                self.decide_outbox(w, command)
+            }
+            Command::Fence { .. }
+            | Command::TrackChanges { .. }
+            | Command::EndTracking { .. }
+            | Command::Own { .. } => self.decide_moves(w, command),
+            Command::Import { .. } | Command::ImportChanges { .. } | Command::ImportPage { .. } => {
+                self.decide_imports(w, command)
+            }
+            Command::StandbyMatched { .. }
+            | Command::ReleaseHeld { .. }
+            | Command::OwnImported { .. }
+            | Command::AbandonImport { .. }
+            | Command::ImportEvents { .. } => self.decide_failover(w, command),
+            Command::RecordReconciliation { .. }
+            | Command::StageOrphans { .. }
+            | Command::RecordReport { .. }
+            | Command::FinishReconciliation { .. }
+            | Command::MarkLost { .. }
+            | Command::ReleaseCarriedReservations { .. } => self.decide_reconciliation(w, command),
+        }
+    }
+
+    /// `Command::CreateOrder`: the order its idempotency key makes, or the
+    /// answer of the one it made already.
+    fn decide_orders(&self, w: &mut Writes, command: &Command) -> Decided {
         let applied = match command {
             Command::CreateOrder {
                 scope,
@@ -378,6 +421,15 @@ impl View<'_> {
                 Ok(outcome) => Applied::Order(outcome),
                 Err(rejection) => return Ok(Err(rejection)),
             },
+            _ => unreachable!("`decide` routes only an order command here"),
+        };
+        Ok(Ok(applied))
+    }
+
+    /// The claim commands (`Claim`, `Complete`, `Heartbeat`): a lease on a
+    /// key's work, the work's result, and the lease kept alive meanwhile.
+    fn decide_claims(&self, w: &mut Writes, command: &Command) -> Decided {
+        let applied = match command {
             Command::Claim {
                 scope,
                 fingerprint,
@@ -447,6 +499,15 @@ impl View<'_> {
                     Ok(OwnerCheck::AlreadyCompleted) | Err(_) => HeartbeatOutcome::Stale,
                 })
             }
+            _ => unreachable!("`decide` routes only a claim command here"),
+        };
+        Ok(Ok(applied))
+    }
+
+    /// The upkeep commands: the sweeps of what expired and the erasure of a
+    /// deleted tenant.
+    fn decide_upkeep(&self, w: &mut Writes, command: &Command) -> Decided {
+        let applied = match command {
             Command::Sweep {
                 now,
                 entries_max,
@@ -458,6 +519,14 @@ impl View<'_> {
                 entries_max,
                 consumers,
             } => self.erase_tenant(w, tenant, *entries_max as usize, consumers)?,
+            _ => unreachable!("`decide` routes only an upkeep command here"),
+        };
+        Ok(Ok(applied))
+    }
+
+    /// A consumer's effect of one outbox event, in a command of its own.
+    fn decide_consume(&self, w: &mut Writes, command: &Command) -> Decided {
+        let applied = match command {
             Command::ConsumeInventory {
                 event_id,
                 order_id,
@@ -495,6 +564,15 @@ impl View<'_> {
                     Err(rejection) => return Ok(Err(rejection)),
                 }
             }
+            _ => unreachable!("`decide` routes only a consumer's command here"),
+        };
+        Ok(Ok(applied))
+    }
+
+    /// One relay round of a consumer: its events' effects, and its cursor
+    /// moved past them in the same write.
+    fn decide_round(&self, w: &mut Writes, command: &Command) -> Decided {
+        let applied = match command {
             Command::ConsumeInventoryBatch {
                 events,
                 now,
@@ -541,6 +619,53 @@ impl View<'_> {
                     }
                 },
             )?),
+            _ => unreachable!("`decide` routes only a relay round here"),
+        };
+        Ok(Ok(applied))
+    }
+
+    /// The consumers' cursors over the outbox: one moved on, or all moved
+    /// back for a replay.
+    fn decide_outbox(&self, w: &mut Writes, command: &Command) -> Decided {
+        let applied = match command {
+            Command::AdvanceCursor {
+                consumer,
+                seq,
+                generation,
+            } => Applied::Cursor(self.advance_cursor(w, *consumer, *seq, *generation)?),
+            Command::ReplayOutbox {
+                from_seq,
+                consumers,
+            } => {
+                let back_to = from_seq.saturating_sub(1);
+                for &consumer in consumers {
+                    let key = keys::cursor(consumer);
+                    let current: u64 = self.get(&key)?.unwrap_or(0);
+                    if current > back_to {
+                        w.put(key, &back_to);
+                    }
+                    // Always: a round in flight may be about to move the cursor
+                    // past `back_to` even if it is not there yet. The new
+                    // generation is this batch's number: newer than any a round
+                    // can have read, and the same when recovery applies the
+                    // command again, so the command stays a no-op on its result.
+                    let generation = w.number;
+                    w.put(keys::cursor_generation(consumer), &generation);
+                }
+                let events = self
+                    .range(&keys::outbox(*from_seq), &keys::outbox(u64::MAX))
+                    .count() as u64;
+                Applied::Replayed { events }
+            }
+            _ => unreachable!("`decide` routes only an outbox command here"),
+        };
+        Ok(Ok(applied))
+    }
+
+    /// A move's commands other than its imports: the fence at the old home,
+    /// the tracking of changes while the copy runs, and ownership.
+    fn decide_moves(&self, w: &mut Writes, command: &Command) -> Decided {
+        let applied = match command {
             Command::Fence {
                 tenant,
                 operation_id,
@@ -555,61 +680,6 @@ impl View<'_> {
                     TenantGuard::Owned { epoch: owned } => owned <= epoch,
                     other => other.epoch() < *epoch,
                 })?)
-            }
-            Command::Import {
-                tenant,
-                operation_id,
-                epoch,
-                entries,
-            } => {
-                let page = Page {
-                    operation_id,
-                    epoch: *epoch,
-                    generation: 0,
-                    entries,
-                    removed: &[],
-                };
-                match self.import(w, tenant, page)? {
-                    Ok(outcome) => Applied::Guard(outcome),
-                    Err(rejection) => return Ok(Err(rejection)),
-                }
-            }
-            Command::ImportChanges {
-                tenant,
-                operation_id,
-                epoch,
-                page,
-            } => {
-                let page = Page {
-                    operation_id,
-                    epoch: *epoch,
-                    generation: 0,
-                    entries: &page.entries,
-                    removed: &page.removed,
-                };
-                match self.import(w, tenant, page)? {
-                    Ok(outcome) => Applied::Guard(outcome),
-                    Err(rejection) => return Ok(Err(rejection)),
-                }
-            }
-            Command::ImportPage {
-                tenant,
-                operation_id,
-                epoch,
-                generation,
-                page,
-            } => {
-                let page = Page {
-                    operation_id,
-                    epoch: *epoch,
-                    generation: *generation,
-                    entries: &page.entries,
-                    removed: &page.removed,
-                };
-                match self.import(w, tenant, page)? {
-                    Ok(outcome) => Applied::Guard(outcome),
-                    Err(rejection) => return Ok(Err(rejection)),
-                }
             }
             Command::TrackChanges {
                 tenant,
@@ -647,6 +717,77 @@ impl View<'_> {
                 operation_id,
                 entries_max,
             } => self.end_tracking(w, tenant, operation_id, *entries_max as usize)?,
+            Command::Own { tenant, epoch } => {
+                let wanted = TenantGuard::Owned { epoch: *epoch };
+                Applied::Guard(
+                    self.set_guard(w, tenant, wanted, |current| current.epoch() < *epoch)?,
+                )
+            }
+            _ => unreachable!("`decide` routes only a move command here"),
+        };
+        Ok(Ok(applied))
+    }
+
+    /// A move's imports: each writes one page under the move's `Importing`
+    /// guard (`import`).
+    fn decide_imports(&self, w: &mut Writes, command: &Command) -> Decided {
+        let (tenant, page) = match command {
+            Command::Import {
+                tenant,
+                operation_id,
+                epoch,
+                entries,
+            } => {
+                let page = Page {
+                    operation_id,
+                    epoch: *epoch,
+                    generation: 0,
+                    entries,
+                    removed: &[],
+                };
+                (tenant, page)
+            }
+            Command::ImportChanges {
+                tenant,
+                operation_id,
+                epoch,
+                page,
+            } => {
+                let page = Page {
+                    operation_id,
+                    epoch: *epoch,
+                    generation: 0,
+                    entries: &page.entries,
+                    removed: &page.removed,
+                };
+                (tenant, page)
+            }
+            Command::ImportPage {
+                tenant,
+                operation_id,
+                epoch,
+                generation,
+                page,
+            } => {
+                let page = Page {
+                    operation_id,
+                    epoch: *epoch,
+                    generation: *generation,
+                    entries: &page.entries,
+                    removed: &page.removed,
+                };
+                (tenant, page)
+            }
+            _ => unreachable!("`decide` routes only an import command here"),
+        };
+        Ok(self.import(w, tenant, page)?.map(Applied::Guard))
+    }
+
+    /// The new home's side of a failover: the events it carries, the
+    /// ownership it gives, and the release or abandonment of what it held;
+    /// with the standby's progress that bounds what the failed region purges.
+    fn decide_failover(&self, w: &mut Writes, command: &Command) -> Decided {
+        let applied = match command {
             Command::StandbyMatched { index } => {
                 let known: u64 = self.get(keys::META_STANDBY_MATCHED)?.unwrap_or(0);
                 let index = known.max(*index);
@@ -655,6 +796,63 @@ impl View<'_> {
                 }
                 Applied::StandbyMatched { index }
             }
+            Command::ReleaseHeld {
+                tenant,
+                operation_id,
+                epoch,
+                bytes_max,
+            } => {
+                let importing = TenantGuard::Importing {
+                    operation_id: operation_id.clone(),
+                    epoch: *epoch,
+                };
+                let (entries, more) = if self.guard(tenant)? == Some(importing) {
+                    self.release_held(w, tenant, *bytes_max as usize)?
+                } else {
+                    (0, false)
+                };
+                Applied::Erased { entries, more }
+            }
+            Command::OwnImported {
+                tenant,
+                operation_id,
+                epoch,
+            } => {
+                let wanted = TenantGuard::Owned { epoch: *epoch };
+                Applied::Guard(self.set_guard(w, tenant, wanted, |current| match current {
+                    TenantGuard::Importing {
+                        operation_id: op,
+                        epoch: e,
+                    } if op == operation_id && e == epoch => true,
+                    other => other.epoch() < *epoch,
+                })?)
+            }
+            Command::AbandonImport {
+                tenant,
+                operation_id,
+                entries_max,
+                consumers,
+            } => self.abandon_import(w, tenant, operation_id, *entries_max as usize, consumers)?,
+            Command::ImportEvents {
+                tenant,
+                operation_id,
+                epoch,
+                events,
+                now,
+            } => match self.import_events(w, tenant, operation_id, *epoch, events, *now)? {
+                Ok(outcome) => Applied::Guard(outcome),
+                Err(rejection) => return Ok(Err(rejection)),
+            },
+            _ => unreachable!("`decide` routes only a failover command here"),
+        };
+        Ok(Ok(applied))
+    }
+
+    /// The returning region's side of a failover: its reconciliation report,
+    /// the marks of the tenants it lost, and the release of what they reserved
+    /// twice.
+    fn decide_reconciliation(&self, w: &mut Writes, command: &Command) -> Decided {
+        let applied = match command {
             Command::RecordReconciliation { reconciliation } => {
                 let key = keys::reconciliation(&reconciliation.operation_id);
                 let stored = match reconcile::recorded(self, &reconciliation.operation_id)? {
@@ -729,88 +927,7 @@ impl View<'_> {
                 operation_id,
                 entries_max,
             } => self.release_carried(w, tenant, operation_id, *entries_max as usize)?,
-            Command::ReleaseHeld {
-                tenant,
-                operation_id,
-                epoch,
-                bytes_max,
-            } => {
-                let importing = TenantGuard::Importing {
-                    operation_id: operation_id.clone(),
-                    epoch: *epoch,
-                };
-                let (entries, more) = if self.guard(tenant)? == Some(importing) {
-                    self.release_held(w, tenant, *bytes_max as usize)?
-                } else {
-                    (0, false)
-                };
-                Applied::Erased { entries, more }
-            }
-            Command::Own { tenant, epoch } => {
-                let wanted = TenantGuard::Owned { epoch: *epoch };
-                Applied::Guard(
-                    self.set_guard(w, tenant, wanted, |current| current.epoch() < *epoch)?,
-                )
-            }
-            Command::OwnImported {
-                tenant,
-                operation_id,
-                epoch,
-            } => {
-                let wanted = TenantGuard::Owned { epoch: *epoch };
-                Applied::Guard(self.set_guard(w, tenant, wanted, |current| match current {
-                    TenantGuard::Importing {
-                        operation_id: op,
-                        epoch: e,
-                    } if op == operation_id && e == epoch => true,
-                    other => other.epoch() < *epoch,
-                })?)
-            }
-            Command::AbandonImport {
-                tenant,
-                operation_id,
-                entries_max,
-                consumers,
-            } => self.abandon_import(w, tenant, operation_id, *entries_max as usize, consumers)?,
-            Command::ImportEvents {
-                tenant,
-                operation_id,
-                epoch,
-                events,
-                now,
-            } => match self.import_events(w, tenant, operation_id, *epoch, events, *now)? {
-                Ok(outcome) => Applied::Guard(outcome),
-                Err(rejection) => return Ok(Err(rejection)),
-            },
-            Command::AdvanceCursor {
-                consumer,
-                seq,
-                generation,
-            } => Applied::Cursor(self.advance_cursor(w, *consumer, *seq, *generation)?),
-            Command::ReplayOutbox {
-                from_seq,
-                consumers,
-            } => {
-                let back_to = from_seq.saturating_sub(1);
-                for &consumer in consumers {
-                    let key = keys::cursor(consumer);
-                    let current: u64 = self.get(&key)?.unwrap_or(0);
-                    if current > back_to {
-                        w.put(key, &back_to);
-                    }
-                    // Always: a round in flight may be about to move the cursor
-                    // past `back_to` even if it is not there yet. The new
-                    // generation is this batch's number: newer than any a round
-                    // can have read, and the same when recovery applies the
-                    // command again, so the command stays a no-op on its result.
-                    let generation = w.number;
-                    w.put(keys::cursor_generation(consumer), &generation);
-                }
-                let events = self
-                    .range(&keys::outbox(*from_seq), &keys::outbox(u64::MAX))
-                    .count() as u64;
-                Applied::Replayed { events }
-            }
+            _ => unreachable!("`decide` routes only a reconciliation command here"),
         };
         Ok(Ok(applied))
     }
@@ -1306,7 +1423,7 @@ impl View<'_> {
         report: &Reconciliation,
         pages: u32,
         listed: u64,
-    ) -> Result<Result<Applied, Rejection>, Error> {
+    ) -> Decided {
         let operation_id = &report.operation_id;
         if let Some(stored) = reconcile::recorded(self, operation_id)? {
             return Ok(Ok(Applied::Reconciliation(Box::new(stored))));
