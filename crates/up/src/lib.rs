@@ -29,7 +29,7 @@ use keyhold_server::config::{Downstream, Member};
 use keyhold_server::Config;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
@@ -95,14 +95,7 @@ pub async fn run(
 ) -> Result<(), Error> {
     layout::validate(&up.regions, up.nodes_per_region)?;
     let dir = up.data_dir.clone();
-    for sub in ["nodes", "logs"] {
-        std::fs::create_dir_all(dir.join(sub))?;
-    }
-    // A cluster.json from an earlier run must not be mistaken for readiness.
-    match std::fs::remove_file(dir.join(layout::CLUSTER_FILE)) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
-        _ => {}
-    }
+    prepare_data_dir(&dir)?;
     let mut secrets = layout::load_secrets(
         &dir,
         layout::Layout {
@@ -124,7 +117,62 @@ pub async fn run(
         up.inter_region_rtt.unwrap_or_default(),
     )
     .await?;
+    write_node_configs(&up, &plans, &secrets.admin_token, &psp_url, &credential)?;
 
+    let (stop_tx, _) = tokio::sync::broadcast::channel::<()>(1);
+    let psp = start_psp(&up, psp_listener, &stop_tx);
+
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .map_err(|e| Error::Config(format!("cannot build the HTTP client: {e}")))?;
+    let nodes = nodes::Nodes::new(&up.keyhold, &up.node_args, plans.clone(), http.clone());
+    let cluster_file = cluster_file(&up, &plans, &secrets.admin_token, psp_url, control_url);
+    let mut cluster = control::Cluster::new(
+        nodes,
+        links,
+        cluster_file,
+        dir.join(layout::CLUSTER_FILE),
+        up.regions.clone(),
+    );
+
+    let booted = boot(&cluster, &http, &mut secrets, &up).await;
+    match booted {
+        Ok(live) => cluster.file.tenants = live,
+        Err(e) => {
+            cluster.nodes.stop_all().await;
+            let _ = stop_tx.send(());
+            return Err(e);
+        }
+    }
+    log_ready(&cluster, &dir);
+    cluster.publish()?;
+    supervise(Arc::new(cluster), control_listener, stop_tx, psp, shutdown).await;
+    Ok(())
+}
+
+/// Makes the data dir's `nodes` and `logs` and removes the `cluster.json`
+/// of an earlier run.
+fn prepare_data_dir(dir: &Path) -> Result<(), Error> {
+    for sub in ["nodes", "logs"] {
+        std::fs::create_dir_all(dir.join(sub))?;
+    }
+    // A cluster.json from an earlier run must not be mistaken for readiness.
+    match std::fs::remove_file(dir.join(layout::CLUSTER_FILE)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Writes every node's config file, each validated first.
+fn write_node_configs(
+    up: &UpConfig,
+    plans: &[layout::NodePlan],
+    admin_token: &str,
+    psp_url: &str,
+    credential: &Path,
+) -> Result<(), Error> {
     // Every node reaches every other through the proxy in front of it: those
     // are the addresses the registry's membership holds. Every node is listed
     // in every node's config: the nodes of one region make its group.
@@ -138,12 +186,8 @@ pub async fn run(
         })
         .collect();
     let standbys = layout::standbys(&up.regions, &up.standby)?;
-    for plan in &plans {
-        let mut config = Config::new(
-            &plan.region,
-            plan.data_dir.clone(),
-            secrets.admin_token.clone(),
-        );
+    for plan in plans {
+        let mut config = Config::new(&plan.region, plan.data_dir.clone(), admin_token.to_owned());
         config.regions = up.regions.clone();
         config.standbys = standbys.clone();
         config.node_id = plan.id;
@@ -151,9 +195,9 @@ pub async fn run(
         config.listen = plan.api.to_string();
         config.raft_listen = plan.raft.to_string();
         config.outbound_ip = Some(layout::node_ip((plan.id - 1) as usize));
-        config.psp_url = Some(psp_url.clone());
+        config.psp_url = Some(psp_url.to_owned());
         config.downstream = up.downstream;
-        config.node_credential_file = Some(credential.clone());
+        config.node_credential_file = Some(credential.to_path_buf());
         if let Some(d) = up.response_ttl {
             config.response_ttl = d;
         }
@@ -172,29 +216,41 @@ pub async fn run(
         config.validate()?;
         layout::write_atomically(&plan.config_file, config.to_toml()?.as_bytes())?;
     }
+    Ok(())
+}
 
-    let (stop_tx, _) = tokio::sync::broadcast::channel::<()>(1);
-    let mut psp_stop = stop_tx.subscribe();
+/// Starts the fake payment provider on `listener`, until `stop` sends.
+fn start_psp(
+    up: &UpConfig,
+    listener: TcpListener,
+    stop: &tokio::sync::broadcast::Sender<()>,
+) -> tokio::task::JoinHandle<Result<(), keyhold_fakepsp::Error>> {
+    let mut psp_stop = stop.subscribe();
     let psp_config = keyhold_fakepsp::PspConfig {
-        data_dir: dir.join("psp"),
+        data_dir: up.data_dir.join("psp"),
         drop_response_rate: up.psp_drop_response_rate,
         decline_rate: up.psp_decline_rate,
         refuse_replay_rate: 0.0,
     };
-    let psp = tokio::spawn(async move {
-        keyhold_fakepsp::run(psp_config, psp_listener, async move {
+    tokio::spawn(async move {
+        keyhold_fakepsp::run(psp_config, listener, async move {
             let _ = psp_stop.recv().await;
         })
         .await
-    });
+    })
+}
 
-    let http = reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .map_err(|e| Error::Config(format!("cannot build the HTTP client: {e}")))?;
-    let nodes = nodes::Nodes::new(&up.keyhold, &up.node_args, plans.clone(), http.clone());
-    let cluster_file = ClusterFile {
-        admin_token: secrets.admin_token.clone(),
+/// The cluster's `cluster.json` as it is before the nodes are up: no tenants
+/// yet, no pids.
+fn cluster_file(
+    up: &UpConfig,
+    plans: &[layout::NodePlan],
+    admin_token: &str,
+    psp_url: String,
+    control_url: String,
+) -> ClusterFile {
+    ClusterFile {
+        admin_token: admin_token.to_owned(),
         // A region's entry names its first node; the others are in `nodes`.
         regions: plans
             .iter()
@@ -222,24 +278,11 @@ pub async fn run(
             .map_or(keyhold_server::limits::MAX_STANDBY_LAG_MS_DEFAULT, |lag| {
                 lag.as_millis() as u64
             }),
-    };
-    let mut cluster = control::Cluster::new(
-        nodes,
-        links,
-        cluster_file,
-        dir.join(layout::CLUSTER_FILE),
-        up.regions.clone(),
-    );
-
-    let booted = boot(&cluster, &http, &mut secrets, &up).await;
-    match booted {
-        Ok(live) => cluster.file.tenants = live,
-        Err(e) => {
-            cluster.nodes.stop_all().await;
-            let _ = stop_tx.send(());
-            return Err(e);
-        }
     }
+}
+
+/// Logs that the cluster is ready, with where everything is.
+fn log_ready(cluster: &control::Cluster, dir: &Path) {
     // The one summary an operator needs after the per-node lines: where to
     // point a browser, a client and the admin tools. Logged before cluster.json
     // is written, so whoever waits for that file finds the line already there.
@@ -260,9 +303,18 @@ pub async fn run(
         cluster_json = %cluster.file_path.display(),
         "cluster ready"
     );
-    cluster.publish()?;
-    let cluster = Arc::new(cluster);
+}
 
+/// Keeps `cluster.json` current as nodes restart and serves the control API
+/// until `shutdown` resolves; then stops the control API, every node and the
+/// payment provider.
+async fn supervise(
+    cluster: Arc<control::Cluster>,
+    control_listener: TcpListener,
+    stop_tx: tokio::sync::broadcast::Sender<()>,
+    psp: tokio::task::JoinHandle<Result<(), keyhold_fakepsp::Error>>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) {
     let watched = cluster.clone();
     let watcher = tokio::spawn(async move {
         let publisher = watched.clone();
@@ -295,7 +347,6 @@ pub async fn run(
         Ok(Err(e)) => tracing::error!(error = %e, "payment provider failed"),
         Err(e) => tracing::error!(error = %e, "payment provider task failed"),
     }
-    Ok(())
 }
 
 /// Starts every node and waits until the cluster is ready with its demo
