@@ -23,7 +23,7 @@
 //! the failover), and nothing else.
 
 use crate::history::{History, Op, Outcome, Request};
-use crate::state::{Charge, Downstream, FinalState, Read, Reservation};
+use crate::state::{Charge, ClaimReplay, Downstream, FinalState, Read, Reservation};
 use crate::verdict::{Kind, LossReport, Stats, Verdict, Violation};
 use keyhold_fingerprint::Spec;
 use serde_json::Value;
@@ -888,6 +888,27 @@ fn check_downstream(
 
 const FINAL_OUTCOMES: [&str; 2] = ["SUCCEEDED", "FAILED_FINAL"];
 
+/// A claim's scope in the history: (tenant, operation, key).
+type ClaimScope<'a> = (&'a str, &'a str, &'a str);
+
+/// One completion sent: (token, outcome, body, op).
+type Completion<'a> = (&'a str, &'a str, &'a str, &'a Op);
+
+/// What the history did with each claim scope.
+#[derive(Default)]
+struct ClaimOps<'a> {
+    // Per scope: acquisitions (token, op) and completions (token, outcome, body, op).
+    acquired: BTreeMap<ClaimScope<'a>, Vec<(String, &'a Op)>>,
+    completions: BTreeMap<ClaimScope<'a>, Vec<Completion<'a>>>,
+    /// Replays: the body each showed, and its op.
+    replays: BTreeMap<ClaimScope<'a>, Vec<(Value, &'a Op)>>,
+}
+
+/// Whether a completion's `op` was acknowledged (200).
+fn completion_acked(op: &Op) -> bool {
+    matches!(op.outcome, Outcome::Ok { status: 200, .. })
+}
+
 /// Claims: no completion acknowledged from an owner that was already fenced,
 /// and every replay equal to the one acknowledged final completion.
 fn check_claims(
@@ -897,11 +918,38 @@ fn check_claims(
     stats: &mut Stats,
     out: &mut Vec<Violation>,
 ) {
-    type Scope<'a> = (&'a str, &'a str, &'a str);
-    // Per scope: acquisitions (token, op) and completions (token, outcome, body, op).
-    let mut acquired: BTreeMap<Scope<'_>, Vec<(String, &Op)>> = BTreeMap::new();
-    let mut completions: BTreeMap<Scope<'_>, Vec<(&str, &str, &str, &Op)>> = BTreeMap::new();
-    let mut replays: BTreeMap<Scope<'_>, Vec<(Value, &Op)>> = BTreeMap::new();
+    let ops = claim_ops(history);
+    let final_replays: BTreeMap<ClaimScope<'_>, _> = state
+        .claim_replays
+        .iter()
+        .map(|r| ((r.tenant.as_str(), r.operation.as_str(), r.key.as_str()), r))
+        .collect();
+    let scopes: BTreeSet<ClaimScope<'_>> = ops
+        .acquired
+        .keys()
+        .chain(ops.completions.keys())
+        .copied()
+        .collect();
+    stats.claim_scopes = scopes.len() as u64;
+    for scope in scopes {
+        check_claim(
+            scope,
+            &ops,
+            final_replays.get(&scope).copied(),
+            lost_claims,
+            out,
+        );
+    }
+}
+
+/// Each claim scope's acquisitions, completions and replays in `history`.
+fn claim_ops(history: &History) -> ClaimOps<'_> {
+    let mut ops = ClaimOps::default();
+    let ClaimOps {
+        acquired,
+        completions,
+        replays,
+    } = &mut ops;
     for op in &history.ops {
         match &op.request {
             Request::Claim { operation, key, .. } => {
@@ -941,108 +989,127 @@ fn check_claims(
             Request::CreateOrder { .. } | Request::ReadOrder { .. } => {}
         }
     }
-    let final_replays: BTreeMap<Scope<'_>, _> = state
-        .claim_replays
+    ops
+}
+
+/// One claim scope: no completion from a fenced owner, one owner's final
+/// completion at most, and every replay (and the final one) showing a body
+/// that may have completed.
+fn check_claim(
+    scope: ClaimScope<'_>,
+    ops: &ClaimOps<'_>,
+    final_replay: Option<&ClaimReplay>,
+    lost_claims: &Allowed,
+    out: &mut Vec<Violation>,
+) {
+    let (_, operation, key) = scope;
+    let acqs = ops.acquired.get(&scope).map(Vec::as_slice).unwrap_or(&[]);
+    let comps = ops
+        .completions
+        .get(&scope)
+        .map(Vec::as_slice)
+        .unwrap_or(&[]);
+    check_fenced_owners(scope, acqs, comps, out);
+    let finals: Vec<&Completion<'_>> = comps
         .iter()
-        .map(|r| ((r.tenant.as_str(), r.operation.as_str(), r.key.as_str()), r))
+        .filter(|c| completion_acked(c.3) && FINAL_OUTCOMES.contains(&c.1))
         .collect();
-    let scopes: BTreeSet<Scope<'_>> = acquired.keys().chain(completions.keys()).copied().collect();
-    stats.claim_scopes = scopes.len() as u64;
-    for scope in scopes {
-        let (_, operation, key) = scope;
-        let acqs = acquired.get(&scope).map(Vec::as_slice).unwrap_or(&[]);
-        let comps = completions.get(&scope).map(Vec::as_slice).unwrap_or(&[]);
-        let acked = |op: &Op| matches!(op.outcome, Outcome::Ok { status: 200, .. });
-        for (token, _, _, op) in comps.iter().filter(|c| acked(c.3)) {
-            let Some((_, mine)) = acqs.iter().find(|(t, _)| t == token) else {
-                continue;
-            };
-            // Another owner acquired after this one, acknowledged before this
-            // completion was even sent: this owner was fenced.
-            let taken_over = acqs.iter().find(|(t, other)| {
-                t != token
-                    && other.invoked_ms >= mine.completed_ms
-                    && other.completed_ms < op.invoked_ms
-            });
-            if let Some((_, other)) = taken_over {
-                out.push(violation(
-                    Kind::FencedOwnerCompleted,
-                    format!("claim {operation} {key:?}: completed by a fenced owner"),
-                    vec![mine.id, other.id, op.id],
-                ));
-            }
-        }
-        let finals: Vec<&(&str, &str, &str, &Op)> = comps
+    let tokens: BTreeSet<&str> = finals.iter().map(|c| c.0).collect();
+    if tokens.len() > 1 {
+        out.push(violation(
+            Kind::FencedOwnerCompleted,
+            format!(
+                "claim {operation} {key:?}: {} owners' final completions acknowledged",
+                tokens.len()
+            ),
+            finals.iter().map(|c| c.3.id).collect(),
+        ));
+    }
+    let parse = |text: &str| serde_json::from_str::<Value>(text).ok();
+    // What a replay may show: the acknowledged final completion if there is
+    // one, else any final completion that was attempted and not refused
+    // (no answer, or a 503 that may have executed).
+    let unsettled = |o: &Outcome| o.answer().is_none() || o.may_have_executed();
+    let allowed: Vec<(Option<Value>, u64)> = if finals.is_empty() {
+        comps
             .iter()
-            .filter(|c| acked(c.3) && FINAL_OUTCOMES.contains(&c.1))
-            .collect();
-        let tokens: BTreeSet<&str> = finals.iter().map(|c| c.0).collect();
-        if tokens.len() > 1 {
-            out.push(violation(
-                Kind::FencedOwnerCompleted,
-                format!(
-                    "claim {operation} {key:?}: {} owners' final completions acknowledged",
-                    tokens.len()
-                ),
-                finals.iter().map(|c| c.3.id).collect(),
-            ));
-        }
-        let parse = |text: &str| serde_json::from_str::<Value>(text).ok();
-        // What a replay may show: the acknowledged final completion if there is
-        // one, else any final completion that was attempted and not refused
-        // (no answer, or a 503 that may have executed).
-        let unsettled = |o: &Outcome| o.answer().is_none() || o.may_have_executed();
-        let allowed: Vec<(Option<Value>, u64)> = if finals.is_empty() {
-            comps
-                .iter()
-                .filter(|c| FINAL_OUTCOMES.contains(&c.1) && unsettled(&c.3.outcome))
-                .map(|c| (parse(c.2), c.3.id))
-                .collect()
-        } else {
-            finals.iter().map(|c| (parse(c.2), c.3.id)).collect()
-        };
-        for (body, op) in replays.get(&scope).map(Vec::as_slice).unwrap_or(&[]) {
-            if !allowed.iter().any(|(b, _)| b.as_ref() == Some(body)) {
-                out.push(violation(
-                    Kind::ReplayDiffers,
-                    format!("claim {operation} {key:?}: a replay shows a body never completed"),
-                    std::iter::once(op.id)
-                        .chain(allowed.iter().map(|(_, id)| *id))
-                        .collect(),
-                ));
-            }
-        }
-        let Some(r) = final_replays.get(&scope) else {
-            continue;
-        };
-        let Some(first) = finals.first() else {
-            continue;
-        };
-        // A completion a failover lost: the new home holds the claim as it
-        // was before, so the final claim may acquire it afresh.
-        if lost_claims
-            .claims
-            .contains(&(scope.0.to_owned(), key.to_owned()))
-        {
-            continue;
-        }
-        if r.status != 200 {
-            out.push(violation(
-                Kind::AckedMissing,
-                format!(
-                    "claim {operation} {key:?}: completion acknowledged, a new claim answered {}",
-                    r.status
-                ),
-                vec![first.3.id],
-            ));
-        } else if !allowed
-            .iter()
-            .any(|(b, _)| b.as_ref() == Some(&r.body["response"]["body"]))
-        {
+            .filter(|c| FINAL_OUTCOMES.contains(&c.1) && unsettled(&c.3.outcome))
+            .map(|c| (parse(c.2), c.3.id))
+            .collect()
+    } else {
+        finals.iter().map(|c| (parse(c.2), c.3.id)).collect()
+    };
+    for (body, op) in ops.replays.get(&scope).map(Vec::as_slice).unwrap_or(&[]) {
+        if !allowed.iter().any(|(b, _)| b.as_ref() == Some(body)) {
             out.push(violation(
                 Kind::ReplayDiffers,
-                format!("claim {operation} {key:?}: the final replay differs from the completion"),
-                vec![first.3.id],
+                format!("claim {operation} {key:?}: a replay shows a body never completed"),
+                std::iter::once(op.id)
+                    .chain(allowed.iter().map(|(_, id)| *id))
+                    .collect(),
+            ));
+        }
+    }
+    let Some(r) = final_replay else {
+        return;
+    };
+    let Some(first) = finals.first() else {
+        return;
+    };
+    // A completion a failover lost: the new home holds the claim as it
+    // was before, so the final claim may acquire it afresh.
+    if lost_claims
+        .claims
+        .contains(&(scope.0.to_owned(), key.to_owned()))
+    {
+        return;
+    }
+    if r.status != 200 {
+        out.push(violation(
+            Kind::AckedMissing,
+            format!(
+                "claim {operation} {key:?}: completion acknowledged, a new claim answered {}",
+                r.status
+            ),
+            vec![first.3.id],
+        ));
+    } else if !allowed
+        .iter()
+        .any(|(b, _)| b.as_ref() == Some(&r.body["response"]["body"]))
+    {
+        out.push(violation(
+            Kind::ReplayDiffers,
+            format!("claim {operation} {key:?}: the final replay differs from the completion"),
+            vec![first.3.id],
+        ));
+    }
+}
+
+/// No completion acknowledged from a fenced owner: one whose claim another
+/// owner had acquired, acknowledged, before the completion was sent.
+fn check_fenced_owners(
+    scope: ClaimScope<'_>,
+    acqs: &[(String, &Op)],
+    comps: &[Completion<'_>],
+    out: &mut Vec<Violation>,
+) {
+    let (_, operation, key) = scope;
+    for (token, _, _, op) in comps.iter().filter(|c| completion_acked(c.3)) {
+        let Some((_, mine)) = acqs.iter().find(|(t, _)| t == token) else {
+            continue;
+        };
+        // Another owner acquired after this one, acknowledged before this
+        // completion was even sent: this owner was fenced.
+        let taken_over = acqs.iter().find(|(t, other)| {
+            t != token
+                && other.invoked_ms >= mine.completed_ms
+                && other.completed_ms < op.invoked_ms
+        });
+        if let Some((_, other)) = taken_over {
+            out.push(violation(
+                Kind::FencedOwnerCompleted,
+                format!("claim {operation} {key:?}: completed by a fenced owner"),
+                vec![mine.id, other.id, op.id],
             ));
         }
     }

@@ -272,6 +272,23 @@ async fn downstream(
     }))
 }
 
+/// What the history sent that the final state is read for.
+#[derive(Default)]
+struct Sent {
+    /// Every (tenant, client_order_id) an order was created with.
+    coids: BTreeSet<(String, String)>,
+    /// Every (tenant, order id) an answer named.
+    acked_ids: BTreeSet<(String, String)>,
+    /// (tenant, key) → the body of its first acknowledged request.
+    acked_keys: BTreeMap<(String, String), String>,
+    /// (tenant, operation, key) → (fingerprint, lease) of a claim with an
+    /// acknowledged final completion.
+    claims: BTreeMap<(String, String, String), (String, u64)>,
+    /// The (tenant, operation, key) of the claims acknowledged as finally
+    /// completed.
+    completed: BTreeSet<(String, String, String)>,
+}
+
 /// Reads the final state for `history`.
 pub async fn read(
     target: &Target,
@@ -288,62 +305,8 @@ pub async fn read(
         http,
         target: target.clone(),
     });
-    let mut coids = BTreeSet::new();
-    let mut acked_ids = BTreeSet::new();
-    // (tenant, key) → the body of its first acknowledged request.
-    let mut acked_keys: BTreeMap<(String, String), String> = BTreeMap::new();
-    // (tenant, operation, key) → (fingerprint, lease) of a claim with an
-    // acknowledged final completion.
-    let mut claims: BTreeMap<(String, String, String), (String, u64)> = BTreeMap::new();
-    let mut completed = BTreeSet::new();
-    for op in &history.ops {
-        match &op.request {
-            Request::CreateOrder {
-                key,
-                client_order_id,
-                body,
-                ..
-            } => {
-                coids.insert((op.tenant.clone(), client_order_id.clone()));
-                if let Outcome::Ok { status: 201, .. } = op.outcome {
-                    acked_keys
-                        .entry((op.tenant.clone(), key.clone()))
-                        .or_insert_with(|| body.clone());
-                }
-                if let Some(id) = op.outcome.json().and_then(|j| {
-                    j.get("order_id")
-                        .and_then(|v| v.as_str())
-                        .map(str::to_owned)
-                }) {
-                    acked_ids.insert((op.tenant.clone(), id));
-                }
-            }
-            Request::Claim {
-                operation,
-                key,
-                fingerprint,
-                lease_ms,
-            } => {
-                claims
-                    .entry((op.tenant.clone(), operation.clone(), key.clone()))
-                    .or_insert_with(|| (fingerprint.clone(), *lease_ms));
-            }
-            Request::CompleteClaim {
-                operation,
-                key,
-                outcome,
-                ..
-            } => {
-                let is_final = outcome == "SUCCEEDED" || outcome == "FAILED_FINAL";
-                if is_final && matches!(op.outcome, Outcome::Ok { status: 200, .. }) {
-                    completed.insert((op.tenant.clone(), operation.clone(), key.clone()));
-                }
-            }
-            // Reads name orders the history acknowledged elsewhere.
-            Request::ReadOrder { .. } => {}
-        }
-    }
-    let coids: Vec<(String, String)> = coids.into_iter().collect();
+    let sent = sent(history);
+    let coids: Vec<(String, String)> = sent.coids.into_iter().collect();
     // Downstream work settles in the background: read until it has, or time is up.
     let deadline = Instant::now() + options.settle_wait;
     let mut state = FinalState::default();
@@ -355,15 +318,79 @@ pub async fn read(
         }
         tokio::time::sleep(Duration::from_millis(SETTLE_POLL_MS)).await;
     }
+    state.by_order_id = by_order_id(&reader, sent.acked_ids).await?;
+    state.order_replays = order_replays(&reader, sent.acked_keys).await?;
+    state.claim_replays = claim_replays(&reader, sent.claims, &sent.completed).await?;
+    Ok(state)
+}
+
+/// What `history` sent and had acknowledged, to read back.
+fn sent(history: &History) -> Sent {
+    let mut sent = Sent::default();
+    for op in &history.ops {
+        match &op.request {
+            Request::CreateOrder {
+                key,
+                client_order_id,
+                body,
+                ..
+            } => {
+                sent.coids
+                    .insert((op.tenant.clone(), client_order_id.clone()));
+                if let Outcome::Ok { status: 201, .. } = op.outcome {
+                    sent.acked_keys
+                        .entry((op.tenant.clone(), key.clone()))
+                        .or_insert_with(|| body.clone());
+                }
+                if let Some(id) = op.outcome.json().and_then(|j| {
+                    j.get("order_id")
+                        .and_then(|v| v.as_str())
+                        .map(str::to_owned)
+                }) {
+                    sent.acked_ids.insert((op.tenant.clone(), id));
+                }
+            }
+            Request::Claim {
+                operation,
+                key,
+                fingerprint,
+                lease_ms,
+            } => {
+                sent.claims
+                    .entry((op.tenant.clone(), operation.clone(), key.clone()))
+                    .or_insert_with(|| (fingerprint.clone(), *lease_ms));
+            }
+            Request::CompleteClaim {
+                operation,
+                key,
+                outcome,
+                ..
+            } => {
+                let is_final = outcome == "SUCCEEDED" || outcome == "FAILED_FINAL";
+                if is_final && matches!(op.outcome, Outcome::Ok { status: 200, .. }) {
+                    sent.completed
+                        .insert((op.tenant.clone(), operation.clone(), key.clone()));
+                }
+            }
+            // Reads name orders the history acknowledged elsewhere.
+            Request::ReadOrder { .. } => {}
+        }
+    }
+    sent
+}
+
+/// Reads every acknowledged order by its id.
+async fn by_order_id(
+    reader: &Arc<Reader>,
+    acked_ids: BTreeSet<(String, String)>,
+) -> Result<Vec<ByOrderId>, Error> {
     let mut items = Vec::new();
     for (tenant, id) in acked_ids {
         let token = reader.token(&tenant)?.to_owned();
         items.push((tenant, id, token));
     }
-    state.by_order_id = concurrently(
-        &reader,
-        items,
-        |reader, i, (tenant, id, token)| async move {
+    Ok(
+        concurrently(reader, items, |reader, i, (tenant, id, token)| async move {
             let read = if path_safe(&id) {
                 reader
                     .get(i, &format!("/v1/orders/{id}"), &[], &token)
@@ -378,16 +405,23 @@ pub async fn read(
                 order_id: id,
                 read,
             }
-        },
+        })
+        .await,
     )
-    .await;
+}
+
+/// Sends every acknowledged key's first body once more.
+async fn order_replays(
+    reader: &Arc<Reader>,
+    acked_keys: BTreeMap<(String, String), String>,
+) -> Result<Vec<OrderReplay>, Error> {
     let mut items = Vec::new();
     for ((tenant, key), body) in acked_keys {
         let token = reader.token(&tenant)?.to_owned();
         items.push((tenant, key, body, token));
     }
     let replays = concurrently(
-        &reader,
+        reader,
         items,
         |reader, i, (tenant, key, body, token)| async move {
             let answer = reader
@@ -405,9 +439,10 @@ pub async fn read(
         },
     )
     .await;
+    let mut order_replays = Vec::new();
     for (tenant, key, answer) in replays {
         let answer = answer.map_err(|e| Error::Read(format!("replay of key {key:?}: {e}")))?;
-        state.order_replays.push(OrderReplay {
+        order_replays.push(OrderReplay {
             tenant,
             key,
             status: answer.status,
@@ -415,6 +450,15 @@ pub async fn read(
             body: answer.body,
         });
     }
+    Ok(order_replays)
+}
+
+/// Claims every finally completed claim once more, as first claimed.
+async fn claim_replays(
+    reader: &Arc<Reader>,
+    claims: BTreeMap<(String, String, String), (String, u64)>,
+    completed: &BTreeSet<(String, String, String)>,
+) -> Result<Vec<ClaimReplay>, Error> {
     let mut items = Vec::new();
     for (scope, (fingerprint, lease_ms)) in claims {
         if completed.contains(&scope) {
@@ -423,7 +467,7 @@ pub async fn read(
         }
     }
     let claim_replays = concurrently(
-        &reader,
+        reader,
         items,
         |reader, i, ((tenant, operation, key), fingerprint, lease_ms, token)| async move {
             let body = serde_json::json!({
@@ -445,9 +489,10 @@ pub async fn read(
         },
     )
     .await;
+    let mut replays = Vec::new();
     for (tenant, operation, key, answer) in claim_replays {
         let answer = answer.map_err(|e| Error::Read(format!("claim {key:?}: {e}")))?;
-        state.claim_replays.push(ClaimReplay {
+        replays.push(ClaimReplay {
             tenant,
             operation,
             key,
@@ -455,7 +500,7 @@ pub async fn read(
             body: serde_json::from_str(&answer.body).unwrap_or(serde_json::Value::Null),
         });
     }
-    Ok(state)
+    Ok(replays)
 }
 
 #[cfg(test)]
