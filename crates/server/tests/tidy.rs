@@ -15,6 +15,10 @@
 //! and done failovers and the drivers' leases are read there only (the
 //! mover's own scheduling of drivers excepted: which moves this node drives is
 //! the mover's decision, not a question of what runs).
+//!
+//! And no function outside tests, in any crate's `src/`, is longer than
+//! `FUNCTION_LINES_MAX` lines: past that a function no longer reads on a
+//! screen or two, and a long one only grows (issue 38).
 
 use std::path::{Path, PathBuf};
 
@@ -69,11 +73,21 @@ fn violations_of(
     found
 }
 
+/// Directories whose files are not the crate's code proper: tests, benches,
+/// examples and vendored crates.
+const NOT_SOURCE_DIRS: [&str; 4] = ["tests", "benches", "examples", "vendor"];
+
+/// Every `.rs` file below `dir`, outside `NOT_SOURCE_DIRS`.
 fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).expect("readable dir") {
         let path = entry.expect("dir entry").path();
         if path.is_dir() {
-            sources(&path, out);
+            if !path
+                .file_name()
+                .is_some_and(|n| NOT_SOURCE_DIRS.iter().any(|d| n == *d))
+            {
+                sources(&path, out);
+            }
         } else if path.extension().is_some_and(|e| e == "rs") {
             out.push(path);
         }
@@ -147,4 +161,121 @@ fn every_question_of_what_runs_goes_through_operations() {
         violations_of("lease.rs", asked_by_hand, OPERATIONS_HOME, &OPERATION_RULES),
         vec![(1, ".failover_running_from(")]
     );
+}
+
+/// The longest a function outside tests may be, from its `fn` line to its
+/// closing brace.
+const FUNCTION_LINES_MAX: usize = 150;
+
+/// The name of the function a line declares (`fn` after any of `pub`,
+/// `pub(crate)`, `async`, `const`, `unsafe`, `extern "C"`), if it does.
+fn declared_fn(line: &str) -> Option<&str> {
+    let mut words = line.split_whitespace();
+    let mut word = words.next()?;
+    while word == "pub"
+        || word.starts_with("pub(")
+        || ["async", "const", "unsafe", "extern", "\"C\"", "default"].contains(&word)
+    {
+        word = words.next()?;
+    }
+    if word != "fn" {
+        return None;
+    }
+    let name = words.next()?;
+    let end = name.find(['(', '<']).unwrap_or(name.len());
+    Some(&name[..end])
+}
+
+/// The functions of one file's text longer than `max` lines: `(line, name,
+/// length)`, `line` of the `fn` line. Text from a `#[cfg(test)]` line on is
+/// tests and is not read.
+///
+/// Assumes rustfmt's layout instead of parsing: a body opens where a line of
+/// the signature ends with `{` (one ending with `;` first is a declaration
+/// without a body, one ending with `{}` an empty body), and closes at the
+/// first later line that is the `fn` line's indentation followed by `}` and
+/// nothing else. Braces inside strings, characters and comments are never
+/// counted, since no brace is; a line at that indentation inside a body
+/// (a string literal's continuation, say) would end it early, which rustfmt
+/// never writes.
+fn long_functions(text: &str, max: usize) -> Vec<(usize, String, usize)> {
+    let lines: Vec<&str> = text
+        .lines()
+        .take_while(|l| l.trim() != "#[cfg(test)]")
+        .collect();
+    let mut found = Vec::new();
+    for (start, line) in lines.iter().enumerate() {
+        let code = line.trim_start();
+        if code.starts_with("//") {
+            continue;
+        }
+        let Some(name) = declared_fn(code) else {
+            continue;
+        };
+        let Some(open) = lines[start..].iter().position(|l| {
+            let l = l.trim_end();
+            l.ends_with('{') || l.ends_with(';')
+        }) else {
+            continue;
+        };
+        let open_line = lines[start + open].trim_end();
+        if open_line.ends_with(';') || open_line.ends_with("{}") {
+            continue;
+        }
+        let closing = format!("{}}}", &line[..line.len() - code.len()]);
+        let Some(end) = lines[start + open..].iter().position(|l| *l == closing) else {
+            continue;
+        };
+        let length = open + end + 1;
+        if length > max {
+            found.push((start + 1, name.to_owned(), length));
+        }
+    }
+    found
+}
+
+#[test]
+fn no_function_outside_tests_is_too_long() {
+    let crates = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("crates/")
+        .to_path_buf();
+    let root = crates.parent().expect("the workspace");
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(&crates).expect("readable crates/") {
+        let src = entry.expect("dir entry").path().join("src");
+        if src.is_dir() {
+            sources(&src, &mut files);
+        }
+    }
+    assert!(
+        files.iter().any(|f| f.ends_with("store/src/machine.rs")),
+        "the walk of crates/*/src found no sources"
+    );
+    files.sort();
+    let mut found = Vec::new();
+    for path in &files {
+        let text = std::fs::read_to_string(path).expect("readable source");
+        for (line, name, length) in long_functions(&text, FUNCTION_LINES_MAX) {
+            found.push(format!(
+                "{}:{line}: {name} is {length} lines (at most {FUNCTION_LINES_MAX}): \
+                 split it into named steps",
+                path.strip_prefix(root).unwrap_or(path).display()
+            ));
+        }
+    }
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
+
+/// The length check counts from the `fn` line to its closing brace, passes
+/// declarations and tests, and is not ended by a brace in a string.
+#[test]
+fn the_check_measures_a_function() {
+    let text = "impl A {\n    pub(crate) async fn long<T>(\n        x: T,\n    ) {\n        \
+                let s = \"}\";\n        {\n        }\n    }\n\n    fn short() {}\n}\n\
+                trait B {\n    fn declared(&self);\n}\n#[cfg(test)]\nfn in_tests() {\n\n}\n";
+    assert_eq!(long_functions(text, 4), vec![(2, "long".to_owned(), 7)]);
+    assert_eq!(long_functions(text, 7), vec![]);
+    assert_eq!(declared_fn("pub const unsafe fn f() {"), Some("f"));
+    assert_eq!(declared_fn("let f = |x| x;"), None);
 }
