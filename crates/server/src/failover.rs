@@ -210,14 +210,13 @@ async fn ask_lease_end(node: &Node, region: &str) -> Option<Instant> {
     let end = if node.registry().leader() == Some(node.registry().id()) {
         crate::lease::lease_end(node, region).await.ok()?
     } else {
-        let leader = node.registry().leader()?;
-        let info = node.registry().nodes().get(&leader)?.clone();
+        let leader = node.registry_leader_api()?;
         let call = Call::get(
             CallKind::LeaseEnd,
             format!("/internal/v1/registry/lease-end?region={region}"),
         );
         node.peers()
-            .call_json::<crate::lease::LeaseEnd>(To::Node(&info.api_addr), &call)
+            .call_json::<crate::lease::LeaseEnd>(To::Node(&leader), &call)
             .await
             .ok()?
     };

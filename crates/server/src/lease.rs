@@ -419,15 +419,14 @@ async fn probe(node: &Node) -> Option<()> {
     if fenced(node, node.region()).is_some() {
         return None;
     }
-    let leader = node.registry().leader()?;
-    let info = node.registry().nodes().get(&leader)?.clone();
+    let leader = node.registry_leader_api()?;
     let call = Call::get(
         CallKind::QuorumAge,
         format!("/internal/v1/registry/quorum-age?region={}", node.region()),
     );
     let age: QuorumAge = node
         .peers()
-        .call_json(To::Node(&info.api_addr), &call)
+        .call_json(To::Node(&leader), &call)
         .await
         .ok()?;
     // Counted only with a replica at least as new as the leader's answer, and

@@ -318,6 +318,13 @@ impl Node {
         self.peers.region_nodes(region)
     }
 
+    /// The API address of the registry's leader, as this node's replica
+    /// knows it (the lease probe and the failover's lease bound ask it).
+    pub fn registry_leader_api(&self) -> Option<String> {
+        let leader = self.registry().leader()?;
+        Some(self.registry().nodes().get(&leader)?.api_addr.clone())
+    }
+
     /// The node's client for calls to other nodes (`peers.rs`).
     pub fn peers(&self) -> &crate::peers::Peers {
         &self.peers

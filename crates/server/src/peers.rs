@@ -52,7 +52,8 @@ pub enum CallKind {
     /// The registry leader's age of its last quorum contact (the lease).
     QuorumAge,
     /// The registry leader's bound on how much longer a fenced region's
-    /// lease may hold (a failover's wait).
+    /// lease may hold (a failover's wait), and the voters' answers the
+    /// leader builds it from (`heard`).
     LeaseEnd,
     /// A region leader's report of its standby's lag.
     StandbyLag,
